@@ -1,0 +1,233 @@
+//! The SQL API. Labels are chosen on purpose:
+//! - the generators are VOLATILE and PARALLEL UNSAFE (they claim a worker id
+//!   and change shared state);
+//! - the decoders are STABLE (their answer depends on the layout settings,
+//!   which can change at a restart), STRICT and PARALLEL SAFE, and touch
+//!   neither the clock nor shared memory, so they work without preloading.
+
+use crate::errors;
+use crate::gucs;
+use crate::layout::Layout;
+use crate::registry;
+use pgrx::prelude::*;
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
+const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
+/// The largest batch `snowflake_nextvals()` makes.
+pub const MAX_BATCH: i32 = 1_000_000;
+
+fn to_timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
+    let micros = (unix_ms - PG_EPOCH_UNIX_MS).saturating_mul(1000);
+    match TimestampWithTimeZone::try_from(micros) {
+        Ok(ts) => ts,
+        Err(_) => errors::internal("snowflake timestamp outside PostgreSQL's range"),
+    }
+}
+
+fn to_unix_ms(ts: TimestampWithTimeZone, layout: &Layout) -> i64 {
+    let micros: i64 = ts.into();
+    if micros == i64::MIN || micros == i64::MAX {
+        errors::timestamp_out_of_range(if micros < 0 { i64::MIN } else { i64::MAX }, layout);
+    }
+    micros.div_euclid(1000) + PG_EPOCH_UNIX_MS
+}
+
+/// A new ID from this backend's worker id.
+#[pg_extern(volatile, parallel_unsafe)]
+fn snowflake_nextval() -> i64 {
+    let mut id = 0;
+    registry::generate("snowflake_nextval", 1, |v| id = v);
+    id
+}
+
+/// `n` new IDs at once (1 to 1,000,000), in increasing order.
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn snowflake_nextvals(n: i32) -> SetOfIterator<'static, i64> {
+    if !(1..=MAX_BATCH).contains(&n) {
+        errors::bad_batch_size(n, MAX_BATCH);
+    }
+    let mut ids = Vec::with_capacity(n as usize);
+    registry::generate("snowflake_nextvals", n as usize, |v| ids.push(v));
+    SetOfIterator::new(ids)
+}
+
+/// The parts of an ID: its timestamp, worker id and sequence.
+#[pg_extern(stable, strict, parallel_safe)]
+fn snowflake_decode(
+    id: i64,
+) -> TableIterator<
+    'static,
+    (
+        name!(ts, TimestampWithTimeZone),
+        name!(worker_id, i32),
+        name!(sequence, i32),
+    ),
+> {
+    let layout = gucs::layout();
+    let parts = layout
+        .decode(id)
+        .unwrap_or_else(|e| errors::part_out_of_range(e, layout));
+    TableIterator::once((
+        to_timestamptz(layout.tick_start_unix_ms(parts.ticks)),
+        parts.worker_id as i32,
+        parts.sequence as i32,
+    ))
+}
+
+/// The time an ID was made (the start of its tick).
+#[pg_extern(stable, strict, parallel_safe)]
+fn snowflake_timestamp(id: i64) -> TimestampWithTimeZone {
+    let layout = gucs::layout();
+    let parts = layout
+        .decode(id)
+        .unwrap_or_else(|e| errors::part_out_of_range(e, layout));
+    to_timestamptz(layout.tick_start_unix_ms(parts.ticks))
+}
+
+/// The smallest ID that can be made at `ts` (worker and sequence zero):
+/// `WHERE id >= snowflake_from_timestamp(now() - interval '1 day')`.
+#[pg_extern(stable, strict, parallel_safe)]
+fn snowflake_from_timestamp(ts: TimestampWithTimeZone) -> i64 {
+    let layout = gucs::layout();
+    let unix_ms = to_unix_ms(ts, layout);
+    layout
+        .first_id_at(unix_ms)
+        .unwrap_or_else(|_| errors::timestamp_out_of_range(unix_ms, layout))
+}
+
+/// Builds an ID from its parts (for tests and migrations).
+#[pg_extern(stable, strict, parallel_safe)]
+fn snowflake_compose(ts: TimestampWithTimeZone, worker_id: i32, sequence: i32) -> i64 {
+    let layout = gucs::layout();
+    let unix_ms = to_unix_ms(ts, layout);
+    let ticks = layout.tick_at(unix_ms);
+    if !(0..=layout.max_ticks()).contains(&ticks) {
+        errors::timestamp_out_of_range(unix_ms, layout);
+    }
+    let part = |v: i32| u32::try_from(v).unwrap_or(u32::MAX);
+    layout
+        .compose(ticks, part(worker_id), part(sequence))
+        .unwrap_or_else(|e| errors::part_out_of_range(e, layout))
+}
+
+/// The layout in use.
+#[pg_extern(stable, parallel_safe)]
+fn snowflake_layout() -> TableIterator<
+    'static,
+    (
+        name!(preset, String),
+        name!(epoch, TimestampWithTimeZone),
+        name!(time_unit_ms, i64),
+        name!(total_bits, i32),
+        name!(time_bits, i32),
+        name!(worker_bits, i32),
+        name!(sequence_bits, i32),
+        name!(max_worker_id, i32),
+        name!(max_sequence, i32),
+        name!(max_id, i64),
+        name!(ends_at, TimestampWithTimeZone),
+    ),
+> {
+    let l = gucs::layout();
+    TableIterator::once((
+        gucs::preset_name().to_string(),
+        to_timestamptz(l.epoch_ms),
+        l.unit_ms,
+        l.total_bits as i32,
+        l.time_bits() as i32,
+        l.worker_bits as i32,
+        l.sequence_bits as i32,
+        l.max_worker_id() as i32,
+        l.max_sequence() as i32,
+        l.max_id(),
+        to_timestamptz(l.end_unix_ms()),
+    ))
+}
+
+/// This server's worker-id configuration and how much of it is in use.
+#[pg_extern(volatile, parallel_safe)]
+fn snowflake_config() -> TableIterator<
+    'static,
+    (
+        name!(worker_ids, String),
+        name!(worker_ids_total, i64),
+        name!(worker_ids_held, i64),
+        name!(worker_ids_free, i64),
+        name!(my_worker_id, Option<i32>),
+        name!(max_drift_ms, i64),
+    ),
+> {
+    let (text, total, held) = registry::range_usage();
+    TableIterator::once((
+        if text.is_empty() {
+            format!("0-{}", gucs::layout().max_worker_id())
+        } else {
+            text
+        },
+        total as i64,
+        held as i64,
+        total.saturating_sub(held) as i64,
+        registry::my_worker_id().map(|w| w as i32),
+        gucs::max_drift_ms(),
+    ))
+}
+
+/// Every worker id held now or used since the server started (the
+/// `snowflake_workers` view adds names).
+#[pg_extern(volatile, parallel_safe)]
+#[allow(clippy::type_complexity)]
+fn snowflake_worker_status() -> TableIterator<
+    'static,
+    (
+        name!(worker_id, i32),
+        name!(pid, Option<i32>),
+        name!(database_oid, Option<pg_sys::Oid>),
+        name!(role_oid, Option<pg_sys::Oid>),
+        name!(claimed_at, Option<TimestampWithTimeZone>),
+        name!(released_at, Option<TimestampWithTimeZone>),
+        name!(claims, i64),
+        name!(ids_issued, i64),
+        name!(last_id_time, Option<TimestampWithTimeZone>),
+        name!(current_drift_ms, i64),
+        name!(max_drift_ms, i64),
+        name!(sequence_exhausted, i64),
+        name!(clock_backward, i64),
+    ),
+> {
+    let layout = gucs::layout();
+    let ts = |micros: i64| TimestampWithTimeZone::try_from(micros).ok();
+    let rows = registry::worker_rows().into_iter().map(move |r| {
+        (
+            r.worker_id as i32,
+            r.pid,
+            r.database_oid.map(pg_sys::Oid::from),
+            r.role_oid.map(pg_sys::Oid::from),
+            r.claimed_at.and_then(ts),
+            r.released_at.and_then(ts),
+            r.claims as i64,
+            r.ids_issued as i64,
+            (r.last_tick >= 0).then(|| to_timestamptz(layout.tick_start_unix_ms(r.last_tick))),
+            r.current_drift * layout.unit_ms,
+            r.max_drift * layout.unit_ms,
+            r.sequence_exhausted as i64,
+            r.clock_backward as i64,
+        )
+    });
+    TableIterator::new(rows.collect::<Vec<_>>())
+}
+
+extension_sql!(
+    r#"
+CREATE VIEW snowflake_workers AS
+SELECT w.worker_id, w.pid, d.datname AS database, r.rolname AS role,
+       w.claimed_at, w.released_at, w.claims, w.ids_issued, w.last_id_time,
+       w.current_drift_ms, w.max_drift_ms, w.sequence_exhausted, w.clock_backward
+  FROM snowflake_worker_status() w
+  LEFT JOIN pg_database d ON d.oid = w.database_oid
+  LEFT JOIN pg_roles r ON r.oid = w.role_oid;
+COMMENT ON VIEW snowflake_workers IS
+  'Worker ids held now or used since the server started, with their generator counters.';
+"#,
+    name = "snowflake_workers_view",
+    requires = [snowflake_worker_status]
+);

@@ -1,0 +1,171 @@
+//! Every error the extension raises: one function each, with its SQLSTATE,
+//! message, detail and hint, so wording stays consistent and testable.
+
+use crate::generator::GenError;
+use crate::layout::{format_unix_ms, Layout, PartError};
+use pgrx::pg_sys;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+use std::ffi::CString;
+
+fn raise(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: Option<String>) -> ! {
+    let mut report = pgrx::pg_sys::panic::ErrorReport::new(code, message, "snowflake_id");
+    if let Some(detail) = detail {
+        report = report.set_detail(detail);
+    }
+    if let Some(hint) = hint {
+        report = report.set_hint(hint);
+    }
+    report.report(PgLogLevel::ERROR);
+    unreachable!("ereport(ERROR) returned")
+}
+
+/// 55000: the library was loaded on demand instead of preloaded.
+pub fn not_preloaded(function: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("snowflake_id must be loaded via \"shared_preload_libraries\" to use {function}()"),
+        Some("Generator state and worker claims live in shared memory, which can only be set up when the server starts.".into()),
+        Some("Add snowflake_id to shared_preload_libraries in postgresql.conf and restart the server.".into()),
+    )
+}
+
+/// 22023: the layout settings do not make a valid layout.
+pub fn invalid_layout(problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("invalid snowflake_id layout: {problem}"),
+        None,
+        Some("Fix snowflake_id.layout, snowflake_id.epoch, snowflake_id.time_unit_ms, snowflake_id.total_bits, snowflake_id.worker_bits or snowflake_id.sequence_bits in postgresql.conf and restart the server.".into()),
+    )
+}
+
+/// 22023: `snowflake_id.worker_ids` does not parse for this layout.
+pub fn bad_worker_ids(detail: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "invalid value for parameter \"snowflake_id.worker_ids\"".into(),
+        Some(detail.into()),
+        Some("Write the worker ids as a list of ids and ranges, e.g. 0-511 or 0-15,32-47.".into()),
+    )
+}
+
+/// Sets the detail of a GUC check hook's failure.
+pub fn guc_check_detail(detail: &str) {
+    let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
+    // SAFETY: GUC_check_errdetail_string is a plain global that PostgreSQL
+    // reads after the check hook returns false; pstrdup copies our string
+    // into the current memory context as PostgreSQL's macro does.
+    unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
+}
+
+/// 22003: an ID or part that does not fit the layout.
+pub fn part_out_of_range(err: PartError, layout: &Layout) -> ! {
+    let hint = match err {
+        PartError::Id { .. } => "IDs are non-negative bigints made by snowflake_nextval() with this layout; see snowflake_layout().",
+        _ => "See snowflake_layout() for the range of each field.",
+    };
+    let _ = layout;
+    raise(
+        PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+        format!("snowflake ID out of range: {err}"),
+        None,
+        Some(hint.into()),
+    )
+}
+
+/// 22023: a batch size outside 1..max.
+pub fn bad_batch_size(n: i32, max: i32) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("snowflake_nextvals() batch size {n} is out of range"),
+        Some(format!("A batch holds 1 to {max} IDs.")),
+        Some("Ask for fewer IDs per call and call again.".into()),
+    )
+}
+
+/// 22008: a timestamp outside the layout's time range.
+pub fn timestamp_out_of_range(unix_ms: i64, layout: &Layout) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
+        format!(
+            "timestamp {} is outside the range of snowflake IDs",
+            format_unix_ms(unix_ms)
+        ),
+        Some(format!(
+            "This layout covers {} to {}.",
+            format_unix_ms(layout.epoch_ms),
+            format_unix_ms(layout.end_unix_ms())
+        )),
+        Some("Use a timestamp within the layout's range; see snowflake_layout().".into()),
+    )
+}
+
+/// The generator could not make an ID now.
+pub fn generator(err: GenError, layout: &Layout, max_drift_ms: i64) -> ! {
+    match err {
+        GenError::ClockBehind { behind, .. } => raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "system clock is {} ms behind the last snowflake ID issued by this worker",
+                behind * layout.unit_ms
+            ),
+            Some(format!(
+                "snowflake_id.max_drift is {max_drift_ms} ms; issuing more IDs now would either repeat earlier IDs or run further ahead of the clock."
+            )),
+            Some("Fix the system clock (check NTP), wait until it catches up, or raise snowflake_id.max_drift and reload.".into()),
+        ),
+        GenError::LayoutExhausted { .. } => raise(
+            PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
+            format!(
+                "the time field of the snowflake ID layout ran out at {}",
+                format_unix_ms(layout.end_unix_ms())
+            ),
+            None,
+            Some("Configure a layout with more time bits, a coarser time unit or a later epoch (see the README on changing the layout).".into()),
+        ),
+    }
+}
+
+/// 55000: the server started with a layout other than the recorded one.
+pub fn layout_changed() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "the snowflake ID layout differs from the one recorded when IDs were last made on this server".into(),
+        Some("A changed layout can repeat earlier IDs and changes how they decode. The recorded layout is in the data directory's snowflake_id.state file.".into()),
+        Some("Restore the previous snowflake_id.* layout settings and restart, or, as a superuser, run SELECT snowflake_accept_layout() to adopt the new layout: new IDs then start above every ID issued before.".into()),
+    )
+}
+
+/// 53400: every worker id of this server's range is held.
+pub fn workers_exhausted(ranges: &str, count: u64, held: u64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        format!(
+            "all {count} snowflake worker ids of this server are in use ({held} held)"
+        ),
+        Some(format!(
+            "snowflake_id.worker_ids = '{ranges}'. Each backend that calls snowflake_nextval() holds one worker id until it exits."
+        )),
+        Some("Widen snowflake_id.worker_ids, use more snowflake_id.worker_bits, or put a connection pooler in front of the server.".into()),
+    )
+}
+
+/// 54000-class problems writing the state file.
+pub fn state_file(action: &str, path: &str, err: std::io::Error) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_IO_ERROR,
+        format!("could not {action} snowflake_id state file \"{path}\": {err}"),
+        Some("The state file records how far ahead IDs are reserved, so that no ID repeats after a restart.".into()),
+        Some("Check the permissions and free space of the data directory.".into()),
+    )
+}
+
+/// XX000: a bug.
+pub fn internal(message: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        message.into(),
+        None,
+        Some("Please report this as a bug in snowflake_id.".into()),
+    )
+}

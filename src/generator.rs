@@ -1,0 +1,375 @@
+//! The clock and sequence rules of one generator: pure logic, no PostgreSQL
+//! calls. The clock is injected, so every rule is tested with a fake one.
+//!
+//! The rules, for one worker id:
+//! 1. IDs strictly increase, always.
+//! 2. A new tick starts the sequence at 0; within a tick the sequence counts up.
+//! 3. When a tick's sequence is used up, the next tick is *borrowed* (the ID's
+//!    time runs ahead of the wall clock) instead of stalling, as long as the
+//!    drift (ID time minus wall-clock time) stays within `max_drift` ticks.
+//!    At the bound the generator waits for the clock to catch up.
+//! 4. When the clock goes backwards, IDs keep coming from the last tick used
+//!    (that is drift too). When the clock is behind by more than the bound,
+//!    the generator refuses with [`GenError::ClockBehind`] until the clock
+//!    catches up or the bound is raised; it never waits minutes.
+//! 5. A tick past the layout's time field is [`GenError::LayoutExhausted`].
+
+use crate::layout::Layout;
+use std::fmt;
+
+/// The state of one generator. Plain data: the PostgreSQL glue keeps a copy
+/// in shared memory so that it survives the worker id changing hands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GeneratorState {
+    /// Tick of the last ID issued (or the floor the generator starts above).
+    pub last_tick: i64,
+    /// Sequence of the last ID issued within `last_tick`.
+    pub sequence: u32,
+    /// The last wall-clock tick observed.
+    pub last_seen: i64,
+    pub ids_issued: u64,
+    /// Ticks whose sequence was used up.
+    pub sequence_exhausted: u64,
+    /// Clock readings that went backwards.
+    pub clock_backward: u64,
+    /// The largest drift (in ticks) of an issued ID.
+    pub max_drift: i64,
+}
+
+/// What one attempt produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// An ID.
+    Issue(i64),
+    /// Nothing yet: sleep until the wall clock reaches this tick, then retry.
+    WaitUntil(i64),
+}
+
+/// Why no ID can be made now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenError {
+    /// The wall clock is `behind` ticks before the last tick used, more than
+    /// the `bound` allows.
+    ClockBehind { behind: i64, bound: i64 },
+    /// The time field of the layout is used up.
+    LayoutExhausted { tick: i64, max: i64 },
+}
+
+impl fmt::Display for GenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GenError::ClockBehind { behind, bound } => write!(
+                f,
+                "the clock is {behind} ticks behind the last ID issued, more than the drift bound of {bound}"
+            ),
+            GenError::LayoutExhausted { tick, max } => {
+                write!(f, "tick {tick} is past the last tick of the layout ({max})")
+            }
+        }
+    }
+}
+
+/// A source of time for [`GeneratorState::next_id`].
+pub trait Clock {
+    /// Current Unix time in milliseconds.
+    fn now_ms(&mut self) -> i64;
+    /// Sleep for about this many milliseconds (at least 1).
+    fn sleep_ms(&mut self, ms: i64);
+}
+
+impl GeneratorState {
+    /// A generator that has issued nothing yet: its first ID may be at tick 0.
+    pub fn new(layout: &Layout) -> Self {
+        Self::starting_above(-1, layout)
+    }
+
+    /// A state whose next ID is above every ID of `floor_tick` (all its
+    /// sequence numbers count as used).
+    pub fn starting_above(floor_tick: i64, layout: &Layout) -> Self {
+        GeneratorState {
+            last_tick: floor_tick,
+            sequence: layout.max_sequence(),
+            last_seen: floor_tick,
+            ids_issued: 0,
+            sequence_exhausted: 0,
+            clock_backward: 0,
+            max_drift: 0,
+        }
+    }
+
+    /// Makes sure the next ID lies above every ID of `floor_tick`.
+    pub fn raise_floor(&mut self, floor_tick: i64, layout: &Layout) {
+        if floor_tick >= self.last_tick {
+            self.last_tick = floor_tick;
+            self.sequence = layout.max_sequence();
+        }
+    }
+
+    /// The drift, in ticks, of the last ID relative to `now_tick` (0 when the
+    /// clock is ahead of it).
+    pub fn drift_at(&self, now_tick: i64) -> i64 {
+        (self.last_tick - now_tick).max(0)
+    }
+
+    /// One attempt at an ID for `worker_id` at wall-clock tick `now`, with a
+    /// drift bound of `max_drift` ticks. On `Err` and `WaitUntil` the state
+    /// is unchanged apart from clock observations.
+    #[inline]
+    pub fn step(
+        &mut self,
+        layout: &Layout,
+        worker_id: u32,
+        now: i64,
+        max_drift: i64,
+    ) -> Result<Step, GenError> {
+        if now < self.last_seen {
+            self.clock_backward += 1;
+        }
+        self.last_seen = now;
+
+        let (tick, sequence) = if now > self.last_tick {
+            (now, 0)
+        } else if self.sequence < layout.max_sequence() {
+            (self.last_tick, self.sequence + 1)
+        } else {
+            (self.last_tick + 1, 0)
+        };
+        let drift = tick - now;
+        if drift > max_drift {
+            let behind = self.last_tick - now;
+            if behind > max_drift {
+                return Err(GenError::ClockBehind {
+                    behind,
+                    bound: max_drift,
+                });
+            }
+            // Only the borrowed tick is over the bound: wait for the clock.
+            return Ok(Step::WaitUntil(tick - max_drift));
+        }
+        if tick > layout.max_ticks() {
+            return Err(GenError::LayoutExhausted {
+                tick,
+                max: layout.max_ticks(),
+            });
+        }
+        self.last_tick = tick;
+        self.sequence = sequence;
+        self.ids_issued += 1;
+        if sequence == layout.max_sequence() {
+            self.sequence_exhausted += 1;
+        }
+        if drift > self.max_drift {
+            self.max_drift = drift;
+        }
+        Ok(Step::Issue(
+            layout.compose_unchecked(tick, worker_id, sequence),
+        ))
+    }
+
+    /// Makes one ID, sleeping on `clock` when the drift bound requires it.
+    /// `max_drift_ms` is converted to whole ticks of the layout.
+    pub fn next_id(
+        &mut self,
+        layout: &Layout,
+        worker_id: u32,
+        max_drift_ms: i64,
+        clock: &mut impl Clock,
+    ) -> Result<i64, GenError> {
+        let max_drift = max_drift_ms / layout.unit_ms;
+        loop {
+            let now_ms = clock.now_ms();
+            match self.step(layout, worker_id, layout.tick_at(now_ms), max_drift)? {
+                Step::Issue(id) => return Ok(id),
+                Step::WaitUntil(tick) => {
+                    clock.sleep_ms((layout.tick_start_unix_ms(tick) - now_ms).max(1))
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::layout::{DEFAULT_EPOCH_MS, PRESETS};
+
+    const NOW: i64 = 1_795_305_600_000;
+
+    /// A clock that only moves when told to, or when slept on.
+    pub(crate) struct FakeClock {
+        pub ms: i64,
+        pub slept: i64,
+    }
+
+    impl Clock for FakeClock {
+        fn now_ms(&mut self) -> i64 {
+            self.ms
+        }
+        fn sleep_ms(&mut self, ms: i64) {
+            assert!(ms >= 1);
+            self.ms += ms;
+            self.slept += ms;
+        }
+    }
+
+    pub(crate) fn layout(name: &str) -> Layout {
+        let p = PRESETS.iter().find(|p| p.name == name).unwrap();
+        Layout::new(
+            DEFAULT_EPOCH_MS,
+            p.unit_ms,
+            p.total_bits,
+            p.worker_bits,
+            p.sequence_bits,
+            NOW,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn new_tick_starts_sequence_at_zero_and_counts_within_a_tick() {
+        let l = layout("classic");
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let a = g.next_id(&l, 7, 1000, &mut c).unwrap();
+        let b = g.next_id(&l, 7, 1000, &mut c).unwrap();
+        let pa = l.decode(a).unwrap();
+        let pb = l.decode(b).unwrap();
+        assert_eq!(
+            (pa.ticks, pa.worker_id, pa.sequence),
+            (l.tick_at(NOW), 7, 0)
+        );
+        assert_eq!((pb.ticks, pb.sequence), (l.tick_at(NOW), 1));
+        c.ms += 5;
+        let pc = l.decode(g.next_id(&l, 7, 1000, &mut c).unwrap()).unwrap();
+        assert_eq!((pc.ticks, pc.sequence), (l.tick_at(NOW) + 5, 0));
+    }
+
+    #[test]
+    fn exhausted_sequence_borrows_the_next_tick_then_waits_at_the_bound() {
+        let l = layout("js53"); // 64 IDs per millisecond
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let mut last = -1;
+        // 3 ms of drift allowed: 4 ticks' worth of IDs without sleeping.
+        for _ in 0..4 * 64 {
+            let id = g.next_id(&l, 1, 3, &mut c).unwrap();
+            assert!(id > last);
+            last = id;
+        }
+        assert_eq!(c.slept, 0);
+        assert_eq!(g.max_drift, 3);
+        assert_eq!(g.sequence_exhausted, 3);
+        // The next one must wait one tick.
+        let id = g.next_id(&l, 1, 3, &mut c).unwrap();
+        assert!(id > last);
+        assert_eq!(c.slept, 1);
+        assert_eq!(l.decode(id).unwrap().ticks - l.tick_at(c.ms), 3);
+    }
+
+    #[test]
+    fn small_backward_jump_keeps_issuing_from_the_last_tick() {
+        let l = layout("classic");
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let a = g.next_id(&l, 0, 1000, &mut c).unwrap();
+        c.ms -= 500;
+        let b = g.next_id(&l, 0, 1000, &mut c).unwrap();
+        assert!(b > a);
+        assert_eq!(l.decode(b).unwrap().ticks, l.tick_at(NOW));
+        assert_eq!(g.clock_backward, 1);
+        assert_eq!(g.drift_at(l.tick_at(c.ms)), 500);
+    }
+
+    #[test]
+    fn large_backward_jump_is_refused_until_the_clock_catches_up() {
+        let l = layout("classic");
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let a = g.next_id(&l, 0, 1000, &mut c).unwrap();
+        c.ms -= 5000;
+        let before = g;
+        assert_eq!(
+            g.next_id(&l, 0, 1000, &mut c),
+            Err(GenError::ClockBehind {
+                behind: 5000,
+                bound: 1000
+            })
+        );
+        assert_eq!(g.last_tick, before.last_tick);
+        assert_eq!(g.sequence, before.sequence);
+        // Still refused while more than the bound behind ...
+        c.ms += 3999;
+        assert!(g.next_id(&l, 0, 1000, &mut c).is_err());
+        // ... and fine within it, or with a larger bound.
+        c.ms += 1;
+        assert!(g.next_id(&l, 0, 1000, &mut c).unwrap() > a);
+        c.ms -= 10_000;
+        assert!(g.next_id(&l, 0, 20_000, &mut c).unwrap() > a);
+        assert_eq!(g.clock_backward, 2);
+    }
+
+    #[test]
+    fn zero_drift_bound_waits_for_the_next_tick() {
+        let l = layout("js53");
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        for _ in 0..65 {
+            g.next_id(&l, 0, 0, &mut c).unwrap();
+        }
+        assert_eq!(c.slept, 1);
+        assert_eq!(g.max_drift, 0);
+    }
+
+    #[test]
+    fn floor_puts_the_next_id_above_every_id_of_the_floor_tick() {
+        let l = layout("classic");
+        let floor = l.tick_at(NOW) + 100;
+        let max_at_floor = l.compose(floor, 5, l.max_sequence()).unwrap();
+        let mut g = GeneratorState::starting_above(floor, &l);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let id = g.next_id(&l, 5, 1000, &mut c).unwrap();
+        assert!(id > max_at_floor);
+        let mut h = GeneratorState::new(&l);
+        h.next_id(&l, 5, 1000, &mut c).unwrap();
+        h.raise_floor(floor, &l);
+        assert!(h.next_id(&l, 5, 1000, &mut c).unwrap() > max_at_floor);
+        // A lower floor changes nothing.
+        let before = h;
+        h.raise_floor(floor - 10, &l);
+        assert_eq!(h, before);
+    }
+
+    #[test]
+    fn end_of_the_layout_is_an_error_not_a_wraparound() {
+        let l = layout("classic");
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock {
+            ms: l.end_unix_ms(),
+            slept: 0,
+        };
+        let last = g.next_id(&l, 0, 1000, &mut c).unwrap();
+        assert_eq!(l.decode(last).unwrap().ticks, l.max_ticks());
+        c.ms += 1;
+        assert!(matches!(
+            g.next_id(&l, 0, 1000, &mut c),
+            Err(GenError::LayoutExhausted { .. })
+        ));
+    }
+
+    #[test]
+    fn clock_before_the_epoch_is_a_clock_behind_error() {
+        let l = layout("classic");
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock {
+            ms: DEFAULT_EPOCH_MS - 5000,
+            slept: 0,
+        };
+        assert!(matches!(
+            g.next_id(&l, 0, 1000, &mut c),
+            Err(GenError::ClockBehind { .. })
+        ));
+        // The first ID of a fresh generator can be at tick 0.
+        c.ms = DEFAULT_EPOCH_MS;
+        assert_eq!(g.next_id(&l, 0, 1000, &mut c), Ok(0));
+    }
+}

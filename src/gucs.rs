@@ -1,0 +1,230 @@
+//! The `snowflake_id.*` settings: definitions and typed getters.
+//!
+//! The layout settings are postmaster settings: they are read once, when the
+//! library loads, and turned into the [`Layout`] every function uses
+//! ([`layout`]). `worker_ids` and `max_drift` can change on reload.
+
+use crate::errors;
+use crate::layout::{self, Layout, PRESETS};
+use crate::ranges::WorkerRanges;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::{pg_guard, pg_sys, PostgresGucEnum};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::OnceLock;
+
+/// `snowflake_id.layout`: the preset the individual layout settings start from.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Preset {
+    #[name = c"classic"]
+    Classic,
+    #[name = c"sonyflake"]
+    Sonyflake,
+    #[name = c"js53"]
+    Js53,
+}
+
+impl Preset {
+    fn values(self) -> layout::Preset {
+        PRESETS[self as usize]
+    }
+}
+
+/// "Take the value from the preset", for the numeric layout settings.
+const FROM_PRESET: i32 = -1;
+
+static PRESET: GucSetting<Preset> = GucSetting::<Preset>::new(Preset::Classic);
+static EPOCH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"2024-01-01"));
+static TIME_UNIT_MS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
+static TOTAL_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
+static WORKER_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
+static SEQUENCE_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
+static WORKER_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static MAX_DRIFT_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// The layout in use, computed once per process by [`init`].
+static LAYOUT: OnceLock<Layout> = OnceLock::new();
+
+/// Defines every setting, validates the layout and reserves the prefix.
+/// Called from `_PG_init`; an invalid layout is an error there (so a
+/// preloading server refuses to start, as for any bad postmaster setting).
+pub fn init() {
+    GucRegistry::define_enum_guc(
+        c"snowflake_id.layout",
+        c"Preset for the ID layout: classic, sonyflake or js53.",
+        c"classic: 41 bits of milliseconds, 10 worker bits, 12 sequence bits. \
+          sonyflake: 39 bits of 10 ms, 16 worker bits, 8 sequence bits. \
+          js53: IDs below 2^53 with 6 worker bits and 6 sequence bits. \
+          The individual layout settings override the preset.",
+        &PRESET,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"snowflake_id.epoch",
+        c"Time zero of the IDs' time field (UTC date, date and time, or Unix milliseconds).",
+        c"Changing it changes the meaning of every ID already issued.",
+        &EPOCH,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    let int_setting = |name: &'static CStr, short: &'static CStr, setting, max| {
+        GucRegistry::define_int_guc(
+            name,
+            short,
+            c"-1 takes the value from snowflake_id.layout.",
+            setting,
+            FROM_PRESET,
+            max,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        )
+    };
+    int_setting(
+        c"snowflake_id.time_unit_ms",
+        c"Milliseconds per tick of the time field.",
+        &TIME_UNIT_MS,
+        86_400_000,
+    );
+    int_setting(
+        c"snowflake_id.total_bits",
+        c"Bits an ID may use (63 for the whole bigint, 53 for JavaScript-safe IDs).",
+        &TOTAL_BITS,
+        63,
+    );
+    int_setting(
+        c"snowflake_id.worker_bits",
+        c"Bits of the worker id field.",
+        &WORKER_BITS,
+        layout::MAX_WORKER_BITS as i32,
+    );
+    int_setting(
+        c"snowflake_id.sequence_bits",
+        c"Bits of the per-tick sequence field.",
+        &SEQUENCE_BITS,
+        layout::MAX_SEQUENCE_BITS as i32,
+    );
+
+    let layout = match compute_layout() {
+        Ok(layout) => layout,
+        Err(message) => errors::invalid_layout(&message),
+    };
+    let _ = LAYOUT.set(layout);
+
+    // SAFETY: the check hook is a #[pg_guard] function with the signature
+    // PostgreSQL expects, and it only reads the string it is given.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake_id.worker_ids",
+            c"Worker ids this server may claim, e.g. 0-511 or 0-15,32-47 (empty: all).",
+            c"Give servers that can write the same tables disjoint ranges. \
+              A change applies to claims made after the reload.",
+            &WORKER_IDS,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_worker_ids),
+            None,
+            None,
+        );
+    }
+    GucRegistry::define_int_guc(
+        c"snowflake_id.max_drift",
+        c"How far the time of an ID may run ahead of the wall clock.",
+        c"Covers sequence exhaustion (borrowing future ticks) and a clock that went \
+          backwards. Beyond it snowflake_nextval() waits (exhaustion) or fails (clock).",
+        &MAX_DRIFT_MS,
+        0,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+
+    // SAFETY: a plain call into PostgreSQL with a static C string.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"snowflake_id".as_ptr()) };
+}
+
+/// The layout in use in this process.
+pub fn layout() -> &'static Layout {
+    match LAYOUT.get() {
+        Some(layout) => layout,
+        None => errors::internal("the snowflake_id layout was read before _PG_init"),
+    }
+}
+
+/// `snowflake_id.max_drift` in milliseconds.
+pub fn max_drift_ms() -> i64 {
+    i64::from(MAX_DRIFT_MS.get())
+}
+
+/// The ids this server may claim now (`snowflake_id.worker_ids`), and the
+/// setting's text. The check hook has already accepted the text.
+pub fn worker_ranges() -> (WorkerRanges, String) {
+    let text = WORKER_IDS.get();
+    let text = text
+        .as_deref()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match WorkerRanges::parse(&text, layout().max_worker_id()) {
+        Ok(ranges) => (ranges, text),
+        Err(detail) => errors::bad_worker_ids(&detail),
+    }
+}
+
+/// The preset's name, for reports.
+pub fn preset_name() -> &'static str {
+    PRESET.get().values().name
+}
+
+fn compute_layout() -> Result<Layout, String> {
+    let preset = PRESET.get().values();
+    let pick = |setting: &GucSetting<i32>, preset_value: i64| -> i64 {
+        match setting.get() {
+            FROM_PRESET => preset_value,
+            v => i64::from(v),
+        }
+    };
+    let epoch_text = EPOCH.get();
+    let epoch_text = epoch_text
+        .as_deref()
+        .and_then(|s| s.to_str().ok())
+        .unwrap_or("");
+    let epoch_ms =
+        layout::parse_epoch(epoch_text).map_err(|e| format!("snowflake_id.epoch: {e}"))?;
+    Layout::new(
+        epoch_ms,
+        pick(&TIME_UNIT_MS, preset.unit_ms),
+        pick(&TOTAL_BITS, preset.total_bits.into()) as u32,
+        pick(&WORKER_BITS, preset.worker_bits.into()) as u32,
+        pick(&SEQUENCE_BITS, preset.sequence_bits.into()) as u32,
+        crate::clock::unix_ms(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Check hook of `snowflake_id.worker_ids`: rejects text that does not
+/// parse or names ids outside the layout, with PostgreSQL's usual
+/// "invalid value for parameter" error (or log line, on reload).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_worker_ids(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
+    // which is NULL or a NUL-terminated string.
+    let text = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return true;
+        }
+        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    };
+    let Some(layout) = LAYOUT.get() else {
+        return true;
+    };
+    match WorkerRanges::parse(&text, layout.max_worker_id()) {
+        Ok(_) => true,
+        Err(detail) => {
+            errors::guc_check_detail(&detail);
+            false
+        }
+    }
+}

@@ -1,0 +1,585 @@
+//! The bit layout of an ID: pure arithmetic, no PostgreSQL calls.
+//!
+//! ```text
+//!  63 (sign, always 0)
+//!  |  time: ticks since the epoch     worker id        sequence
+//!  0 | tttttttttttttttttttt...ttttt | wwwwwwwwww | ssssssssssss
+//!      time_bits                      worker_bits  sequence_bits
+//! ```
+//!
+//! `total_bits` (63 by default, 53 for JavaScript-safe IDs) is the number of
+//! low bits an ID may use; the time field gets whatever the worker and
+//! sequence fields leave. A *tick* is one time unit (`unit_ms` milliseconds)
+//! since the epoch.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The largest worker field we allocate shared-memory slots for (65,536 ids).
+pub const MAX_WORKER_BITS: u32 = 16;
+/// The widest sequence field (it must fit a SQL `int`).
+pub const MAX_SEQUENCE_BITS: u32 = 30;
+/// Milliseconds in ten (Julian) years: a layout must last at least this long.
+pub const MIN_LIFETIME_MS: i64 = 10 * 36_525 * 86_400_000 / 100;
+/// Default epoch: 2024-01-01T00:00:00Z, in Unix milliseconds.
+pub const DEFAULT_EPOCH_MS: i64 = 1_704_067_200_000;
+
+/// A named starting point for the layout settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Preset {
+    pub name: &'static str,
+    pub unit_ms: i64,
+    pub total_bits: u32,
+    pub worker_bits: u32,
+    pub sequence_bits: u32,
+}
+
+/// The presets, in the order of the `snowflake_id.layout` setting.
+pub const PRESETS: [Preset; 3] = [
+    // Twitter snowflake: 41 bits of milliseconds, 10 worker bits, 12 sequence bits.
+    Preset {
+        name: "classic",
+        unit_ms: 1,
+        total_bits: 63,
+        worker_bits: 10,
+        sequence_bits: 12,
+    },
+    // Sonyflake: 39 bits of 10 ms, 16 machine bits, 8 sequence bits.
+    Preset {
+        name: "sonyflake",
+        unit_ms: 10,
+        total_bits: 63,
+        worker_bits: 16,
+        sequence_bits: 8,
+    },
+    // Yitter-style IDs below 2^53, exact in a JavaScript number.
+    Preset {
+        name: "js53",
+        unit_ms: 1,
+        total_bits: 53,
+        worker_bits: 6,
+        sequence_bits: 6,
+    },
+];
+
+/// The fields of an ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parts {
+    pub ticks: i64,
+    pub worker_id: u32,
+    pub sequence: u32,
+}
+
+/// Why a layout or a value does not fit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LayoutError {
+    /// A setting is outside what any layout allows.
+    Setting {
+        name: &'static str,
+        value: i64,
+        allowed: String,
+    },
+    /// The bits do not add up.
+    Bits {
+        total: u32,
+        worker: u32,
+        sequence: u32,
+    },
+    /// The epoch lies after the current time.
+    EpochInFuture { epoch_ms: i64, now_ms: i64 },
+    /// The time field runs out too soon.
+    TooShort { end_ms: i64, now_ms: i64 },
+}
+
+impl fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayoutError::Setting {
+                name,
+                value,
+                allowed,
+            } => write!(f, "{name} = {value} is out of range ({allowed})"),
+            LayoutError::Bits {
+                total,
+                worker,
+                sequence,
+            } => write!(
+                f,
+                "worker_bits ({worker}) + sequence_bits ({sequence}) must leave at least 1 time bit \
+                 within total_bits ({total})"
+            ),
+            LayoutError::EpochInFuture { epoch_ms, now_ms } => write!(
+                f,
+                "the epoch ({}) is in the future (now is {})",
+                format_unix_ms(*epoch_ms),
+                format_unix_ms(*now_ms)
+            ),
+            LayoutError::TooShort { end_ms, now_ms } => write!(
+                f,
+                "the time field runs out at {}, less than 10 years after now ({})",
+                format_unix_ms(*end_ms),
+                format_unix_ms(*now_ms)
+            ),
+        }
+    }
+}
+
+/// A validated layout. Construct it with [`Layout::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Unix milliseconds of tick 0.
+    pub epoch_ms: i64,
+    /// Milliseconds per tick.
+    pub unit_ms: i64,
+    pub total_bits: u32,
+    pub worker_bits: u32,
+    pub sequence_bits: u32,
+}
+
+impl Layout {
+    /// Validates the settings. `now_ms` is the current Unix time, used to
+    /// reject an epoch in the future and a layout that would run out within
+    /// ten years.
+    pub fn new(
+        epoch_ms: i64,
+        unit_ms: i64,
+        total_bits: u32,
+        worker_bits: u32,
+        sequence_bits: u32,
+        now_ms: i64,
+    ) -> Result<Layout, LayoutError> {
+        let range = |name: &'static str, value: i64, lo: i64, hi: i64| {
+            if (lo..=hi).contains(&value) {
+                Ok(())
+            } else {
+                Err(LayoutError::Setting {
+                    name,
+                    value,
+                    allowed: format!("{lo} to {hi}"),
+                })
+            }
+        };
+        range("time_unit_ms", unit_ms, 1, 86_400_000)?;
+        range("total_bits", total_bits.into(), 2, 63)?;
+        range("worker_bits", worker_bits.into(), 0, MAX_WORKER_BITS.into())?;
+        range(
+            "sequence_bits",
+            sequence_bits.into(),
+            1,
+            MAX_SEQUENCE_BITS.into(),
+        )?;
+        if worker_bits + sequence_bits >= total_bits {
+            return Err(LayoutError::Bits {
+                total: total_bits,
+                worker: worker_bits,
+                sequence: sequence_bits,
+            });
+        }
+        if epoch_ms > now_ms {
+            return Err(LayoutError::EpochInFuture { epoch_ms, now_ms });
+        }
+        let layout = Layout {
+            epoch_ms,
+            unit_ms,
+            total_bits,
+            worker_bits,
+            sequence_bits,
+        };
+        let end_ms = layout.end_unix_ms();
+        if end_ms < now_ms.saturating_add(MIN_LIFETIME_MS) {
+            return Err(LayoutError::TooShort { end_ms, now_ms });
+        }
+        Ok(layout)
+    }
+
+    pub fn time_bits(&self) -> u32 {
+        self.total_bits - self.worker_bits - self.sequence_bits
+    }
+
+    pub fn max_ticks(&self) -> i64 {
+        (1i64 << self.time_bits()) - 1
+    }
+
+    pub fn max_worker_id(&self) -> u32 {
+        ((1u64 << self.worker_bits) - 1) as u32
+    }
+
+    pub fn max_sequence(&self) -> u32 {
+        (1u32 << self.sequence_bits) - 1
+    }
+
+    /// The largest ID this layout can produce.
+    pub fn max_id(&self) -> i64 {
+        // total_bits <= 63, so this never overflows.
+        ((1u64 << self.total_bits) - 1) as i64
+    }
+
+    /// Builds an ID. Out-of-range parts are an error naming the part.
+    pub fn compose(&self, ticks: i64, worker_id: u32, sequence: u32) -> Result<i64, PartError> {
+        if !(0..=self.max_ticks()).contains(&ticks) {
+            return Err(PartError::Ticks {
+                value: ticks,
+                max: self.max_ticks(),
+            });
+        }
+        if worker_id > self.max_worker_id() {
+            return Err(PartError::Worker {
+                value: worker_id,
+                max: self.max_worker_id(),
+            });
+        }
+        if sequence > self.max_sequence() {
+            return Err(PartError::Sequence {
+                value: sequence,
+                max: self.max_sequence(),
+            });
+        }
+        Ok(self.compose_unchecked(ticks, worker_id, sequence))
+    }
+
+    /// Builds an ID from parts already known to be in range (the generator's
+    /// hot path).
+    #[inline]
+    pub fn compose_unchecked(&self, ticks: i64, worker_id: u32, sequence: u32) -> i64 {
+        debug_assert!((0..=self.max_ticks()).contains(&ticks));
+        debug_assert!(worker_id <= self.max_worker_id());
+        debug_assert!(sequence <= self.max_sequence());
+        (ticks << (self.worker_bits + self.sequence_bits))
+            | (i64::from(worker_id) << self.sequence_bits)
+            | i64::from(sequence)
+    }
+
+    /// Splits an ID into its fields. Negative IDs and IDs wider than
+    /// `total_bits` are not IDs of this layout.
+    pub fn decode(&self, id: i64) -> Result<Parts, PartError> {
+        if !(0..=self.max_id()).contains(&id) {
+            return Err(PartError::Id {
+                value: id,
+                max: self.max_id(),
+            });
+        }
+        Ok(Parts {
+            ticks: id >> (self.worker_bits + self.sequence_bits),
+            worker_id: ((id >> self.sequence_bits) & i64::from(self.max_worker_id())) as u32,
+            sequence: (id & ((1i64 << self.sequence_bits) - 1)) as u32,
+        })
+    }
+
+    /// Unix milliseconds at the start of a tick.
+    pub fn tick_start_unix_ms(&self, ticks: i64) -> i64 {
+        self.epoch_ms
+            .saturating_add(ticks.saturating_mul(self.unit_ms))
+    }
+
+    /// The tick containing a Unix millisecond (negative before the epoch).
+    #[inline]
+    pub fn tick_at(&self, unix_ms: i64) -> i64 {
+        unix_ms
+            .saturating_sub(self.epoch_ms)
+            .div_euclid(self.unit_ms)
+    }
+
+    /// The last Unix millisecond the time field can express.
+    pub fn end_unix_ms(&self) -> i64 {
+        self.tick_start_unix_ms(self.max_ticks())
+            .saturating_add(self.unit_ms - 1)
+    }
+
+    /// The smallest ID that can be made at a Unix millisecond (worker and
+    /// sequence zero).
+    pub fn first_id_at(&self, unix_ms: i64) -> Result<i64, PartError> {
+        self.compose(self.tick_at(unix_ms), 0, 0)
+    }
+}
+
+/// A value that does not fit its field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartError {
+    Ticks { value: i64, max: i64 },
+    Worker { value: u32, max: u32 },
+    Sequence { value: u32, max: u32 },
+    Id { value: i64, max: i64 },
+}
+
+impl fmt::Display for PartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PartError::Ticks { value, max } => {
+                write!(f, "time {value} ticks since the epoch is outside 0..{max}")
+            }
+            PartError::Worker { value, max } => {
+                write!(f, "worker id {value} is outside 0..{max}")
+            }
+            PartError::Sequence { value, max } => {
+                write!(f, "sequence {value} is outside 0..{max}")
+            }
+            PartError::Id { value, max } => {
+                write!(f, "{value} is not an ID of this layout (IDs are 0..{max})")
+            }
+        }
+    }
+}
+
+/// Parses an epoch: Unix milliseconds (`1704067200000`), a date
+/// (`2024-01-01`) or a UTC date and time (`2024-01-01 00:00:00`, `T` also
+/// accepted, optional `Z`, `+00` or `+00:00`, optional fraction of a second).
+pub fn parse_epoch(text: &str) -> Result<i64, String> {
+    let s = text.trim();
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s
+            .parse::<i64>()
+            .map_err(|_| format!("\"{text}\" is too large for Unix milliseconds"));
+    }
+    let bad = || {
+        format!(
+            "\"{text}\" is not a UTC date (YYYY-MM-DD), date and time (YYYY-MM-DD HH:MM:SS[.fff][Z]) \
+             or Unix milliseconds"
+        )
+    };
+    let mut rest = s;
+    for suffix in ["Z", "z", "+00:00", "+00", "+0000"] {
+        if let Some(r) = rest.strip_suffix(suffix) {
+            rest = r;
+            break;
+        }
+    }
+    let (date, time) = match rest.find([' ', 'T']) {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
+    };
+    let num = |t: &str, len: usize| -> Result<i64, String> {
+        if t.len() == len && t.bytes().all(|b| b.is_ascii_digit()) {
+            t.parse::<i64>().map_err(|_| bad())
+        } else {
+            Err(bad())
+        }
+    };
+    let d: Vec<&str> = date.split('-').collect();
+    if d.len() != 3 {
+        return Err(bad());
+    }
+    let (y, m, day) = (num(d[0], 4)?, num(d[1], 2)?, num(d[2], 2)?);
+    if !(1..=12).contains(&m) || day < 1 || day > days_in_month(y, m) {
+        return Err(bad());
+    }
+    let mut ms = days_from_civil(y, m, day) * 86_400_000;
+    if let Some(t) = time {
+        let (hms, frac) = match t.split_once('.') {
+            Some((a, b)) => (a, Some(b)),
+            None => (t, None),
+        };
+        let p: Vec<&str> = hms.split(':').collect();
+        if p.len() != 3 {
+            return Err(bad());
+        }
+        let (h, mi, sec) = (num(p[0], 2)?, num(p[1], 2)?, num(p[2], 2)?);
+        if h > 23 || mi > 59 || sec > 59 {
+            return Err(bad());
+        }
+        ms += ((h * 60 + mi) * 60 + sec) * 1000;
+        if let Some(f) = frac {
+            if f.is_empty() || f.len() > 3 || !f.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            let scale = [100, 10, 1][f.len() - 1];
+            ms += f.parse::<i64>().map_err(|_| bad())? * scale;
+        }
+    }
+    Ok(ms)
+}
+
+/// Formats Unix milliseconds as `YYYY-MM-DD HH:MM:SS.fffZ` (UTC).
+pub fn format_unix_ms(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let rem = ms.rem_euclid(86_400_000);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
+fn is_leap(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if is_leap(y) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+// Howard Hinnant's days_from_civil / civil_from_days (proleptic Gregorian).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (
+        if m <= 2 {
+            yoe + era * 400 + 1
+        } else {
+            yoe + era * 400
+        },
+        m,
+        d,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_795_305_600_000; // 2026-11-22T00:00:00Z
+
+    fn preset(name: &str) -> Layout {
+        let p = PRESETS.iter().find(|p| p.name == name).unwrap();
+        Layout::new(
+            DEFAULT_EPOCH_MS,
+            p.unit_ms,
+            p.total_bits,
+            p.worker_bits,
+            p.sequence_bits,
+            NOW,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn classic_has_41_time_bits_and_composes_like_twitter() {
+        let l = preset("classic");
+        assert_eq!(l.time_bits(), 41);
+        let id = l.compose(5, 3, 7).unwrap();
+        assert_eq!(id, (5 << 22) | (3 << 12) | 7);
+        assert_eq!(
+            l.decode(id).unwrap(),
+            Parts {
+                ticks: 5,
+                worker_id: 3,
+                sequence: 7
+            }
+        );
+    }
+
+    #[test]
+    fn every_preset_is_valid_and_round_trips_its_extremes() {
+        for p in PRESETS {
+            let l = preset(p.name);
+            let max = l
+                .compose(l.max_ticks(), l.max_worker_id(), l.max_sequence())
+                .unwrap();
+            assert_eq!(max, l.max_id(), "{}", p.name);
+            assert!(max < (1i64 << p.total_bits));
+            assert_eq!(l.decode(max).unwrap().ticks, l.max_ticks());
+        }
+        assert!(preset("js53").max_id() < (1i64 << 53));
+    }
+
+    #[test]
+    fn rejects_bad_combinations() {
+        assert!(matches!(
+            Layout::new(DEFAULT_EPOCH_MS, 1, 63, 10, 0, NOW),
+            Err(LayoutError::Setting {
+                name: "sequence_bits",
+                ..
+            })
+        ));
+        assert!(matches!(
+            Layout::new(DEFAULT_EPOCH_MS, 1, 22, 10, 12, NOW),
+            Err(LayoutError::Bits { .. })
+        ));
+        assert!(matches!(
+            Layout::new(NOW + 1, 1, 63, 10, 12, NOW),
+            Err(LayoutError::EpochInFuture { .. })
+        ));
+        // 30 time bits of milliseconds last 12 days.
+        assert!(matches!(
+            Layout::new(DEFAULT_EPOCH_MS, 1, 52, 10, 12, NOW),
+            Err(LayoutError::TooShort { .. })
+        ));
+        assert!(matches!(
+            Layout::new(DEFAULT_EPOCH_MS, 1, 63, 17, 12, NOW),
+            Err(LayoutError::Setting {
+                name: "worker_bits",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn out_of_range_parts_are_errors() {
+        let l = preset("classic");
+        assert!(matches!(l.compose(-1, 0, 0), Err(PartError::Ticks { .. })));
+        assert!(matches!(
+            l.compose(0, 1024, 0),
+            Err(PartError::Worker { .. })
+        ));
+        assert!(matches!(
+            l.compose(0, 0, 4096),
+            Err(PartError::Sequence { .. })
+        ));
+        assert!(matches!(l.decode(-1), Err(PartError::Id { .. })));
+        let js = preset("js53");
+        assert!(matches!(js.decode(1 << 53), Err(PartError::Id { .. })));
+    }
+
+    #[test]
+    fn ticks_follow_the_unit_and_floor_before_the_epoch() {
+        let l = preset("sonyflake");
+        assert_eq!(l.tick_at(DEFAULT_EPOCH_MS + 25), 2);
+        assert_eq!(l.tick_at(DEFAULT_EPOCH_MS - 1), -1);
+        assert_eq!(l.tick_start_unix_ms(2), DEFAULT_EPOCH_MS + 20);
+        assert_eq!(l.first_id_at(DEFAULT_EPOCH_MS + 25).unwrap(), 2 << 24);
+        assert!(l.first_id_at(DEFAULT_EPOCH_MS - 1).is_err());
+    }
+
+    #[test]
+    fn parses_and_formats_epochs() {
+        assert_eq!(parse_epoch("2024-01-01").unwrap(), DEFAULT_EPOCH_MS);
+        assert_eq!(
+            parse_epoch("2024-01-01 00:00:00+00").unwrap(),
+            DEFAULT_EPOCH_MS
+        );
+        assert_eq!(
+            parse_epoch("2024-01-01T00:00:01.5Z").unwrap(),
+            DEFAULT_EPOCH_MS + 1500
+        );
+        assert_eq!(parse_epoch("1288834974657").unwrap(), 1_288_834_974_657);
+        assert_eq!(parse_epoch("2000-02-29").unwrap(), 951_782_400_000);
+        for bad in [
+            "",
+            "2024-13-01",
+            "2023-02-29",
+            "2024-01-01 25:00:00",
+            "yesterday",
+            "2024-01-01+01",
+        ] {
+            assert!(parse_epoch(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            format_unix_ms(DEFAULT_EPOCH_MS + 1500),
+            "2024-01-01 00:00:01.500Z"
+        );
+        assert_eq!(format_unix_ms(-1), "1969-12-31 23:59:59.999Z");
+    }
+}

@@ -1,0 +1,52 @@
+//! snowflake_id: time-ordered, unique 64-bit IDs generated inside PostgreSQL.
+//!
+//! Where things are:
+//! - `layout`     the bit layout of an ID (pure)
+//! - `generator`  the clock and sequence rules (pure, injected clock)
+//! - `ranges`     worker id range parsing (pure)
+//! - `gucs`       the `snowflake_id.*` settings
+//! - `shmem`      shared memory and the state file (locking rules at the top)
+//! - `registry`   worker id claims, one per backend
+//! - `api`        the SQL functions and views
+//! - `errors`     every error raised, with SQLSTATE, detail and hint
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+mod api;
+mod clock;
+mod errors;
+pub mod generator;
+mod gucs;
+pub mod layout;
+pub mod ranges;
+mod registry;
+mod shmem;
+
+use pgrx::prelude::*;
+
+::pgrx::pg_module_magic!(name, version);
+
+/// Registers the settings; when preloaded, also the shared memory. Without
+/// preloading, `CREATE EXTENSION` and the decoders still work and the
+/// generators fail with SQLSTATE 55000 and a hint.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::init();
+    // SAFETY: reading a flag PostgreSQL sets while loading preload libraries.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        shmem::init();
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests;
+
+/// Settings for the `cargo pgrx test` server.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec!["shared_preload_libraries = 'snowflake_id'"]
+    }
+}

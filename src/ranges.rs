@@ -1,0 +1,134 @@
+//! Worker id ranges such as `0-15,32,40-47`: pure parsing, no PostgreSQL.
+
+use std::fmt;
+
+/// A set of worker ids, as sorted, non-overlapping inclusive ranges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerRanges(Vec<(u32, u32)>);
+
+impl WorkerRanges {
+    /// Every id from 0 to `max`.
+    pub fn all(max: u32) -> Self {
+        WorkerRanges(vec![(0, max)])
+    }
+
+    /// Parses `text` (empty means every id of the layout) and checks it
+    /// against the largest worker id, `max`.
+    pub fn parse(text: &str, max: u32) -> Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(Self::all(max));
+        }
+        let mut ranges = Vec::new();
+        for part in text.split(',') {
+            let part = part.trim();
+            let (lo, hi) = match part.split_once('-') {
+                Some((a, b)) => (number(a, part)?, number(b, part)?),
+                None => {
+                    let n = number(part, part)?;
+                    (n, n)
+                }
+            };
+            if lo > hi {
+                return Err(format!(
+                    "\"{part}\" is an empty range (its start is after its end)"
+                ));
+            }
+            if hi > max {
+                return Err(format!(
+                    "\"{part}\" goes beyond the largest worker id of the layout, {max}"
+                ));
+            }
+            ranges.push((lo, hi));
+        }
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if w[1].0 <= w[0].1 {
+                return Err(format!(
+                    "the ranges {}-{} and {}-{} overlap",
+                    w[0].0, w[0].1, w[1].0, w[1].1
+                ));
+            }
+        }
+        Ok(WorkerRanges(ranges))
+    }
+
+    /// How many ids the set holds.
+    pub fn len(&self) -> u64 {
+        self.0.iter().map(|&(lo, hi)| u64::from(hi - lo) + 1).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn contains(&self, id: u32) -> bool {
+        self.0.iter().any(|&(lo, hi)| (lo..=hi).contains(&id))
+    }
+
+    /// Every id, in increasing order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().flat_map(|&(lo, hi)| lo..=hi)
+    }
+}
+
+impl fmt::Display for WorkerRanges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, &(lo, hi)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if lo == hi {
+                write!(f, "{lo}")?;
+            } else {
+                write!(f, "{lo}-{hi}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn number(s: &str, part: &str) -> Result<u32, String> {
+    let s = s.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "\"{part}\" is not a worker id or a range of them (write e.g. 0-15,32,40-47)"
+        ));
+    }
+    s.parse::<u32>()
+        .map_err(|_| format!("\"{part}\" is too large for a worker id"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lists_and_ranges() {
+        let r = WorkerRanges::parse(" 32, 0-3 ,40-41", 1023).unwrap();
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![0, 1, 2, 3, 32, 40, 41]);
+        assert_eq!(r.len(), 7);
+        assert!(r.contains(41) && !r.contains(4));
+        assert_eq!(r.to_string(), "0-3,32,40-41");
+        assert_eq!(WorkerRanges::parse("", 63).unwrap(), WorkerRanges::all(63));
+        assert_eq!(WorkerRanges::all(1023).len(), 1024);
+    }
+
+    #[test]
+    fn rejects_bad_text_and_ids_outside_the_layout() {
+        for bad in [
+            "x",
+            "1-",
+            "-1",
+            "3-1",
+            "0-1024",
+            "1,,2",
+            "0-5,5-6",
+            "99999999999",
+        ] {
+            assert!(WorkerRanges::parse(bad, 1023).is_err(), "{bad}");
+        }
+        let e = WorkerRanges::parse("0-1023", 63).unwrap_err();
+        assert!(e.contains("largest worker id of the layout, 63"), "{e}");
+    }
+}

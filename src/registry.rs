@@ -1,0 +1,267 @@
+//! Worker ids: each backend claims one on its first `snowflake_nextval()`,
+//! keeps it until it exits, and runs its own generator on it.
+//!
+//! A claim is exclusive in two ways:
+//! - the slot's `holder_pid` in shared memory, set under the slot table's
+//!   LWLock and cleared by an exit callback; shared memory is reset if a
+//!   backend crashes, so a claim can never outlive its holder;
+//! - a session-level advisory lock on a server-wide key (database 0, classid
+//!   [`ADVISORY_CLASSID`], objid = worker id, objsubid [`ADVISORY_OBJSUBID`]),
+//!   so `pg_locks` shows who holds which id. SQL's `pg_advisory_*` functions
+//!   cannot produce this key, so no role can forge or steal a claim.
+//!   (`pg_advisory_unlock_all()` and `DISCARD ALL` drop the lock, not the
+//!   claim: the slot stays held until the backend exits.)
+//!
+//! The free id picked is the one released longest ago, so a freshly released
+//! id is reused last.
+
+use crate::clock::WallClock;
+use crate::errors;
+use crate::generator::GeneratorState;
+use crate::gucs;
+use crate::shmem::{self, Header, Slot};
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// `pg_locks.classid` of claim locks: "SNOW" in ASCII.
+pub const ADVISORY_CLASSID: u32 = 0x534E_4F57;
+/// `pg_locks.objsubid` of claim locks (SQL's advisory locks use 1 and 2).
+pub const ADVISORY_OBJSUBID: u16 = 3;
+
+/// This backend's claim.
+struct Claim {
+    worker_id: u32,
+    slot: &'static Slot,
+    state: GeneratorState,
+}
+
+thread_local! {
+    static CLAIM: RefCell<Option<Claim>> = const { RefCell::new(None) };
+}
+
+impl Claim {
+    /// Publishes the generator state to the slot (for reports and for the
+    /// next holder).
+    fn publish(&self) {
+        let (s, slot) = (&self.state, self.slot);
+        slot.last_tick.store(s.last_tick, Relaxed);
+        slot.sequence.store(s.sequence, Relaxed);
+        slot.last_seen.store(s.last_seen, Relaxed);
+        slot.ids_issued.store(s.ids_issued, Relaxed);
+        slot.sequence_exhausted.store(s.sequence_exhausted, Relaxed);
+        slot.clock_backward.store(s.clock_backward, Relaxed);
+        slot.max_drift.store(s.max_drift, Relaxed);
+    }
+}
+
+/// The shared header, or the "not preloaded" error naming `function`.
+pub fn require_shared(function: &str) -> &'static Header {
+    match shmem::header() {
+        Some(header) => header,
+        None => errors::not_preloaded(function),
+    }
+}
+
+/// Makes `n` IDs from this backend's worker id, claiming one first if
+/// needed, and hands each to `emit`. Every ID is covered by the durable
+/// reservation before this returns. `function` names the caller in errors.
+#[inline]
+pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
+    let header = require_shared(function);
+    let layout = gucs::layout();
+    let max_drift_ms = gucs::max_drift_ms();
+    CLAIM.with_borrow_mut(|claim| {
+        let claim = match claim {
+            Some(claim) => claim,
+            None => claim.insert(claim_worker(header)),
+        };
+        for _ in 0..n {
+            match claim
+                .state
+                .next_id(layout, claim.worker_id, max_drift_ms, &mut WallClock)
+            {
+                Ok(id) => emit(id),
+                Err(e) => {
+                    claim.publish();
+                    errors::generator(e, layout, max_drift_ms)
+                }
+            }
+        }
+        claim.publish();
+        header.reserve(layout.tick_start_unix_ms(claim.state.last_tick), layout);
+    });
+}
+
+/// The worker id this backend holds, if any.
+pub fn my_worker_id() -> Option<u32> {
+    CLAIM.with_borrow(|claim| claim.as_ref().map(|c| c.worker_id))
+}
+
+fn claim_worker(header: &'static Header) -> Claim {
+    if header.layout_changed.load(Relaxed) {
+        errors::layout_changed();
+    }
+    let (ranges, text) = gucs::worker_ranges();
+    let slots = header.slots();
+    let _guard = header.lock(true);
+    let mut free: Vec<(u64, u32)> = Vec::new();
+    for id in ranges.iter() {
+        let slot = &slots[id as usize];
+        if slot.holder_pid.load(Relaxed) == 0 {
+            free.push((slot.release_order.load(Relaxed), id));
+        }
+    }
+    free.sort_unstable();
+    let Some(worker_id) = free
+        .iter()
+        .map(|&(_, id)| id)
+        .find(|&id| try_advisory_lock(id))
+    else {
+        let held = ranges.len() - free.len() as u64;
+        errors::workers_exhausted(&text, ranges.len(), held)
+    };
+    let slot = &slots[worker_id as usize];
+    // SAFETY: reading backend-global identifiers and the clock.
+    let (pid, db, role, now) = unsafe {
+        (
+            pg_sys::MyProcPid,
+            pg_sys::MyDatabaseId,
+            pg_sys::GetSessionUserId(),
+            pg_sys::GetCurrentTimestamp(),
+        )
+    };
+    slot.holder_pid.store(pid, Relaxed);
+    slot.holder_db.store(db.to_u32(), Relaxed);
+    slot.holder_role.store(role.to_u32(), Relaxed);
+    slot.claimed_at.store(now, Relaxed);
+    slot.claims.fetch_add(1, Relaxed);
+    register_exit_callback();
+    Claim {
+        worker_id,
+        slot,
+        state: GeneratorState {
+            last_tick: slot.last_tick.load(Relaxed),
+            sequence: slot.sequence.load(Relaxed),
+            last_seen: slot.last_seen.load(Relaxed),
+            ids_issued: slot.ids_issued.load(Relaxed),
+            sequence_exhausted: slot.sequence_exhausted.load(Relaxed),
+            clock_backward: slot.clock_backward.load(Relaxed),
+            max_drift: slot.max_drift.load(Relaxed),
+        },
+    }
+}
+
+fn claim_locktag(worker_id: u32) -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
+        locktag_field1: 0, // no database: the key is server-wide
+        locktag_field2: ADVISORY_CLASSID,
+        locktag_field3: worker_id,
+        locktag_field4: ADVISORY_OBJSUBID,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    }
+}
+
+fn try_advisory_lock(worker_id: u32) -> bool {
+    let tag = claim_locktag(worker_id);
+    // SAFETY: a session-level, non-waiting lock on a valid tag; the lock
+    // manager releases it when the backend exits.
+    let result = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, true, true) };
+    result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
+fn register_exit_callback() {
+    thread_local! {
+        static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if !REGISTERED.get() {
+        // SAFETY: registering a #[pg_guard] callback with no argument.
+        unsafe { pg_sys::before_shmem_exit(Some(release_at_exit), pg_sys::Datum::from(0)) };
+        REGISTERED.set(true);
+    }
+}
+
+/// Releases this backend's claim when it exits.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    let Some(header) = shmem::header() else {
+        return;
+    };
+    let Some(claim) = CLAIM.with_borrow_mut(Option::take) else {
+        return;
+    };
+    claim.publish();
+    let _guard = header.lock(true);
+    // SAFETY: reading the clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let order = header.release_counter.fetch_add(1, Relaxed) + 1;
+    claim.slot.released_at.store(now, Relaxed);
+    claim.slot.release_order.store(order, Relaxed);
+    claim.slot.holder_pid.store(0, Relaxed);
+}
+
+/// One row of `snowflake_workers`.
+pub struct WorkerRow {
+    pub worker_id: u32,
+    pub pid: Option<i32>,
+    pub database_oid: Option<u32>,
+    pub role_oid: Option<u32>,
+    pub claimed_at: Option<i64>,
+    pub released_at: Option<i64>,
+    pub claims: u64,
+    pub ids_issued: u64,
+    pub last_tick: i64,
+    pub current_drift: i64,
+    pub max_drift: i64,
+    pub sequence_exhausted: u64,
+    pub clock_backward: u64,
+}
+
+/// Every worker id that is held or was used since the server started.
+pub fn worker_rows() -> Vec<WorkerRow> {
+    let header = require_shared("snowflake_worker_status");
+    let layout = gucs::layout();
+    let now_tick = layout.tick_at(crate::clock::unix_ms());
+    let _guard = header.lock(false);
+    let mut rows = Vec::new();
+    for (id, slot) in header.slots().iter().enumerate() {
+        let pid = slot.holder_pid.load(Relaxed);
+        let claims = slot.claims.load(Relaxed);
+        if pid == 0 && claims == 0 {
+            continue;
+        }
+        let held = pid != 0;
+        let last_tick = slot.last_tick.load(Relaxed);
+        rows.push(WorkerRow {
+            worker_id: id as u32,
+            pid: held.then_some(pid),
+            database_oid: held.then(|| slot.holder_db.load(Relaxed)),
+            role_oid: held.then(|| slot.holder_role.load(Relaxed)),
+            claimed_at: Some(slot.claimed_at.load(Relaxed)),
+            released_at: (!held && slot.release_order.load(Relaxed) > 0)
+                .then(|| slot.released_at.load(Relaxed)),
+            claims,
+            ids_issued: slot.ids_issued.load(Relaxed),
+            last_tick,
+            current_drift: (last_tick - now_tick).max(0),
+            max_drift: slot.max_drift.load(Relaxed),
+            sequence_exhausted: slot.sequence_exhausted.load(Relaxed),
+            clock_backward: slot.clock_backward.load(Relaxed),
+        });
+    }
+    rows
+}
+
+/// How many ids of the configured range are held and free.
+pub fn range_usage() -> (String, u64, u64) {
+    let header = require_shared("snowflake_config");
+    let (ranges, text) = gucs::worker_ranges();
+    let _guard = header.lock(false);
+    let slots = header.slots();
+    let held = ranges
+        .iter()
+        .filter(|&id| slots[id as usize].holder_pid.load(Relaxed) != 0)
+        .count() as u64;
+    (text, ranges.len(), held)
+}
