@@ -258,7 +258,7 @@ pub(crate) mod tests {
         }
         assert_eq!(c.slept, 0);
         assert_eq!(g.max_drift, 3);
-        assert_eq!(g.sequence_exhausted, 3);
+        assert_eq!(g.sequence_exhausted, 4);
         // The next one must wait one tick.
         let id = g.next_id(&l, 1, 3, &mut c).unwrap();
         assert!(id > last);

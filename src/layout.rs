@@ -489,7 +489,7 @@ mod tests {
                 .compose(l.max_ticks(), l.max_worker_id(), l.max_sequence())
                 .unwrap();
             assert_eq!(max, l.max_id(), "{}", p.name);
-            assert!(max < (1i64 << p.total_bits));
+            assert!((max as u64) < (1u64 << p.total_bits));
             assert_eq!(l.decode(max).unwrap().ticks, l.max_ticks());
         }
         assert!(preset("js53").max_id() < (1i64 << 53));

@@ -38,8 +38,9 @@ pub extern "C-unwind" fn _PG_init() {
 }
 
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
-mod tests;
+mod pg_tests;
+#[cfg(test)]
+mod proptests;
 
 /// Settings for the `cargo pgrx test` server.
 #[cfg(test)]

@@ -1,0 +1,1 @@
+//! Property-based tests of the pure core (layout, generator, ranges).

@@ -1,2 +1,0 @@
-//! `#[pg_test]`s: run inside a server that preloads the extension.
-use pgrx::prelude::*;
