@@ -216,15 +216,61 @@ fn snowflake_worker_status() -> TableIterator<
     TableIterator::new(rows.collect::<Vec<_>>())
 }
 
+/// Adopts the layout the server started with, after a change of the layout
+/// settings made `snowflake_nextval()` refuse. New IDs start above every ID
+/// the previous layout can have issued. Superusers only.
+#[pg_extern(volatile, parallel_unsafe)]
+fn snowflake_accept_layout() -> TableIterator<
+    'static,
+    (
+        name!(changed, bool),
+        name!(first_id, i64),
+        name!(ids_resume_at, TimestampWithTimeZone),
+    ),
+> {
+    // SAFETY: a plain catalog check of the current user.
+    if !unsafe { pg_sys::superuser() } {
+        errors::superuser_only("snowflake_accept_layout");
+    }
+    let header = registry::require_shared("snowflake_accept_layout");
+    let layout = gucs::layout();
+    let changed = header
+        .layout_changed
+        .load(std::sync::atomic::Ordering::Acquire);
+    let first = if changed {
+        match crate::shmem::accept_layout(header, layout) {
+            Some(first) => first,
+            None => errors::layout_cannot_rise(),
+        }
+    } else {
+        // Nothing to adopt: report where IDs stand now.
+        layout.tick_at(crate::clock::unix_ms()).max(0)
+    };
+    TableIterator::once((
+        changed,
+        layout.compose_unchecked(first.min(layout.max_ticks()), 0, 0),
+        to_timestamptz(layout.tick_start_unix_ms(first)),
+    ))
+}
+
+extension_sql!(
+    r#"
+REVOKE EXECUTE ON FUNCTION snowflake_accept_layout() FROM PUBLIC;
+"#,
+    name = "accept_layout_privileges",
+    requires = [snowflake_accept_layout]
+);
+
 extension_sql!(
     r#"
 CREATE VIEW snowflake_workers AS
 SELECT w.worker_id, w.pid, d.datname AS database, r.rolname AS role,
-       w.claimed_at, w.released_at, w.claims, w.ids_issued, w.last_id_time,
+       a.application_name, w.claimed_at, w.released_at, w.claims, w.ids_issued, w.last_id_time,
        w.current_drift_ms, w.max_drift_ms, w.sequence_exhausted, w.clock_backward
   FROM snowflake_worker_status() w
   LEFT JOIN pg_database d ON d.oid = w.database_oid
-  LEFT JOIN pg_roles r ON r.oid = w.role_oid;
+  LEFT JOIN pg_roles r ON r.oid = w.role_oid
+  LEFT JOIN pg_stat_activity a ON a.pid = w.pid;
 COMMENT ON VIEW snowflake_workers IS
   'Worker ids held now or used since the server started, with their generator counters.';
 "#,

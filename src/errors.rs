@@ -136,6 +136,26 @@ pub fn layout_changed() -> ! {
     )
 }
 
+/// 42501: a function reserved for superusers.
+pub fn superuser_only(function: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        format!("permission denied for function {function}"),
+        Some("Only superusers may change how snowflake IDs are made.".into()),
+        Some("Ask a superuser to run it.".into()),
+    )
+}
+
+/// 22023: the new layout's IDs cannot all be larger than the old ones.
+pub fn layout_cannot_rise() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "the new snowflake ID layout cannot make IDs above those already issued".into(),
+        Some("Every ID of the new layout is smaller than IDs the recorded layout has already issued (for example moving to fewer total bits), so adopting it could repeat IDs.".into()),
+        Some("Restore the previous layout settings and restart, or choose a layout with at least as many total bits.".into()),
+    )
+}
+
 /// 53400: every worker id of this server's range is held.
 pub fn workers_exhausted(ranges: &str, count: u64, held: u64) -> ! {
     raise(

@@ -47,7 +47,19 @@ static LAYOUT: OnceLock<Layout> = OnceLock::new();
 /// Defines every setting, validates the layout and reserves the prefix.
 /// Called from `_PG_init`; an invalid layout is an error there (so a
 /// preloading server refuses to start, as for any bad postmaster setting).
-pub fn init() {
+///
+/// PostgreSQL only allows postmaster settings to be defined while
+/// preloading. Loaded on demand instead, the layout settings are defined as
+/// superuser settings so that the decoders still follow postgresql.conf;
+/// the layout is read once either way.
+pub fn init(preloading: bool) {
+    let layout_context = || {
+        if preloading {
+            GucContext::Postmaster
+        } else {
+            GucContext::Suset
+        }
+    };
     GucRegistry::define_enum_guc(
         c"snowflake_id.layout",
         c"Preset for the ID layout: classic, sonyflake or js53.",
@@ -56,7 +68,7 @@ pub fn init() {
           js53: IDs below 2^53 with 6 worker bits and 6 sequence bits. \
           The individual layout settings override the preset.",
         &PRESET,
-        GucContext::Postmaster,
+        layout_context(),
         GucFlags::default(),
     );
     GucRegistry::define_string_guc(
@@ -64,7 +76,7 @@ pub fn init() {
         c"Time zero of the IDs' time field (UTC date, date and time, or Unix milliseconds).",
         c"Changing it changes the meaning of every ID already issued.",
         &EPOCH,
-        GucContext::Postmaster,
+        layout_context(),
         GucFlags::default(),
     );
     let int_setting = |name: &'static CStr, short: &'static CStr, setting, max| {
@@ -75,7 +87,7 @@ pub fn init() {
             setting,
             FROM_PRESET,
             max,
-            GucContext::Postmaster,
+            layout_context(),
             GucFlags::default(),
         )
     };

@@ -285,6 +285,19 @@ impl Layout {
             .saturating_add(self.unit_ms - 1)
     }
 
+    /// The first tick of this layout whose IDs are all larger than every ID
+    /// `old` can have issued up to `old_until_ms`; `None` when this layout
+    /// cannot get above them.
+    pub fn first_tick_above(&self, old: &Layout, old_until_ms: i64) -> Option<i64> {
+        let old_tick = old.tick_at(old_until_ms).min(old.max_ticks());
+        if old_tick < 0 {
+            return Some(0);
+        }
+        let old_max = old.compose_unchecked(old_tick, old.max_worker_id(), old.max_sequence());
+        let tick = (old_max >> (self.worker_bits + self.sequence_bits)) + 1;
+        (tick <= self.max_ticks()).then_some(tick)
+    }
+
     /// The smallest ID that can be made at a Unix millisecond (worker and
     /// sequence zero).
     pub fn first_id_at(&self, unix_ms: i64) -> Result<i64, PartError> {
@@ -551,6 +564,29 @@ mod tests {
         assert_eq!(l.tick_start_unix_ms(2), DEFAULT_EPOCH_MS + 20);
         assert_eq!(l.first_id_at(DEFAULT_EPOCH_MS + 25).unwrap(), 2 << 24);
         assert!(l.first_id_at(DEFAULT_EPOCH_MS - 1).is_err());
+    }
+
+    #[test]
+    fn a_new_layout_starts_above_every_id_of_the_old_one() {
+        let classic = preset("classic");
+        let sony = preset("sonyflake");
+        for (old, new) in [(classic, sony), (sony, classic)] {
+            let until = NOW + 1234;
+            let tick = new.first_tick_above(&old, until).unwrap();
+            let old_max = old
+                .compose(old.tick_at(until), old.max_worker_id(), old.max_sequence())
+                .unwrap();
+            assert!(new.compose(tick, 0, 0).unwrap() > old_max);
+            assert!(
+                new.compose(tick - 1, new.max_worker_id(), new.max_sequence())
+                    .unwrap()
+                    <= old_max
+            );
+        }
+        // js53 IDs are all below classic IDs made today: no way up.
+        assert_eq!(preset("js53").first_tick_above(&classic, NOW), None);
+        // Nothing issued before the old epoch: start anywhere.
+        assert_eq!(sony.first_tick_above(&classic, i64::MIN), Some(0));
     }
 
     #[test]

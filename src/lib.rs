@@ -30,9 +30,10 @@ use pgrx::prelude::*;
 /// generators fail with SQLSTATE 55000 and a hint.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    gucs::init();
     // SAFETY: reading a flag PostgreSQL sets while loading preload libraries.
-    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    gucs::init(preloading);
+    if preloading {
         shmem::init();
     }
 }

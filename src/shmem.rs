@@ -53,6 +53,8 @@ pub struct Header {
     pub startup_floor_ms: i64,
     /// The layout recorded in the state file differs from the one in use.
     pub layout_changed: AtomicBool,
+    /// The layout recorded in the state file at startup.
+    pub recorded_layout: Layout,
 }
 
 /// The shared state of one worker id.
@@ -87,12 +89,6 @@ struct StateFile {
 }
 
 static HEADER: AtomicPtr<Header> = AtomicPtr::new(std::ptr::null_mut());
-static PRELOADED: AtomicBool = AtomicBool::new(false);
-
-/// Whether `_PG_init` ran while preloading (so shared memory exists).
-pub fn is_preloaded() -> bool {
-    PRELOADED.load(Relaxed)
-}
 
 /// The shared header, or `None` when the library was not preloaded.
 pub fn header() -> Option<&'static Header> {
@@ -169,7 +165,6 @@ impl Drop for LockGuard {
 /// Installs the shared-memory hooks. Called from `_PG_init` only while
 /// preloading.
 pub fn init() {
-    PRELOADED.store(true, Relaxed);
     // SAFETY: hooks are process-global pointers that PostgreSQL expects
     // extensions to chain in _PG_init; this runs once, in the postmaster.
     unsafe {
@@ -221,7 +216,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
     };
     let header = base as *mut Header;
     if !found {
-        let (floor_ms, changed) = read_state_file(&layout);
+        let (floor_ms, recorded) = read_state_file(&layout);
         // SAFETY: we hold AddinShmemInitLock and nobody else can see the
         // memory yet; the tranche was requested with two locks.
         unsafe {
@@ -233,7 +228,8 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 release_counter: AtomicU64::new(0),
                 reserved_until_ms: AtomicI64::new(floor_ms),
                 startup_floor_ms: floor_ms,
-                layout_changed: AtomicBool::new(changed),
+                layout_changed: AtomicBool::new(recorded != layout),
+                recorded_layout: recorded,
             });
             let floor_tick = layout.tick_at(floor_ms).max(-1);
             let first = header.add(1) as *mut Slot;
@@ -260,12 +256,12 @@ unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
 }
 
 /// Reads the state file at server start: returns the reservation floor
-/// (Unix ms; `i64::MIN` when there is no file) and whether the recorded
-/// layout differs from `layout`.
-fn read_state_file(layout: &Layout) -> (i64, bool) {
+/// (Unix ms; `i64::MIN` when there is no file) and the recorded layout
+/// (`layout` itself when nothing is recorded).
+fn read_state_file(layout: &Layout) -> (i64, Layout) {
     match std::fs::read_to_string(STATE_FILE) {
         Ok(text) => match serde_json::from_str::<StateFile>(&text) {
-            Ok(state) => (state.reserved_until_ms, state.layout != *layout),
+            Ok(state) => (state.reserved_until_ms, state.layout),
             Err(e) => {
                 // Without the file we cannot know how far IDs went; the
                 // clock is the best floor we have. Say so loudly.
@@ -273,10 +269,10 @@ fn read_state_file(layout: &Layout) -> (i64, bool) {
                     "snowflake_id: ignoring unreadable state file \"{STATE_FILE}\": {e}; \
                      IDs restart from the current time"
                 );
-                (crate::clock::unix_ms(), false)
+                (crate::clock::unix_ms(), *layout)
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (i64::MIN, false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (i64::MIN, *layout),
         Err(e) => crate::errors::state_file("read", STATE_FILE, e),
     }
 }
@@ -300,12 +296,27 @@ fn write_state_file(state: &StateFile) {
     }
 }
 
-/// Records `layout` as the layout in use, reserving past `unix_ms`.
-pub fn accept_layout(header: &Header, layout: &Layout, unix_ms: i64) {
+/// Adopts `layout` after the server started with a layout other than the
+/// recorded one: every slot restarts above every ID the old layout can have
+/// issued, and the state file records the new layout. Returns the first
+/// tick new IDs may use, or `None` when `layout` cannot get above the old
+/// IDs (nothing changes then).
+pub fn accept_layout(header: &Header, layout: &Layout) -> Option<i64> {
+    let _claims = header.lock(true);
     // SAFETY: the lock belongs to our tranche and lives in shared memory.
     unsafe { pg_sys::LWLockAcquire(header.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
-    let _guard = LockGuard(header.reserve_lock);
-    let until = unix_ms.max(header.reserved_until_ms.load(Acquire));
+    let _reserve = LockGuard(header.reserve_lock);
+    let until = header.reserved_until_ms.load(Acquire);
+    let first = layout
+        .first_tick_above(&header.recorded_layout, until)?
+        .max(layout.tick_at(until) + 1);
+    for slot in header.slots() {
+        if slot.last_tick.load(Relaxed) < first {
+            slot.last_tick.store(first - 1, Relaxed);
+            slot.sequence.store(layout.max_sequence(), Relaxed);
+        }
+    }
+    let until = until.max(layout.tick_start_unix_ms(first) - 1);
     write_state_file(&StateFile {
         version: 1,
         layout: *layout,
@@ -313,4 +324,5 @@ pub fn accept_layout(header: &Header, layout: &Layout, unix_ms: i64) {
     });
     header.reserved_until_ms.store(until, Release);
     header.layout_changed.store(false, Release);
+    Some(first)
 }
