@@ -6,6 +6,7 @@
 //! - `ranges`     worker id range parsing (pure)
 //! - `gucs`       the `snowflake_id.*` settings
 //! - `shmem`      shared memory and the state file (locking rules at the top)
+//! - `wal`        WAL-logging of the reservation, for standbys and recovery
 //! - `registry`   worker id claims, one per backend
 //! - `api`        the SQL functions and views
 //! - `errors`     every error raised, with SQLSTATE, detail and hint
@@ -20,6 +21,15 @@ pub mod layout;
 pub mod ranges;
 mod registry;
 mod shmem;
+#[cfg(not(any(feature = "pg13", feature = "pg14")))]
+mod wal;
+/// PostgreSQL 13 and 14 have no custom WAL resource managers: the
+/// reservation then only lives in the state file.
+#[cfg(any(feature = "pg13", feature = "pg14"))]
+mod wal {
+    pub fn init() {}
+    pub fn log_reservation(_until_ms: i64) {}
+}
 
 use pgrx::prelude::*;
 
@@ -35,6 +45,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init(preloading);
     if preloading {
         shmem::init();
+        wal::init();
     }
 }
 

@@ -22,7 +22,7 @@ use crate::gucs;
 use crate::shmem::{self, Header, Slot};
 use pgrx::pg_sys;
 use std::cell::RefCell;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 /// `pg_locks.classid` of claim locks: "SNOW" in ASCII.
 pub const ADVISORY_CLASSID: u32 = 0x534E_4F57;
@@ -137,18 +137,23 @@ fn claim_worker(header: &'static Header) -> Claim {
     slot.claimed_at.store(now, Relaxed);
     slot.claims.fetch_add(1, Relaxed);
     register_exit_callback();
+    let mut state = GeneratorState {
+        last_tick: slot.last_tick.load(Relaxed),
+        sequence: slot.sequence.load(Relaxed),
+        last_seen: slot.last_seen.load(Relaxed),
+        ids_issued: slot.ids_issued.load(Relaxed),
+        sequence_exhausted: slot.sequence_exhausted.load(Relaxed),
+        clock_backward: slot.clock_backward.load(Relaxed),
+        max_drift: slot.max_drift.load(Relaxed),
+    };
+    // Start above every ID an earlier life of this data directory may have
+    // issued (restart, crash, promotion, layout change).
+    let layout = gucs::layout();
+    state.raise_floor(layout.tick_at(header.floor_ms.load(Acquire)), layout);
     Claim {
         worker_id,
         slot,
-        state: GeneratorState {
-            last_tick: slot.last_tick.load(Relaxed),
-            sequence: slot.sequence.load(Relaxed),
-            last_seen: slot.last_seen.load(Relaxed),
-            ids_issued: slot.ids_issued.load(Relaxed),
-            sequence_exhausted: slot.sequence_exhausted.load(Relaxed),
-            clock_backward: slot.clock_backward.load(Relaxed),
-            max_drift: slot.max_drift.load(Relaxed),
-        },
+        state,
     }
 }
 

@@ -20,6 +20,7 @@
 //! - Every field is an atomic, so concurrent readers never see undefined
 //!   behaviour, only (for reports) a value that is a moment old.
 
+use crate::generator::GeneratorState;
 use crate::gucs;
 use crate::layout::Layout;
 use pgrx::pg_sys;
@@ -48,9 +49,11 @@ pub struct Header {
     pub release_counter: AtomicU64,
     /// Unix ms up to which IDs may be issued: persisted in the state file.
     pub reserved_until_ms: AtomicI64,
-    /// Unix ms the state file held when the server started: every ID issued
-    /// before is at or below it.
-    pub startup_floor_ms: i64,
+    /// Unix ms at or below which IDs may already have been issued by an
+    /// earlier life of this data directory (the state file at startup, WAL
+    /// replay from a primary, an accepted layout change). Every claim starts
+    /// its generator above it.
+    pub floor_ms: AtomicI64,
     /// The layout recorded in the state file differs from the one in use.
     pub layout_changed: AtomicBool,
     /// The layout recorded in the state file at startup.
@@ -142,7 +145,30 @@ impl Header {
             layout: *layout,
             reserved_until_ms: until,
         });
+        crate::wal::log_reservation(until);
         self.reserved_until_ms.store(until, Release);
+    }
+
+    /// Raises the floor and the reservation to `until_ms` (WAL replay of a
+    /// primary's reservation), writing the state file when it grows.
+    pub fn replay_reservation(&self, until_ms: i64) {
+        // SAFETY: the lock belongs to our tranche and lives in shared memory.
+        unsafe { pg_sys::LWLockAcquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
+        let _guard = LockGuard(self.reserve_lock);
+        self.floor_ms.fetch_max(until_ms, AcqRel);
+        if until_ms > self.reserved_until_ms.load(Acquire) {
+            let layout = if self.layout_changed.load(Acquire) {
+                self.recorded_layout
+            } else {
+                *gucs::layout()
+            };
+            write_state_file(&StateFile {
+                version: 1,
+                layout,
+                reserved_until_ms: until_ms,
+            });
+            self.reserved_until_ms.store(until_ms, Release);
+        }
     }
 }
 
@@ -227,17 +253,17 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 nslots,
                 release_counter: AtomicU64::new(0),
                 reserved_until_ms: AtomicI64::new(floor_ms),
-                startup_floor_ms: floor_ms,
+                floor_ms: AtomicI64::new(floor_ms),
                 layout_changed: AtomicBool::new(recorded != layout),
                 recorded_layout: recorded,
             });
-            let floor_tick = layout.tick_at(floor_ms).max(-1);
             let first = header.add(1) as *mut Slot;
             for i in 0..nslots as usize {
                 let slot = Slot::default();
-                slot.last_tick.store(floor_tick, Relaxed);
-                slot.sequence.store(layout.max_sequence(), Relaxed);
-                slot.last_seen.store(floor_tick, Relaxed);
+                let fresh = GeneratorState::new(&layout);
+                slot.last_tick.store(fresh.last_tick, Relaxed);
+                slot.sequence.store(fresh.sequence, Relaxed);
+                slot.last_seen.store(fresh.last_seen, Relaxed);
                 first.add(i).write(slot);
             }
         }
@@ -297,31 +323,28 @@ fn write_state_file(state: &StateFile) {
 }
 
 /// Adopts `layout` after the server started with a layout other than the
-/// recorded one: every slot restarts above every ID the old layout can have
+/// recorded one: claims start above every ID the old layout can have
 /// issued, and the state file records the new layout. Returns the first
 /// tick new IDs may use, or `None` when `layout` cannot get above the old
-/// IDs (nothing changes then).
+/// IDs (nothing changes then). No claim exists yet: claims are refused
+/// until the layout is accepted.
 pub fn accept_layout(header: &Header, layout: &Layout) -> Option<i64> {
-    let _claims = header.lock(true);
     // SAFETY: the lock belongs to our tranche and lives in shared memory.
     unsafe { pg_sys::LWLockAcquire(header.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
-    let _reserve = LockGuard(header.reserve_lock);
+    let _guard = LockGuard(header.reserve_lock);
     let until = header.reserved_until_ms.load(Acquire);
     let first = layout
         .first_tick_above(&header.recorded_layout, until)?
         .max(layout.tick_at(until) + 1);
-    for slot in header.slots() {
-        if slot.last_tick.load(Relaxed) < first {
-            slot.last_tick.store(first - 1, Relaxed);
-            slot.sequence.store(layout.max_sequence(), Relaxed);
-        }
-    }
-    let until = until.max(layout.tick_start_unix_ms(first) - 1);
+    // Every ID at or below the tick before `first` counts as issued.
+    let floor_ms = layout.tick_start_unix_ms(first) - 1;
+    let until = until.max(floor_ms);
     write_state_file(&StateFile {
         version: 1,
         layout: *layout,
         reserved_until_ms: until,
     });
+    header.floor_ms.fetch_max(floor_ms, AcqRel);
     header.reserved_until_ms.store(until, Release);
     header.layout_changed.store(false, Release);
     Some(first)

@@ -1,0 +1,100 @@
+//! WAL-logging of the reservation, through a custom WAL resource manager
+//! (PostgreSQL 15+), so that it reaches physical standbys and crash
+//! recovery: a standby promoted after its primary died starts every worker
+//! id above what the primary reserved, even when its clock is behind.
+//!
+//! One record type: "reserve", carrying the Unix millisecond up to which the
+//! primary may have issued IDs. Replay raises the floor and the reservation
+//! in shared memory and the standby's own state file. Logical decoding
+//! ignores the records.
+//!
+//! The resource manager id is [`RMGR_ID`], in the range PostgreSQL sets
+//! aside for extensions. Servers that replay this WAL (standbys, crash
+//! recovery) must preload snowflake_id, as they must anyway.
+
+use crate::shmem;
+use pgrx::pg_sys;
+use std::ffi::{c_char, CStr};
+
+/// Our custom resource manager id (128..=255 are for extensions).
+pub const RMGR_ID: u8 = 173;
+const RMGR_NAME: &CStr = c"snowflake_id";
+const XLOG_SNOWFLAKE_RESERVE: u8 = 0x00;
+
+/// Registers the resource manager. Called from `_PG_init` while preloading.
+pub fn init() {
+    let rmgr = Box::leak(Box::new(pg_sys::RmgrData {
+        rm_name: RMGR_NAME.as_ptr(),
+        rm_redo: Some(redo),
+        rm_desc: Some(desc),
+        rm_identify: Some(identify),
+        ..Default::default()
+    }));
+    // SAFETY: called while loading shared_preload_libraries, as PostgreSQL
+    // requires; the RmgrData lives for the life of the process.
+    unsafe { pg_sys::RegisterCustomRmgr(RMGR_ID, rmgr) };
+}
+
+/// Writes and flushes a reservation record. Does nothing during recovery
+/// (a hot standby making IDs with its own range cannot write WAL).
+pub fn log_reservation(until_ms: i64) {
+    // SAFETY: plain calls into the WAL machinery with a record of our own
+    // resource manager; the data pointer is valid for the call.
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            return;
+        }
+        let mut data = until_ms.to_le_bytes();
+        pg_sys::XLogBeginInsert();
+        pg_sys::XLogRegisterData(data.as_mut_ptr() as *mut c_char, data.len() as i32);
+        let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_SNOWFLAKE_RESERVE);
+        pg_sys::XLogFlush(lsn);
+    }
+}
+
+/// The reservation a record carries.
+///
+/// # Safety
+/// `record` must be a decoded record of our resource manager.
+unsafe fn record_until(record: *mut pg_sys::XLogReaderState) -> Option<i64> {
+    // SAFETY: per the contract, `record` and its decoded record are valid.
+    unsafe {
+        let decoded = (*record).record;
+        if decoded.is_null() || (*decoded).main_data_len as usize != 8 {
+            return None;
+        }
+        let bytes = std::slice::from_raw_parts((*decoded).main_data as *const u8, 8);
+        Some(i64::from_le_bytes(bytes.try_into().ok()?))
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
+    // SAFETY: PostgreSQL calls redo with a record of our resource manager.
+    let Some(until_ms) = (unsafe { record_until(record) }) else {
+        pgrx::error!("snowflake_id: malformed reservation record in WAL");
+    };
+    if let Some(header) = shmem::header() {
+        header.replay_reservation(until_ms);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::XLogReaderState) {
+    // SAFETY: PostgreSQL passes a valid StringInfo and a record of ours.
+    unsafe {
+        if let Some(until_ms) = record_until(record) {
+            let text = std::ffi::CString::new(format!(
+                "reserved until {}",
+                crate::layout::format_unix_ms(until_ms)
+            ))
+            .unwrap_or_default();
+            pg_sys::appendStringInfoString(buf, text.as_ptr());
+        }
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn identify(_info: u8) -> *const c_char {
+    c"RESERVE".as_ptr()
+}
