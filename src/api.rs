@@ -183,6 +183,7 @@ fn snowflake_worker_status() -> TableIterator<
         name!(pid, Option<i32>),
         name!(database_oid, Option<pg_sys::Oid>),
         name!(role_oid, Option<pg_sys::Oid>),
+        name!(application_name, Option<String>),
         name!(claimed_at, Option<TimestampWithTimeZone>),
         name!(released_at, Option<TimestampWithTimeZone>),
         name!(claims, i64),
@@ -202,6 +203,7 @@ fn snowflake_worker_status() -> TableIterator<
             r.pid,
             r.database_oid.map(pg_sys::Oid::from),
             r.role_oid.map(pg_sys::Oid::from),
+            r.application_name,
             r.claimed_at.and_then(ts),
             r.released_at.and_then(ts),
             r.claims as i64,
@@ -265,14 +267,32 @@ extension_sql!(
     r#"
 CREATE VIEW snowflake_workers AS
 SELECT w.worker_id, w.pid, d.datname AS database, r.rolname AS role,
-       a.application_name, w.claimed_at, w.released_at, w.claims, w.ids_issued, w.last_id_time,
+       w.application_name, w.claimed_at, w.released_at, w.claims, w.ids_issued, w.last_id_time,
        w.current_drift_ms, w.max_drift_ms, w.sequence_exhausted, w.clock_backward
   FROM snowflake_worker_status() w
   LEFT JOIN pg_database d ON d.oid = w.database_oid
-  LEFT JOIN pg_roles r ON r.oid = w.role_oid
-  LEFT JOIN pg_stat_activity a ON a.pid = w.pid;
+  LEFT JOIN pg_roles r ON r.oid = w.role_oid;
 COMMENT ON VIEW snowflake_workers IS
   'Worker ids held now or used since the server started, with their generator counters.';
+GRANT SELECT ON snowflake_workers TO PUBLIC;
+
+CREATE TABLE snowflake_worker_registry (
+    worker_id        int PRIMARY KEY,
+    pid              int,
+    database         name,
+    role             name,
+    application_name text,
+    claimed_at       timestamptz,
+    released_at      timestamptz,
+    claims           bigint NOT NULL DEFAULT 0,
+    ids_issued       bigint NOT NULL DEFAULT 0,
+    high_water       timestamptz,
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE snowflake_worker_registry IS
+  'Who held each worker id and when, and the time of the last ID made under it; kept by the snowflake_id registry worker in the database named by snowflake_id.registry_database.';
+REVOKE ALL ON snowflake_worker_registry FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('snowflake_worker_registry', '');
 "#,
     name = "snowflake_workers_view",
     requires = [snowflake_worker_status]

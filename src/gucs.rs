@@ -40,6 +40,8 @@ static WORKER_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 static SEQUENCE_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 static WORKER_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static MAX_DRIFT_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static REGISTRY_DATABASE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
 /// The layout in use, computed once per process by [`init`].
 static LAYOUT: OnceLock<Layout> = OnceLock::new();
@@ -150,6 +152,15 @@ pub fn init(preloading: bool) {
         GucFlags::UNIT_MS,
     );
 
+    GucRegistry::define_string_guc(
+        c"snowflake_id.registry_database",
+        c"Database whose snowflake_worker_registry table the registry worker keeps (empty: no worker).",
+        c"The registry worker records who held each worker id and how far its IDs went.",
+        &REGISTRY_DATABASE,
+        layout_context(),
+        GucFlags::default(),
+    );
+
     // SAFETY: a plain call into PostgreSQL with a static C string.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"snowflake_id".as_ptr()) };
 }
@@ -179,6 +190,15 @@ pub fn worker_ranges() -> (WorkerRanges, String) {
         Ok(ranges) => (ranges, text),
         Err(detail) => errors::bad_worker_ids(&detail),
     }
+}
+
+/// `snowflake_id.registry_database`, or `None` when the registry worker is
+/// turned off.
+pub fn registry_database() -> Option<String> {
+    REGISTRY_DATABASE
+        .get()
+        .map(|s| s.to_string_lossy().trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// The preset's name, for reports.

@@ -8,6 +8,7 @@
 //! - `shmem`      shared memory and the state file (locking rules at the top)
 //! - `wal`        WAL-logging of the reservation, for standbys and recovery
 //! - `registry`   worker id claims, one per backend
+//! - `registry_table` the background worker that keeps the registry table
 //! - `api`        the SQL functions and views
 //! - `errors`     every error raised, with SQLSTATE, detail and hint
 #![forbid(unsafe_op_in_unsafe_fn)]
@@ -20,6 +21,7 @@ mod gucs;
 pub mod layout;
 pub mod ranges;
 mod registry;
+mod registry_table;
 mod shmem;
 #[cfg(not(any(feature = "pg13", feature = "pg14")))]
 mod wal;
@@ -46,6 +48,7 @@ pub extern "C-unwind" fn _PG_init() {
     if preloading {
         shmem::init();
         wal::init();
+        registry_table::init();
     }
 }
 

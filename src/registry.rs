@@ -136,6 +136,18 @@ fn claim_worker(header: &'static Header) -> Claim {
     slot.holder_role.store(role.to_u32(), Relaxed);
     slot.claimed_at.store(now, Relaxed);
     slot.claims.fetch_add(1, Relaxed);
+    // SAFETY: application_name is PostgreSQL's GUC variable: NULL or a
+    // NUL-terminated string.
+    let app = unsafe {
+        let p = pg_sys::application_name;
+        if p.is_null() {
+            &[][..]
+        } else {
+            std::ffi::CStr::from_ptr(p).to_bytes()
+        }
+    };
+    slot.set_application_name(&app[..app.len().min(shmem::APPLICATION_NAME_LEN - 1)]);
+    header.changes.fetch_add(1, Relaxed);
     register_exit_callback();
     let mut state = GeneratorState {
         last_tick: slot.last_tick.load(Relaxed),
@@ -204,6 +216,7 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
     claim.slot.released_at.store(now, Relaxed);
     claim.slot.release_order.store(order, Relaxed);
     claim.slot.holder_pid.store(0, Relaxed);
+    header.changes.fetch_add(1, Relaxed);
 }
 
 /// One row of `snowflake_workers`.
@@ -212,6 +225,7 @@ pub struct WorkerRow {
     pub pid: Option<i32>,
     pub database_oid: Option<u32>,
     pub role_oid: Option<u32>,
+    pub application_name: Option<String>,
     pub claimed_at: Option<i64>,
     pub released_at: Option<i64>,
     pub claims: u64,
@@ -228,6 +242,16 @@ pub fn worker_rows() -> Vec<WorkerRow> {
     let header = require_shared("snowflake_worker_status");
     let layout = gucs::layout();
     let now_tick = layout.tick_at(crate::clock::unix_ms());
+    // Like pg_stat_activity: anyone sees current holders; who held an id
+    // before is for superusers and pg_read_all_stats members.
+    // SAFETY: catalog lookups for the current user.
+    let see_past = unsafe {
+        pg_sys::superuser()
+            || pg_sys::has_privs_of_role(
+                pg_sys::GetUserId(),
+                pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS),
+            )
+    };
     let _guard = header.lock(false);
     let mut rows = Vec::new();
     for (id, slot) in header.slots().iter().enumerate() {
@@ -241,8 +265,9 @@ pub fn worker_rows() -> Vec<WorkerRow> {
         rows.push(WorkerRow {
             worker_id: id as u32,
             pid: held.then_some(pid),
-            database_oid: held.then(|| slot.holder_db.load(Relaxed)),
-            role_oid: held.then(|| slot.holder_role.load(Relaxed)),
+            database_oid: (held || see_past).then(|| slot.holder_db.load(Relaxed)),
+            role_oid: (held || see_past).then(|| slot.holder_role.load(Relaxed)),
+            application_name: (held || see_past).then(|| slot.application_name()),
             claimed_at: Some(slot.claimed_at.load(Relaxed)),
             released_at: (!held && slot.release_order.load(Relaxed) > 0)
                 .then(|| slot.released_at.load(Relaxed)),

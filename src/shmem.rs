@@ -28,9 +28,11 @@ use serde::{Deserialize, Serialize};
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering::*,
+    AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::*,
 };
 
+/// Bytes kept of a holder's application_name (PostgreSQL's NAMEDATALEN).
+pub const APPLICATION_NAME_LEN: usize = 64;
 /// Name of the LWLock tranche (visible in pg_stat_activity.wait_event).
 const TRANCHE: &std::ffi::CStr = c"snowflake_id";
 /// How far beyond the newest ID the state file reserves time, in ms: the
@@ -47,6 +49,9 @@ pub struct Header {
     /// Bumped on every release; slots remember theirs to pick the least
     /// recently released free id first.
     pub release_counter: AtomicU64,
+    /// Bumped on every claim and release, so the registry worker knows when
+    /// to copy the slots into the registry table.
+    pub changes: AtomicU64,
     /// Unix ms up to which IDs may be issued: persisted in the state file.
     pub reserved_until_ms: AtomicI64,
     /// Unix ms at or below which IDs may already have been issued by an
@@ -62,7 +67,6 @@ pub struct Header {
 
 /// The shared state of one worker id.
 #[repr(C)]
-#[derive(Default)]
 pub struct Slot {
     // Claim fields: under Header::lock.
     pub holder_pid: AtomicI32,
@@ -72,6 +76,8 @@ pub struct Slot {
     pub released_at: AtomicI64,
     pub release_order: AtomicU64,
     pub claims: AtomicU64,
+    /// The holder's application_name, NUL-padded (NAMEDATALEN bytes).
+    pub application_name: [AtomicU8; APPLICATION_NAME_LEN],
     // Generator fields: written by the holder only.
     pub last_tick: AtomicI64,
     pub sequence: AtomicU32,
@@ -80,6 +86,24 @@ pub struct Slot {
     pub sequence_exhausted: AtomicU64,
     pub clock_backward: AtomicU64,
     pub max_drift: AtomicI64,
+}
+
+impl Slot {
+    pub fn set_application_name(&self, name: &[u8]) {
+        for (i, byte) in self.application_name.iter().enumerate() {
+            byte.store(name.get(i).copied().unwrap_or(0), Relaxed);
+        }
+    }
+
+    pub fn application_name(&self) -> String {
+        let bytes: Vec<u8> = self
+            .application_name
+            .iter()
+            .map(|b| b.load(Relaxed))
+            .take_while(|&b| b != 0)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
 }
 
 /// What the state file holds.
@@ -252,19 +276,21 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 reserve_lock: &mut (*locks.add(1)).lock,
                 nslots,
                 release_counter: AtomicU64::new(0),
+                changes: AtomicU64::new(0),
                 reserved_until_ms: AtomicI64::new(floor_ms),
                 floor_ms: AtomicI64::new(floor_ms),
                 layout_changed: AtomicBool::new(recorded != layout),
                 recorded_layout: recorded,
             });
+            // All-zero bytes are a valid value for every (atomic) field.
             let first = header.add(1) as *mut Slot;
+            std::ptr::write_bytes(first, 0, nslots as usize);
+            let fresh = GeneratorState::new(&layout);
             for i in 0..nslots as usize {
-                let slot = Slot::default();
-                let fresh = GeneratorState::new(&layout);
+                let slot = &*first.add(i);
                 slot.last_tick.store(fresh.last_tick, Relaxed);
                 slot.sequence.store(fresh.sequence, Relaxed);
                 slot.last_seen.store(fresh.last_seen, Relaxed);
-                first.add(i).write(slot);
             }
         }
     }

@@ -1,0 +1,93 @@
+"""The worker registry table: kept by a background worker, durable across
+restarts, dumped with the database, and closed to ordinary roles."""
+import time
+
+import psycopg
+import pytest
+
+
+def wait_for(predicate, timeout=15.0, interval=0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def registry(cluster, dbname="postgres"):
+    return cluster.sql(
+        "SELECT worker_id, pid, database, role, application_name, claims, ids_issued,"
+        " high_water IS NOT NULL, released_at IS NOT NULL"
+        " FROM snowflake_worker_registry ORDER BY worker_id", dbname=dbname)
+
+
+def test_registry_records_holders_and_survives_restart(cluster):
+    with cluster.connect(application_name="billing") as a, \
+            cluster.connect(application_name="shipping") as b:
+        wa = a.execute("SELECT (snowflake_decode(snowflake_nextval())).worker_id").fetchone()[0]
+        wb = b.execute("SELECT (snowflake_decode(snowflake_nextval())).worker_id").fetchone()[0]
+        pa = a.execute("SELECT pg_backend_pid()").fetchone()[0]
+        rows = wait_for(lambda: [r for r in registry(cluster) if r[1] is not None] if len(
+            [r for r in registry(cluster) if r[1] is not None]) == 2 else None)
+        by_worker = {r[0]: r for r in rows}
+        assert by_worker[wa][1] == pa
+        assert by_worker[wa][2:5] == ("postgres", "postgres", "billing")
+        assert by_worker[wb][4] == "shipping"
+    # After the holders exit, the rows stay, marked released, with the holder kept.
+    rows = wait_for(lambda: (lambda r: r if all(x[8] for x in r) else None)(registry(cluster)))
+    assert {r[4] for r in rows} == {"billing", "shipping"}
+    assert all(r[1] is None and r[7] for r in rows)
+
+    cluster.restart(mode="immediate")
+    rows = registry(cluster)
+    assert {r[4] for r in rows} == {"billing", "shipping"}, "registry lost at restart"
+
+
+def test_registry_is_closed_to_ordinary_roles(cluster):
+    cluster.sql("CREATE ROLE app LOGIN")
+    with cluster.connect(user="app") as conn:
+        for stmt in ("SELECT * FROM snowflake_worker_registry",
+                     "INSERT INTO snowflake_worker_registry (worker_id) VALUES (1)",
+                     "DELETE FROM snowflake_worker_registry"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt)
+
+
+def test_past_holders_are_visible_only_to_privileged_roles(cluster):
+    cluster.sql("CREATE ROLE app LOGIN")
+    cluster.sql("CREATE ROLE watcher LOGIN IN ROLE pg_read_all_stats")
+    with cluster.connect(application_name="gone") as c:
+        c.execute("SELECT snowflake_nextval()")
+    wait_for(lambda: cluster.scalar(
+        "SELECT count(*) FROM snowflake_workers WHERE released_at IS NOT NULL"))
+    query = ("SELECT database, role, application_name FROM snowflake_workers"
+             " WHERE released_at IS NOT NULL")
+    with cluster.connect(user="app") as conn:
+        assert conn.execute(query).fetchone() == (None, None, None)
+    with cluster.connect(user="watcher") as conn:
+        assert conn.execute(query).fetchone() == ("postgres", "postgres", "gone")
+
+
+def test_registry_rows_are_dumped_with_the_database(cluster, tmp_path):
+    with cluster.connect(application_name="dumped") as c:
+        c.execute("SELECT snowflake_nextval()")
+    wait_for(lambda: cluster.scalar("SELECT count(*) FROM snowflake_worker_registry"))
+    import subprocess
+    dump = subprocess.run(
+        ["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_dump",
+         "-h", cluster.dir, "-p", str(cluster.port), "-U", "postgres", "-d", "postgres",
+         "--data-only", "-t", "snowflake_worker_registry"],
+        capture_output=True, text=True, check=True)
+    assert "dumped" in dump.stdout
+
+
+def test_registry_worker_waits_for_the_extension(make_cluster):
+    c = make_cluster(create_extension=False)
+    c.wait_for_log("has no snowflake_id extension yet", timeout=15)
+    c.sql("CREATE EXTENSION snowflake_id")
+    with c.connect(application_name="late") as conn:
+        conn.execute("SELECT snowflake_nextval()")
+        wait_for(lambda: c.scalar(
+            "SELECT count(*) FROM snowflake_worker_registry WHERE application_name = 'late'"))
