@@ -112,6 +112,7 @@ fn snowflake_compose(ts: TimestampWithTimeZone, worker_id: i32, sequence: i32) -
 
 /// The layout in use.
 #[pg_extern(stable, parallel_safe)]
+#[allow(clippy::type_complexity)]
 fn snowflake_layout() -> TableIterator<
     'static,
     (

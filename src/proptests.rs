@@ -166,6 +166,8 @@ impl Clock for TraceClock {
         self.ms
     }
     fn sleep_ms(&mut self, ms: i64) {
+        // A generator that never stops sleeping is a failure, not a hang.
+        assert!(self.sleeps.len() < 100_000, "next_id keeps sleeping");
         // Checked by the properties (a sleep is at least 1 ms).
         self.sleeps.push(ms);
         self.ms += ms.max(1);

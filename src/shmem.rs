@@ -25,7 +25,6 @@ use crate::gucs;
 use crate::layout::Layout;
 use pgrx::pg_sys;
 use serde::{Deserialize, Serialize};
-use std::ffi::c_void;
 use std::mem::size_of;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::*,
@@ -262,7 +261,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
     // request.
     let base = unsafe {
         pg_sys::LWLockAcquire(addin_shmem_init_lock(), pg_sys::LWLockMode::LW_EXCLUSIVE);
-        pg_sys::ShmemInitStruct(TRANCHE.as_ptr(), shmem_size(), &mut found) as *mut c_void
+        pg_sys::ShmemInitStruct(TRANCHE.as_ptr(), shmem_size(), &mut found)
     };
     let header = base as *mut Header;
     if !found {
