@@ -25,7 +25,7 @@ pub struct GeneratorState {
     pub last_tick: i64,
     /// Sequence of the last ID issued within `last_tick`.
     pub sequence: u32,
-    /// The last wall-clock tick observed.
+    /// The last wall-clock tick observed ([`NOT_SEEN`] before the first).
     pub last_seen: i64,
     pub ids_issued: u64,
     /// Ticks whose sequence was used up.
@@ -35,6 +35,10 @@ pub struct GeneratorState {
     /// The largest drift (in ticks) of an issued ID.
     pub max_drift: i64,
 }
+
+/// `last_seen` of a generator that has not read the clock yet, so that its
+/// first reading never counts as the clock going backwards.
+pub const NOT_SEEN: i64 = i64::MIN;
 
 /// What one attempt produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +93,7 @@ impl GeneratorState {
         GeneratorState {
             last_tick: floor_tick,
             sequence: layout.max_sequence(),
-            last_seen: floor_tick,
+            last_seen: NOT_SEEN,
             ids_issued: 0,
             sequence_exhausted: 0,
             clock_backward: 0,

@@ -12,7 +12,10 @@ and the snowflake_id build installed into them (`cargo pgrx install`).
 * ``cluster``       fixture: a started cluster with the library preloaded
                     and ``CREATE EXTENSION snowflake_id`` done in db postgres.
 * ``make_cluster``  fixture: factory ``make_cluster(**kw)`` for special
-                    configurations (preload=False, extra settings, env...).
+                    configurations (preload=False, extra settings, env...,
+                    or ``basebackup_from=primary`` for a physical standby).
+* ``LOGICAL_REPLICATION_SETTINGS``  settings for a publisher or subscriber of
+                    built-in logical replication.
 
 Clusters are always stopped at the end of their test (fixture finalizer, with
 an atexit ``-m immediate`` fallback). Their directory is removed when the test
@@ -105,6 +108,17 @@ def _run_pg(cmd, cwd, env=None, check=True, timeout=120):
     return proc
 
 
+# Enough for a server that publishes to, or subscribes from, a few others
+# with built-in logical replication (pass as / merge into ``settings``).
+LOGICAL_REPLICATION_SETTINGS = {
+    "wal_level": "logical",
+    "max_replication_slots": 10,
+    "max_wal_senders": 10,
+    "max_logical_replication_workers": 8,
+    "max_worker_processes": 16,
+}
+
+
 class Cluster:
     """A throwaway PostgreSQL cluster in /tmp/sfpyXXXXXXXX.
 
@@ -113,10 +127,15 @@ class Cluster:
     preload   put snowflake_id in shared_preload_libraries (default True)
     settings  dict of extra postgresql.conf settings (override the defaults)
     tcp       also listen on 127.0.0.1:<port> (default: unix socket only)
+    basebackup_from
+              a running Cluster: instead of initdb, copy its data directory
+              with ``pg_basebackup -R`` (a physical standby of it, with
+              standby.signal and primary_conninfo). Only this cluster's own
+              harness settings apply (the copied harness.conf is rewritten).
     """
 
     def __init__(self, preload: bool = True, settings: dict | None = None,
-                 tcp: bool = False):
+                 tcp: bool = False, basebackup_from: "Cluster | None" = None):
         self.preload = preload
         self.tcp = tcp
         self.settings: dict = {}
@@ -133,12 +152,20 @@ class Cluster:
         if AS_ROOT:
             uid, gid = _pg_ids()
             os.chown(self.dir, uid, gid)
-        _run_pg([os.path.join(PG_BINDIR, "initdb"), "-D", self.datadir,
-                 "-A", "trust", "-U", "postgres", "-E", "UTF8",
-                 "--locale=C.UTF-8", "--no-sync", "--no-instructions"],
-                cwd=self.dir)
-        with open(os.path.join(self.datadir, "postgresql.conf"), "a") as f:
-            f.write("\n# test harness settings\ninclude 'harness.conf'\n")
+        if basebackup_from is not None:
+            # postgresql.conf (with its include of harness.conf) is copied.
+            _run_pg([os.path.join(PG_BINDIR, "pg_basebackup"),
+                     "-D", self.datadir, "-R", "-X", "stream",
+                     "-c", "fast", "--no-sync",
+                     "-h", basebackup_from.dir, "-p", basebackup_from.port,
+                     "-U", "postgres"], cwd=self.dir)
+        else:
+            _run_pg([os.path.join(PG_BINDIR, "initdb"), "-D", self.datadir,
+                     "-A", "trust", "-U", "postgres", "-E", "UTF8",
+                     "--locale=C.UTF-8", "--no-sync", "--no-instructions"],
+                    cwd=self.dir)
+            with open(os.path.join(self.datadir, "postgresql.conf"), "a") as f:
+                f.write("\n# test harness settings\ninclude 'harness.conf'\n")
         self.configure(**(settings or {}))
 
     # ----------------------------------------------------------- config
@@ -223,6 +250,10 @@ class Cluster:
     def reload(self) -> None:
         self._pg_ctl("reload")
 
+    def promote(self, timeout: int = 60) -> None:
+        """Promote a standby and wait until it accepts writes."""
+        self._pg_ctl("-w", "-t", str(timeout), "promote", timeout=timeout + 30)
+
     def is_running(self) -> bool:
         if not os.path.exists(os.path.join(self.datadir, "postmaster.pid")):
             return False
@@ -265,6 +296,13 @@ class Cluster:
     def scalar(self, query, *args, dbname: str = "postgres"):
         rows = self.sql(query, *args, dbname=dbname)
         return rows[0][0]
+
+    def conninfo(self, dbname: str = "postgres", user: str = "postgres") -> str:
+        """A libpq connection string for this server, as another server
+        (e.g. a subscriber) would use it: TCP on 127.0.0.1 when the cluster
+        listens there, else its unix socket."""
+        host = "127.0.0.1" if self.tcp else self.dir
+        return f"host={host} port={self.port} dbname={dbname} user={user}"
 
     def create_db(self, name: str) -> None:
         self.sql(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
@@ -387,7 +425,8 @@ def _test_failed(node) -> bool:
 @pytest.fixture
 def make_cluster(request):
     """Factory: make_cluster(preload=True, settings=None, tcp=False,
-    start=True, env=None, create_extension=False) -> Cluster.
+    start=True, env=None, create_extension=False, basebackup_from=None)
+    -> Cluster.
 
     All clusters made are stopped at the end of the test; their dirs are
     removed if the test passed, kept (and the log tail printed) if not."""
@@ -395,12 +434,14 @@ def make_cluster(request):
 
     def factory(preload: bool = True, settings: dict | None = None,
                 tcp: bool = False, start: bool = True, env: dict | None = None,
-                create_extension: bool = False) -> Cluster:
+                create_extension: bool = False,
+                basebackup_from: Cluster | None = None) -> Cluster:
         if (preload or create_extension) and not os.path.exists(EXTENSION_SO):
             pytest.fail(f"{EXTENSION_SO} not found: install the extension "
                         "first (cargo pgrx install --release --pg-config "
                         f"{PG_CONFIG})")
-        c = Cluster(preload=preload, settings=settings, tcp=tcp)
+        c = Cluster(preload=preload, settings=settings, tcp=tcp,
+                    basebackup_from=basebackup_from)
         made.append(c)
         if start:
             c.start(env=env)
