@@ -241,9 +241,11 @@ fn snowflake_accept_layout() -> TableIterator<
         .layout_changed
         .load(std::sync::atomic::Ordering::Acquire);
     let first = if changed {
-        match crate::shmem::accept_layout(header, layout) {
-            Some(first) => first,
-            None => errors::layout_cannot_rise(),
+        let latest_ms = crate::clock::unix_ms() + gucs::max_drift_ms();
+        match crate::shmem::accept_layout(header, layout, latest_ms) {
+            Ok(first) => first,
+            Err(crate::shmem::AcceptError::CannotRise) => errors::layout_cannot_rise(None),
+            Err(crate::shmem::AcceptError::NotUntil(ms)) => errors::layout_cannot_rise(Some(ms)),
         }
     } else {
         // Nothing to adopt: report where IDs stand now.

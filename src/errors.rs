@@ -146,13 +146,21 @@ pub fn superuser_only(function: &str) -> ! {
     )
 }
 
-/// 22023: the new layout's IDs cannot all be larger than the old ones.
-pub fn layout_cannot_rise() -> ! {
+/// 22023: the new layout's IDs cannot be larger than the old ones (ever,
+/// or before the Unix ms given).
+pub fn layout_cannot_rise(not_until_ms: Option<i64>) -> ! {
+    let detail = match not_until_ms {
+        None => "Every ID of the new layout is smaller than IDs the recorded layout has already issued (for example moving to fewer total bits), so adopting it could repeat IDs.".to_string(),
+        Some(ms) => format!(
+            "IDs of the new layout only get above the IDs already issued at {}; until then no ID could be made.",
+            format_unix_ms(ms)
+        ),
+    };
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         "the new snowflake ID layout cannot make IDs above those already issued".into(),
-        Some("Every ID of the new layout is smaller than IDs the recorded layout has already issued (for example moving to fewer total bits), so adopting it could repeat IDs.".into()),
-        Some("Restore the previous layout settings and restart, or choose a layout with at least as many total bits.".into()),
+        Some(detail),
+        Some("Restore the previous layout settings and restart, or choose a layout whose IDs are larger for the same time: at least as many total bits, fewer worker and sequence bits, or an earlier snowflake_id.epoch.".into()),
     )
 }
 

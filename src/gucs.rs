@@ -46,6 +46,15 @@ static REGISTRY_DATABASE: GucSetting<Option<CString>> =
 /// The layout in use, computed once per process by [`init`].
 static LAYOUT: OnceLock<Layout> = OnceLock::new();
 
+thread_local! {
+    /// While `init` defines `snowflake_id.worker_ids`: the problem with the
+    /// value from the configuration, if the check hook rejected it.
+    /// PostgreSQL would only warn and fall back to the default (every id),
+    /// which could make this server collide with others, so `init` refuses.
+    static REJECTED_AT_LOAD: std::cell::RefCell<Option<Option<String>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Defines every setting, validates the layout and reserves the prefix.
 /// Called from `_PG_init`; an invalid layout is an error there (so a
 /// preloading server refuses to start, as for any bad postmaster setting).
@@ -124,6 +133,7 @@ pub fn init(preloading: bool) {
     };
     let _ = LAYOUT.set(layout);
 
+    REJECTED_AT_LOAD.set(Some(None));
     // SAFETY: the check hook is a #[pg_guard] function with the signature
     // PostgreSQL expects, and it only reads the string it is given.
     unsafe {
@@ -139,6 +149,9 @@ pub fn init(preloading: bool) {
             None,
             None,
         );
+    }
+    if let Some(Some(detail)) = REJECTED_AT_LOAD.take() {
+        errors::bad_worker_ids(&detail);
     }
     GucRegistry::define_int_guc(
         c"snowflake_id.max_drift",
@@ -239,7 +252,7 @@ fn compute_layout() -> Result<Layout, String> {
 unsafe extern "C-unwind" fn check_worker_ids(
     newval: *mut *mut c_char,
     _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
+    source: pg_sys::GucSource::Type,
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
     // which is NULL or a NUL-terminated string.
@@ -255,6 +268,13 @@ unsafe extern "C-unwind" fn check_worker_ids(
     match WorkerRanges::parse(&text, layout.max_worker_id()) {
         Ok(_) => true,
         Err(detail) => {
+            if source != pg_sys::GucSource::PGC_S_DEFAULT {
+                REJECTED_AT_LOAD.with_borrow_mut(|r| {
+                    if let Some(rejected) = r {
+                        *rejected = Some(format!("\"{text}\": {detail}"));
+                    }
+                });
+            }
             errors::guc_check_detail(&detail);
             false
         }

@@ -350,17 +350,22 @@ fn write_state_file(state: &StateFile) {
 /// Adopts `layout` after the server started with a layout other than the
 /// recorded one: claims start above every ID the old layout can have
 /// issued, and the state file records the new layout. Returns the first
-/// tick new IDs may use, or `None` when `layout` cannot get above the old
-/// IDs (nothing changes then). No claim exists yet: claims are refused
-/// until the layout is accepted.
-pub fn accept_layout(header: &Header, layout: &Layout) -> Option<i64> {
+/// tick new IDs may use. Nothing changes when `layout` cannot get above the
+/// old IDs, or only after `latest_ms` (the generator could not issue until
+/// then). No claim exists yet: claims are refused until the layout is
+/// accepted.
+pub fn accept_layout(header: &Header, layout: &Layout, latest_ms: i64) -> Result<i64, AcceptError> {
     // SAFETY: the lock belongs to our tranche and lives in shared memory.
     unsafe { pg_sys::LWLockAcquire(header.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
     let _guard = LockGuard(header.reserve_lock);
     let until = header.reserved_until_ms.load(Acquire);
     let first = layout
-        .first_tick_above(&header.recorded_layout, until)?
+        .first_tick_above(&header.recorded_layout, until)
+        .ok_or(AcceptError::CannotRise)?
         .max(layout.tick_at(until) + 1);
+    if layout.tick_start_unix_ms(first) > latest_ms {
+        return Err(AcceptError::NotUntil(layout.tick_start_unix_ms(first)));
+    }
     // Every ID at or below the tick before `first` counts as issued.
     let floor_ms = layout.tick_start_unix_ms(first) - 1;
     let until = until.max(floor_ms);
@@ -372,5 +377,13 @@ pub fn accept_layout(header: &Header, layout: &Layout) -> Option<i64> {
     header.floor_ms.fetch_max(floor_ms, AcqRel);
     header.reserved_until_ms.store(until, Release);
     header.layout_changed.store(false, Release);
-    Some(first)
+    Ok(first)
+}
+
+/// Why a layout cannot be adopted.
+pub enum AcceptError {
+    /// No ID of the new layout is above the old IDs.
+    CannotRise,
+    /// New IDs would only get above the old ones at this Unix ms.
+    NotUntil(i64),
 }
