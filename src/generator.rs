@@ -218,15 +218,7 @@ pub(crate) mod tests {
 
     pub(crate) fn layout(name: &str) -> Layout {
         let p = PRESETS.iter().find(|p| p.name == name).unwrap();
-        Layout::new(
-            DEFAULT_EPOCH_MS,
-            p.unit_ms,
-            p.total_bits,
-            p.worker_bits,
-            p.sequence_bits,
-            NOW,
-        )
-        .unwrap()
+        p.layout(DEFAULT_EPOCH_MS, NOW).unwrap()
     }
 
     #[test]

@@ -34,6 +34,20 @@ pub struct Preset {
     pub sequence_bits: u32,
 }
 
+impl Preset {
+    /// This preset's layout with the given epoch, validated at `now_ms`.
+    pub fn layout(&self, epoch_ms: i64, now_ms: i64) -> Result<Layout, LayoutError> {
+        Layout::new(
+            epoch_ms,
+            self.unit_ms,
+            self.total_bits,
+            self.worker_bits,
+            self.sequence_bits,
+            now_ms,
+        )
+    }
+}
+
 /// The presets, in the order of the `snowflake_id.layout` setting.
 pub const PRESETS: [Preset; 3] = [
     // Twitter snowflake: 41 bits of milliseconds, 10 worker bits, 12 sequence bits.
@@ -467,15 +481,7 @@ mod tests {
 
     fn preset(name: &str) -> Layout {
         let p = PRESETS.iter().find(|p| p.name == name).unwrap();
-        Layout::new(
-            DEFAULT_EPOCH_MS,
-            p.unit_ms,
-            p.total_bits,
-            p.worker_bits,
-            p.sequence_bits,
-            NOW,
-        )
-        .unwrap()
+        p.layout(DEFAULT_EPOCH_MS, NOW).unwrap()
     }
 
     #[test]

@@ -42,16 +42,7 @@ fn min_time_bits(epoch_ms: i64, unit_ms: i64) -> Option<u32> {
 }
 
 fn preset_layout(index: usize, epoch_ms: i64) -> Layout {
-    let p = PRESETS[index];
-    Layout::new(
-        epoch_ms,
-        p.unit_ms,
-        p.total_bits,
-        p.worker_bits,
-        p.sequence_bits,
-        NOW,
-    )
-    .unwrap()
+    PRESETS[index].layout(epoch_ms, NOW).unwrap()
 }
 
 /// Epochs between 50 years before `NOW` and `NOW` itself.

@@ -62,6 +62,20 @@ _live_clusters: "set[Cluster]" = set()
 _kept_dirs: "list[str]" = []
 
 
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition",
+               interval: float = 0.05):
+    """Polls predicate() until it returns something truthy, and returns it;
+    fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
 class ClusterError(RuntimeError):
     pass
 

@@ -1,19 +1,10 @@
 """The worker registry table: kept by a background worker, durable across
 restarts, dumped with the database, and closed to ordinary roles."""
-import time
 
 import psycopg
 import pytest
 
-
-def wait_for(predicate, timeout=15.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+from conftest import wait_until
 
 
 def registry(cluster, dbname="postgres"):
@@ -29,14 +20,14 @@ def test_registry_records_holders_and_survives_restart(cluster):
         wa = a.execute("SELECT (snowflake_decode(snowflake_nextval())).worker_id").fetchone()[0]
         wb = b.execute("SELECT (snowflake_decode(snowflake_nextval())).worker_id").fetchone()[0]
         pa = a.execute("SELECT pg_backend_pid()").fetchone()[0]
-        rows = wait_for(lambda: [r for r in registry(cluster) if r[1] is not None] if len(
+        rows = wait_until(lambda: [r for r in registry(cluster) if r[1] is not None] if len(
             [r for r in registry(cluster) if r[1] is not None]) == 2 else None)
         by_worker = {r[0]: r for r in rows}
         assert by_worker[wa][1] == pa
         assert by_worker[wa][2:5] == ("postgres", "postgres", "billing")
         assert by_worker[wb][4] == "shipping"
     # After the holders exit, the rows stay, marked released, with the holder kept.
-    rows = wait_for(lambda: (lambda r: r if all(x[8] for x in r) else None)(registry(cluster)))
+    rows = wait_until(lambda: (lambda r: r if all(x[8] for x in r) else None)(registry(cluster)))
     assert {r[4] for r in rows} == {"billing", "shipping"}
     assert all(r[1] is None and r[7] for r in rows)
 
@@ -60,7 +51,7 @@ def test_past_holders_are_visible_only_to_privileged_roles(cluster):
     cluster.sql("CREATE ROLE watcher LOGIN IN ROLE pg_read_all_stats")
     with cluster.connect(application_name="gone") as c:
         c.execute("SELECT snowflake_nextval()")
-    wait_for(lambda: cluster.scalar(
+    wait_until(lambda: cluster.scalar(
         "SELECT count(*) FROM snowflake_workers WHERE released_at IS NOT NULL"))
     query = ("SELECT database, role, application_name FROM snowflake_workers"
              " WHERE released_at IS NOT NULL")
@@ -73,7 +64,7 @@ def test_past_holders_are_visible_only_to_privileged_roles(cluster):
 def test_registry_rows_are_dumped_with_the_database(cluster, tmp_path):
     with cluster.connect(application_name="dumped") as c:
         c.execute("SELECT snowflake_nextval()")
-    wait_for(lambda: cluster.scalar("SELECT count(*) FROM snowflake_worker_registry"))
+    wait_until(lambda: cluster.scalar("SELECT count(*) FROM snowflake_worker_registry"))
     import subprocess
     dump = subprocess.run(
         ["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_dump",
@@ -89,5 +80,5 @@ def test_registry_worker_waits_for_the_extension(make_cluster):
     c.sql("CREATE EXTENSION snowflake_id")
     with c.connect(application_name="late") as conn:
         conn.execute("SELECT snowflake_nextval()")
-        wait_for(lambda: c.scalar(
+        wait_until(lambda: c.scalar(
             "SELECT count(*) FROM snowflake_worker_registry WHERE application_name = 'late'"))

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from conftest import LOGICAL_REPLICATION_SETTINGS, PG_BINDIR
+from conftest import LOGICAL_REPLICATION_SETTINGS, PG_BINDIR, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SQL_DIR = ROOT / "tests" / "sql"
@@ -73,17 +73,6 @@ def run_sql_file(cluster, path, **variables) -> str:
     assert proc.returncode == 0, (f"psql -f {path} failed on {cluster}:\n"
                                   f"{proc.stdout}{proc.stderr}")
     return proc.stdout + proc.stderr
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def subscriptions_ready(m) -> bool:

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from conftest import PG_BINDIR, ClusterError, _run_pg
+from conftest import PG_BINDIR, ClusterError, _run_pg, wait_until
 
 EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
@@ -52,18 +52,6 @@ def sql_error(conn, query, params=None) -> psycopg.Error:
     with pytest.raises(psycopg.Error) as ei:
         conn.execute(query, params)
     return ei.value
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition",
-               interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def wait_released(cluster, worker_id: int) -> None:
