@@ -7,7 +7,7 @@
 
 use crate::errors;
 use crate::gucs;
-use crate::layout::Layout;
+use crate::layout::{Layout, PartError};
 use crate::registry;
 use pgrx::prelude::*;
 
@@ -27,7 +27,7 @@ fn to_timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
 fn to_unix_ms(ts: TimestampWithTimeZone, layout: &Layout) -> i64 {
     let micros: i64 = ts.into();
     if micros == i64::MIN || micros == i64::MAX {
-        errors::timestamp_out_of_range(if micros < 0 { i64::MIN } else { i64::MAX }, layout);
+        errors::infinite_timestamp(micros > 0, layout);
     }
     micros.div_euclid(1000) + PG_EPOCH_UNIX_MS
 }
@@ -104,9 +104,28 @@ fn snowflake_compose(ts: TimestampWithTimeZone, worker_id: i32, sequence: i32) -
     if !(0..=layout.max_ticks()).contains(&ticks) {
         errors::timestamp_out_of_range(unix_ms, layout);
     }
-    let part = |v: i32| u32::try_from(v).unwrap_or(u32::MAX);
+    let worker = u32::try_from(worker_id).unwrap_or_else(|_| {
+        let max = layout.max_worker_id();
+        errors::part_out_of_range(
+            PartError::Worker {
+                value: worker_id.into(),
+                max,
+            },
+            layout,
+        )
+    });
+    let sequence = u32::try_from(sequence).unwrap_or_else(|_| {
+        let max = layout.max_sequence();
+        errors::part_out_of_range(
+            PartError::Sequence {
+                value: sequence.into(),
+                max,
+            },
+            layout,
+        )
+    });
     layout
-        .compose(ticks, part(worker_id), part(sequence))
+        .compose(ticks, worker, sequence)
         .unwrap_or_else(|e| errors::part_out_of_range(e, layout))
 }
 

@@ -75,22 +75,36 @@ pub fn part_out_of_range(err: PartError, layout: &Layout) -> ! {
 
 /// 22023: a batch size outside 1..max.
 pub fn bad_batch_size(n: i32, max: i32) -> ! {
+    let hint = if n < 1 {
+        "Ask for at least 1 ID."
+    } else {
+        "Ask for fewer IDs per call and call again."
+    };
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         format!("snowflake_nextvals() batch size {n} is out of range"),
         Some(format!("A batch holds 1 to {max} IDs.")),
-        Some("Ask for fewer IDs per call and call again.".into()),
+        Some(hint.into()),
     )
 }
 
 /// 22008: a timestamp outside the layout's time range.
 pub fn timestamp_out_of_range(unix_ms: i64, layout: &Layout) -> ! {
+    time_range_error(format_unix_ms(unix_ms), layout)
+}
+
+/// 22008: `infinity` or `-infinity`.
+pub fn infinite_timestamp(positive: bool, layout: &Layout) -> ! {
+    time_range_error(
+        if positive { "infinity" } else { "-infinity" }.into(),
+        layout,
+    )
+}
+
+fn time_range_error(timestamp: String, layout: &Layout) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
-        format!(
-            "timestamp {} is outside the range of snowflake IDs",
-            format_unix_ms(unix_ms)
-        ),
+        format!("timestamp {timestamp} is outside the range of snowflake IDs"),
         Some(format!(
             "This layout covers {} to {}.",
             format_unix_ms(layout.epoch_ms),

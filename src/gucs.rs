@@ -47,12 +47,31 @@ static REGISTRY_DATABASE: GucSetting<Option<CString>> =
 static LAYOUT: OnceLock<Layout> = OnceLock::new();
 
 thread_local! {
-    /// While `init` defines `snowflake_id.worker_ids`: the problem with the
-    /// value from the configuration, if the check hook rejected it.
-    /// PostgreSQL would only warn and fall back to the default (every id),
-    /// which could make this server collide with others, so `init` refuses.
-    static REJECTED_AT_LOAD: std::cell::RefCell<Option<Option<String>>> =
+    /// While `init` runs: the settings whose configured value a check hook
+    /// rejected, with the reason. PostgreSQL would only warn and fall back
+    /// to the default (another layout, or every worker id, which could make
+    /// this server collide with others), so `init` refuses instead.
+    static REJECTED_AT_LOAD: std::cell::RefCell<Option<Vec<(&'static str, String)>>> =
         const { std::cell::RefCell::new(None) };
+}
+
+/// The first setting rejected so far during `init`, if any.
+fn take_rejected() -> Option<(&'static str, String)> {
+    REJECTED_AT_LOAD.with_borrow_mut(|r| r.as_mut().and_then(|v| v.drain(..).next()))
+}
+
+/// Rejects a value in a check hook: sets PostgreSQL's error detail, and
+/// during `init` remembers the rejection of a configured value.
+fn reject(name: &'static str, value: &str, detail: &str, source: pg_sys::GucSource::Type) -> bool {
+    if source != pg_sys::GucSource::PGC_S_DEFAULT {
+        REJECTED_AT_LOAD.with_borrow_mut(|r| {
+            if let Some(rejected) = r {
+                rejected.push((name, format!("\"{value}\": {detail}")));
+            }
+        });
+    }
+    errors::guc_check_detail(detail);
+    false
 }
 
 /// Defines every setting, validates the layout and reserves the prefix.
@@ -82,16 +101,24 @@ pub fn init(preloading: bool) {
         layout_context(),
         GucFlags::default(),
     );
-    GucRegistry::define_string_guc(
-        c"snowflake_id.epoch",
-        c"Time zero of the IDs' time field (UTC date, date and time, or Unix milliseconds).",
-        c"Changing it changes the meaning of every ID already issued.",
-        &EPOCH,
-        layout_context(),
-        GucFlags::default(),
-    );
-    let int_setting = |name: &'static CStr, short: &'static CStr, setting, max| {
-        GucRegistry::define_int_guc(
+    REJECTED_AT_LOAD.set(Some(Vec::new()));
+    // SAFETY (both blocks): the check hooks are #[pg_guard] functions with
+    // the signatures PostgreSQL expects; they only read the value given.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake_id.epoch",
+            c"Time zero of the IDs' time field (UTC date, date and time, or Unix milliseconds).",
+            c"Changing it changes the meaning of every ID already issued.",
+            &EPOCH,
+            layout_context(),
+            GucFlags::default(),
+            Some(check_epoch),
+            None,
+            None,
+        );
+    }
+    let int_setting = |name: &'static CStr, short: &'static CStr, setting, max, check| unsafe {
+        GucRegistry::define_int_guc_with_hooks(
             name,
             short,
             c"-1 takes the value from snowflake_id.layout.",
@@ -100,6 +127,9 @@ pub fn init(preloading: bool) {
             max,
             layout_context(),
             GucFlags::default(),
+            check,
+            None,
+            None,
         )
     };
     int_setting(
@@ -107,25 +137,32 @@ pub fn init(preloading: bool) {
         c"Milliseconds per tick of the time field.",
         &TIME_UNIT_MS,
         86_400_000,
+        Some(check_time_unit_ms),
     );
     int_setting(
         c"snowflake_id.total_bits",
         c"Bits an ID may use (63 for the whole bigint, 53 for JavaScript-safe IDs).",
         &TOTAL_BITS,
         63,
+        Some(check_total_bits),
     );
     int_setting(
         c"snowflake_id.worker_bits",
         c"Bits of the worker id field.",
         &WORKER_BITS,
         layout::MAX_WORKER_BITS as i32,
+        None,
     );
     int_setting(
         c"snowflake_id.sequence_bits",
         c"Bits of the per-tick sequence field.",
         &SEQUENCE_BITS,
         layout::MAX_SEQUENCE_BITS as i32,
+        Some(check_sequence_bits),
     );
+    if let Some((name, problem)) = take_rejected() {
+        errors::invalid_layout(&format!("{name} = {problem}"));
+    }
 
     let layout = match compute_layout() {
         Ok(layout) => layout,
@@ -133,7 +170,6 @@ pub fn init(preloading: bool) {
     };
     let _ = LAYOUT.set(layout);
 
-    REJECTED_AT_LOAD.set(Some(None));
     // SAFETY: the check hook is a #[pg_guard] function with the signature
     // PostgreSQL expects, and it only reads the string it is given.
     unsafe {
@@ -150,8 +186,10 @@ pub fn init(preloading: bool) {
             None,
         );
     }
-    if let Some(Some(detail)) = REJECTED_AT_LOAD.take() {
-        errors::bad_worker_ids(&detail);
+    let rejected = take_rejected();
+    REJECTED_AT_LOAD.set(None);
+    if let Some((_, problem)) = rejected {
+        errors::bad_worker_ids(&problem);
     }
     GucRegistry::define_int_guc(
         c"snowflake_id.max_drift",
@@ -267,16 +305,78 @@ unsafe extern "C-unwind" fn check_worker_ids(
     };
     match WorkerRanges::parse(&text, layout.max_worker_id()) {
         Ok(_) => true,
-        Err(detail) => {
-            if source != pg_sys::GucSource::PGC_S_DEFAULT {
-                REJECTED_AT_LOAD.with_borrow_mut(|r| {
-                    if let Some(rejected) = r {
-                        *rejected = Some(format!("\"{text}\": {detail}"));
-                    }
-                });
-            }
-            errors::guc_check_detail(&detail);
-            false
-        }
+        Err(detail) => reject("snowflake_id.worker_ids", &text, &detail, source),
     }
+}
+
+/// Check hook of `snowflake_id.epoch`: the text must parse and not lie in
+/// the future (the layout as a whole is checked when the library loads).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_epoch(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
+    // which is NULL or a NUL-terminated string.
+    let text = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(*newval).to_string_lossy().into_owned()
+        }
+    };
+    let now_ms = crate::clock::unix_ms();
+    match layout::parse_epoch(&text) {
+        Ok(epoch_ms) if epoch_ms > now_ms => {
+            let problem = layout::LayoutError::EpochInFuture { epoch_ms, now_ms };
+            reject("snowflake_id.epoch", &text, &problem.to_string(), source)
+        }
+        Ok(_) => true,
+        Err(detail) => reject("snowflake_id.epoch", &text, &detail, source),
+    }
+}
+
+/// An int layout setting must be -1 (from the preset) or at least `min`.
+fn check_at_least(
+    name: &'static str,
+    value: i32,
+    min: i32,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    if value == FROM_PRESET || value >= min {
+        return true;
+    }
+    let detail = format!("Use -1 (take it from snowflake_id.layout) or a value of at least {min}.");
+    reject(name, &value.to_string(), &detail, source)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_time_unit_ms(
+    newval: *mut i32,
+    _extra: *mut *mut c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    check_at_least("snowflake_id.time_unit_ms", unsafe { *newval }, 1, source)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_total_bits(
+    newval: *mut i32,
+    _extra: *mut *mut c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    check_at_least("snowflake_id.total_bits", unsafe { *newval }, 2, source)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_sequence_bits(
+    newval: *mut i32,
+    _extra: *mut *mut c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    check_at_least("snowflake_id.sequence_bits", unsafe { *newval }, 1, source)
 }

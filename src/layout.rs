@@ -238,13 +238,13 @@ impl Layout {
         }
         if worker_id > self.max_worker_id() {
             return Err(PartError::Worker {
-                value: worker_id,
+                value: worker_id.into(),
                 max: self.max_worker_id(),
             });
         }
         if sequence > self.max_sequence() {
             return Err(PartError::Sequence {
-                value: sequence,
+                value: sequence.into(),
                 max: self.max_sequence(),
             });
         }
@@ -323,8 +323,8 @@ impl Layout {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PartError {
     Ticks { value: i64, max: i64 },
-    Worker { value: u32, max: u32 },
-    Sequence { value: u32, max: u32 },
+    Worker { value: i64, max: u32 },
+    Sequence { value: i64, max: u32 },
     Id { value: i64, max: i64 },
 }
 

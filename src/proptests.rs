@@ -894,10 +894,10 @@ proptest! {
             Err(PartError::Ticks { value: -under, max: mt })
         );
         if let Some(bad) = mw.checked_add(over32) {
-            prop_assert_eq!(l.compose(0, bad, s), Err(PartError::Worker { value: bad, max: mw }));
+            prop_assert_eq!(l.compose(0, bad, s), Err(PartError::Worker { value: bad.into(), max: mw }));
         }
         if let Some(bad) = ms.checked_add(over32) {
-            prop_assert_eq!(l.compose(0, w, bad), Err(PartError::Sequence { value: bad, max: ms }));
+            prop_assert_eq!(l.compose(0, w, bad), Err(PartError::Sequence { value: bad.into(), max: ms }));
         }
         prop_assert_eq!(l.decode(-under), Err(PartError::Id { value: -under, max: l.max_id() }));
         if let Some(bad) = l.max_id().checked_add(over) {

@@ -1,0 +1,28 @@
+-- snowflake_id regression suite: bad input and edge cases of every public
+-- function, the snowflake_workers view and every setting.
+--
+-- Conventions of these files:
+-- * Nothing printed depends on the time or on earlier runs: IDs and
+--   timestamps made now are shown as booleans or counts only. Timestamps
+--   printed are fixed ones, in pg_regress's time zone (PST8PDT).
+-- * After a statement that must fail, \echo :SQLSTATE shows its SQLSTATE.
+\set SHOW_CONTEXT never
+CREATE EXTENSION snowflake_id;
+SELECT extname, extversion FROM pg_extension WHERE extname = 'snowflake_id';
+-- The documented functions and their labels (README, "Decoding"): the
+-- generators are VOLATILE and PARALLEL UNSAFE; the decoders are STABLE,
+-- STRICT and PARALLEL SAFE.
+SELECT p.oid::regprocedure AS function, p.provolatile AS volatility,
+       p.proparallel AS parallel, p.proisstrict AS strict
+  FROM pg_proc p
+ WHERE p.proname IN ('snowflake_nextval', 'snowflake_nextvals', 'snowflake_decode',
+                     'snowflake_timestamp', 'snowflake_from_timestamp',
+                     'snowflake_compose', 'snowflake_layout', 'snowflake_config',
+                     'snowflake_accept_layout')
+ ORDER BY p.proname;
+-- Executable by PUBLIC, except snowflake_accept_layout() (superusers only).
+SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
+  FROM pg_proc p
+ WHERE p.proname LIKE 'snowflake\_%' AND p.proname <> 'snowflake_worker_status'
+ ORDER BY p.proname;
+SELECT viewname FROM pg_views WHERE viewname = 'snowflake_workers';
