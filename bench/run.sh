@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+#
+# bench/run.sh -- snowflake_id benchmarks side by side with PostgreSQL's own
+# generators (bigserial/sequences, gen_random_uuid()).
+#
+# Run as root on Debian 12, from anywhere:   bash bench/run.sh
+#
+#   1. builds and installs the release build into the system PostgreSQL 15
+#      (cargo pgrx install --release), and packages the same build into
+#      bench/out/pkg (cargo pgrx package); BENCH_SKIP_INSTALL=1 skips both and
+#      measures the installed library instead
+#   2. runs bench/bench.py with the repo's venv (.venv, psycopg 3): two
+#      throwaway servers as the postgres OS user in /tmp/sfbenchXXXXXX (the
+#      default layout, and snowflake_id.layout = 'js53' for one row of case 1)
+#      running a private copy of that build; always stopped at the end
+#   3. prints the results and the goals (PASS/MISS), and writes bench/out/
+#      results.csv, chart.svg, results.txt and meta.json
+#
+# A full run takes about 8-10 minutes; BENCH_QUICK=1 about a minute. The knobs
+# (BENCH_REPS, BENCH_N, BENCH_CASES=1,3, ...) are listed in bench/README.md.
+# To publish a run: cp bench/out/{results.csv,chart.svg,results.txt,profile.txt} bench/results/
+
+set -euo pipefail
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+bench_checks
+bench_build
+exec "$PY" "$REPO_ROOT/bench/bench.py" "$@"
