@@ -19,8 +19,8 @@ pub const MAX_BATCH: i32 = 1_000_000;
 fn to_timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
     let micros = (unix_ms - PG_EPOCH_UNIX_MS).saturating_mul(1000);
     match TimestampWithTimeZone::try_from(micros) {
-        Ok(ts) => ts,
-        Err(_) => errors::internal("snowflake timestamp outside PostgreSQL's range"),
+        Ok(ts) if micros != i64::MAX => ts,
+        _ => errors::beyond_timestamp_range(unix_ms),
     }
 }
 
@@ -160,12 +160,15 @@ fn snowflake_layout() -> TableIterator<
         l.max_worker_id() as i32,
         l.max_sequence() as i32,
         l.max_id(),
-        to_timestamptz(l.end_unix_ms()),
+        // A time field that outlasts timestamptz (year 294276) ends at infinity.
+        TimestampWithTimeZone::try_from((l.end_unix_ms() - PG_EPOCH_UNIX_MS).saturating_mul(1000))
+            .unwrap_or_else(|_| TimestampWithTimeZone::positive_infinity()),
     ))
 }
 
 /// This server's worker-id configuration and how much of it is in use.
-#[pg_extern(volatile, parallel_safe)]
+/// Parallel restricted: it reports this backend's own worker id.
+#[pg_extern(volatile, parallel_restricted)]
 fn snowflake_config() -> TableIterator<
     'static,
     (

@@ -202,6 +202,28 @@ pub fn state_file(action: &str, path: &str, err: std::io::Error) -> ! {
     )
 }
 
+/// XX001: the state file exists but cannot be understood.
+pub fn state_file_unreadable(path: &str, problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!("snowflake_id state file \"{path}\" is unreadable: {problem}"),
+        Some("It records how far IDs were reserved and the layout that made them; without it IDs made before this start could be repeated.".into()),
+        Some("Restore the file from a backup of the data directory. Only if you know the clock has not gone back since the last ID was made, move the file away to start from the current time.".into()),
+    )
+}
+
+/// 22008: an ID whose time PostgreSQL's timestamptz cannot hold.
+pub fn beyond_timestamp_range(unix_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
+        format!(
+            "the time of this snowflake ID ({unix_ms} ms after 1970) is beyond PostgreSQL's timestamp range"
+        ),
+        Some("The layout's time field reaches further than timestamptz can represent.".into()),
+        Some("Use snowflake_decode() only on IDs within the range timestamptz covers, or configure a layout that ends earlier.".into()),
+    )
+}
+
 /// XX000: a bug.
 pub fn internal(message: &str) -> ! {
     raise(

@@ -21,7 +21,7 @@ use crate::generator::GeneratorState;
 use crate::gucs;
 use crate::shmem::{self, Header, Slot};
 use pgrx::pg_sys;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 /// `pg_locks.classid` of claim locks: "SNOW" in ASCII.
@@ -38,6 +38,11 @@ struct Claim {
 
 thread_local! {
     static CLAIM: RefCell<Option<Claim>> = const { RefCell::new(None) };
+    /// The slot this backend holds, kept apart from `CLAIM` so that the exit
+    /// callback can release it even while `CLAIM` is borrowed: a FATAL error
+    /// (e.g. pg_terminate_backend while `generate` sleeps) exits without
+    /// unwinding the frame that borrowed it.
+    static HELD: Cell<Option<&'static Slot>> = const { Cell::new(None) };
 }
 
 impl Claim {
@@ -99,26 +104,31 @@ pub fn my_worker_id() -> Option<u32> {
 }
 
 fn claim_worker(header: &'static Header) -> Claim {
-    if header.layout_changed.load(Relaxed) {
+    if header.layout_changed.load(Acquire) {
         errors::layout_changed();
     }
     let (ranges, text) = gucs::worker_ranges();
+    // Before anything is held, so that an error here cannot leak a slot.
+    register_exit_callback();
     let slots = header.slots();
     let _guard = header.lock(true);
-    let mut free: Vec<(u64, u32)> = Vec::new();
-    for id in ranges.iter() {
-        let slot = &slots[id as usize];
-        if slot.holder_pid.load(Relaxed) == 0 {
-            free.push((slot.release_order.load(Relaxed), id));
+    let is_free = |id: &u32| slots[*id as usize].holder_pid.load(Relaxed) == 0;
+    let order = |id: u32| (slots[id as usize].release_order.load(Relaxed), id);
+    // The least recently released free id, in one pass; the advisory lock
+    // is only ever taken already when someone bypassed SQL, so sorting all
+    // free ids is the rare fallback.
+    let best = ranges.iter().filter(is_free).min_by_key(|&id| order(id));
+    let worker_id = match best {
+        Some(id) if try_advisory_lock(id) => Some(id),
+        Some(_) => {
+            let mut free: Vec<u32> = ranges.iter().filter(is_free).collect();
+            free.sort_unstable_by_key(|&id| order(id));
+            free.into_iter().skip(1).find(|&id| try_advisory_lock(id))
         }
-    }
-    free.sort_unstable();
-    let Some(worker_id) = free
-        .iter()
-        .map(|&(_, id)| id)
-        .find(|&id| try_advisory_lock(id))
-    else {
-        let held = ranges.len() - free.len() as u64;
+        None => None,
+    };
+    let Some(worker_id) = worker_id else {
+        let held = ranges.iter().filter(|id| !is_free(id)).count() as u64;
         errors::workers_exhausted(&text, ranges.len(), held)
     };
     let slot = &slots[worker_id as usize];
@@ -148,7 +158,7 @@ fn claim_worker(header: &'static Header) -> Claim {
     };
     slot.set_application_name(&app[..app.len().min(shmem::APPLICATION_NAME_LEN - 1)]);
     header.changes.fetch_add(1, Relaxed);
-    register_exit_callback();
+    HELD.set(Some(slot));
     let mut state = GeneratorState {
         last_tick: slot.last_tick.load(Relaxed),
         sequence: slot.sequence.load(Relaxed),
@@ -205,17 +215,27 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
     let Some(header) = shmem::header() else {
         return;
     };
-    let Some(claim) = CLAIM.with_borrow_mut(Option::take) else {
+    let Some(slot) = HELD.take() else {
         return;
     };
-    claim.publish();
-    let _guard = header.lock(true);
+    // Publish the newest state when we can. If CLAIM is still borrowed (a
+    // FATAL error inside `generate`), the slot already covers every ID a
+    // client received: `generate` publishes before it returns.
+    let _ = CLAIM.try_with(|claim| {
+        if let Ok(mut claim) = claim.try_borrow_mut() {
+            if let Some(claim) = claim.take() {
+                claim.publish();
+            }
+        }
+    });
+    // A FATAL error does not unwind either, so the lock may still be ours.
+    let _guard = (!header.lock_held_by_me()).then(|| header.lock(true));
     // SAFETY: reading the clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
     let order = header.release_counter.fetch_add(1, Relaxed) + 1;
-    claim.slot.released_at.store(now, Relaxed);
-    claim.slot.release_order.store(order, Relaxed);
-    claim.slot.holder_pid.store(0, Relaxed);
+    slot.released_at.store(now, Relaxed);
+    slot.release_order.store(order, Relaxed);
+    slot.holder_pid.store(0, Relaxed);
     header.changes.fetch_add(1, Relaxed);
 }
 

@@ -134,6 +134,12 @@ impl Header {
         }
     }
 
+    /// Whether this backend holds the slot table's lock.
+    pub fn lock_held_by_me(&self) -> bool {
+        // SAFETY: a lookup in this backend's own list of held LWLocks.
+        unsafe { pg_sys::LWLockHeldByMe(self.lock) }
+    }
+
     pub fn lock(&self, exclusive: bool) -> LockGuard {
         let mode = if exclusive {
             pg_sys::LWLockMode::LW_EXCLUSIVE
@@ -313,15 +319,9 @@ fn read_state_file(layout: &Layout) -> (i64, Layout) {
     match std::fs::read_to_string(STATE_FILE) {
         Ok(text) => match serde_json::from_str::<StateFile>(&text) {
             Ok(state) => (state.reserved_until_ms, state.layout),
-            Err(e) => {
-                // Without the file we cannot know how far IDs went; the
-                // clock is the best floor we have. Say so loudly.
-                pgrx::warning!(
-                    "snowflake_id: ignoring unreadable state file \"{STATE_FILE}\": {e}; \
-                     IDs restart from the current time"
-                );
-                (crate::clock::unix_ms(), *layout)
-            }
+            // Without the file we cannot know how far IDs went, or which
+            // layout made them: refuse rather than guess.
+            Err(e) => crate::errors::state_file_unreadable(STATE_FILE, &e.to_string()),
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (i64::MIN, *layout),
         Err(e) => crate::errors::state_file("read", STATE_FILE, e),

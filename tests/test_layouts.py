@@ -384,3 +384,17 @@ def test_strict_functions_map_null_to_null(cluster):
         assert conn.execute("SELECT * FROM snowflake_decode(NULL)").fetchall() == []
         assert conn.execute("SELECT * FROM snowflake_nextvals(NULL)").fetchall() == []
         assert conn.execute("SELECT my_worker_id FROM snowflake_config()").fetchone()[0] is None
+
+
+def test_decoding_past_postgresql_timestamps_is_22008(make_cluster):
+    # 41 bits of minutes reach far beyond the year 294276, where timestamptz
+    # ends: decoding such an ID is a range error, not an internal error.
+    c = make_cluster(settings={"snowflake_id.time_unit_ms": 60000},
+                     create_extension=True)
+    with c.connect() as conn:
+        max_id = conn.execute("SELECT max_id FROM snowflake_layout()").fetchone()
+        assert max_id is not None
+        for q in ("SELECT * FROM snowflake_decode(%s)", "SELECT snowflake_timestamp(%s)"):
+            e = sql_error(conn, q % 9223372036854775807)
+            assert e.sqlstate == "22008", str(e)
+            assert "beyond PostgreSQL's timestamp range" in e.diag.message_primary, str(e)

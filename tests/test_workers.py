@@ -649,3 +649,66 @@ def test_dump_and_restore_into_a_new_database(make_cluster):
     new = [r[0] for r in c.sql("SELECT id FROM t WHERE v > 1000", dbname="dst")]
     assert len(new) == 100 and min(new) > restored_max
     assert c.scalar("SELECT count(DISTINCT id) FROM t", dbname="dst") == 1100
+
+
+# ------------------------------------- a claim never outlives its holder
+def test_terminating_a_backend_that_waits_for_the_clock_releases_its_id(make_cluster):
+    # js53 with no drift allowed: a large batch sleeps on almost every
+    # millisecond, so the terminate lands while the generator waits. A FATAL
+    # error exits without unwinding; the worker id must still be released.
+    c = make_cluster(settings={"snowflake_id.layout": "js53",
+                               "snowflake_id.max_drift": "0"},
+                     create_extension=True)
+    victim = c.connect()
+    pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
+    done = threading.Event()
+
+    def long_batch():
+        try:
+            victim.execute("SELECT count(*) FROM snowflake_nextvals(1000000)")
+        except psycopg.Error:
+            pass
+        finally:
+            done.set()
+
+    t = threading.Thread(target=long_batch)
+    t.start()
+    wait_until(lambda: c.scalar(
+        "SELECT count(*) FROM snowflake_workers WHERE pid = %s", pid), what="claim")
+    time.sleep(0.5)
+    assert c.scalar("SELECT pg_terminate_backend(%s)", pid)
+    assert done.wait(30)
+    t.join()
+    wait_until(lambda: c.scalar(
+        "SELECT worker_ids_held = 0 FROM snowflake_config()"), what="release")
+    log = c.log()
+    assert "already borrowed" not in log, log[-3000:]
+    # Every id is free again: 64 connections can each claim one.
+    conns = [c.connect() for _ in range(64)]
+    try:
+        for conn in conns:
+            conn.execute("SELECT snowflake_nextval()")
+        assert c.scalar("SELECT worker_ids_held FROM snowflake_config()") == 64
+    finally:
+        for conn in conns:
+            conn.close()
+        victim.close()
+
+
+def test_unreadable_state_file_refuses_to_start(make_cluster):
+    c = make_cluster(create_extension=True)
+    c.scalar("SELECT snowflake_nextval()")
+    c.stop()
+    state = os.path.join(c.datadir, "snowflake_id.state")
+    with open(state, "w") as f:
+        f.write("{not json")
+    mark = c.log_mark()
+    with pytest.raises(ClusterError):
+        c.start(timeout=20)
+    log = c.log(since=mark)
+    assert 'snowflake_id state file "snowflake_id.state" is unreadable' in log, log[-2000:]
+    assert "Restore the file from a backup" in log, log[-2000:]
+    # The documented way out: move the file away (the clock is fine here).
+    os.rename(state, state + ".broken")
+    c.start()
+    assert c.scalar("SELECT snowflake_nextval()") > 0
