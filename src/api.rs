@@ -66,7 +66,7 @@ fn snowflake_decode(
     let layout = gucs::layout();
     let parts = layout
         .decode(id)
-        .unwrap_or_else(|e| errors::part_out_of_range(e, layout));
+        .unwrap_or_else(|e| errors::part_out_of_range(e));
     TableIterator::once((
         to_timestamptz(layout.tick_start_unix_ms(parts.ticks)),
         parts.worker_id as i32,
@@ -80,7 +80,7 @@ fn snowflake_timestamp(id: i64) -> TimestampWithTimeZone {
     let layout = gucs::layout();
     let parts = layout
         .decode(id)
-        .unwrap_or_else(|e| errors::part_out_of_range(e, layout));
+        .unwrap_or_else(|e| errors::part_out_of_range(e));
     to_timestamptz(layout.tick_start_unix_ms(parts.ticks))
 }
 
@@ -106,27 +106,21 @@ fn snowflake_compose(ts: TimestampWithTimeZone, worker_id: i32, sequence: i32) -
     }
     let worker = u32::try_from(worker_id).unwrap_or_else(|_| {
         let max = layout.max_worker_id();
-        errors::part_out_of_range(
-            PartError::Worker {
-                value: worker_id.into(),
-                max,
-            },
-            layout,
-        )
+        errors::part_out_of_range(PartError::Worker {
+            value: worker_id.into(),
+            max,
+        })
     });
     let sequence = u32::try_from(sequence).unwrap_or_else(|_| {
         let max = layout.max_sequence();
-        errors::part_out_of_range(
-            PartError::Sequence {
-                value: sequence.into(),
-                max,
-            },
-            layout,
-        )
+        errors::part_out_of_range(PartError::Sequence {
+            value: sequence.into(),
+            max,
+        })
     });
     layout
         .compose(ticks, worker, sequence)
-        .unwrap_or_else(|e| errors::part_out_of_range(e, layout))
+        .unwrap_or_else(|e| errors::part_out_of_range(e))
 }
 
 /// The layout in use.

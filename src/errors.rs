@@ -59,12 +59,11 @@ pub fn guc_check_detail(detail: &str) {
 }
 
 /// 22003: an ID or part that does not fit the layout.
-pub fn part_out_of_range(err: PartError, layout: &Layout) -> ! {
+pub fn part_out_of_range(err: PartError) -> ! {
     let hint = match err {
         PartError::Id { .. } => "IDs are non-negative bigints made by snowflake_nextval() with this layout; see snowflake_layout().",
         _ => "See snowflake_layout() for the range of each field.",
     };
-    let _ = layout;
     raise(
         PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
         format!("snowflake ID out of range: {err}"),

@@ -105,6 +105,9 @@ impl Slot {
     }
 }
 
+/// The format version written into the state file.
+const STATE_FILE_VERSION: u32 = 1;
+
 /// What the state file holds.
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
 struct StateFile {
@@ -146,9 +149,12 @@ impl Header {
         } else {
             pg_sys::LWLockMode::LW_SHARED
         };
-        // SAFETY: the lock belongs to our tranche and lives in shared memory.
-        unsafe { pg_sys::LWLockAcquire(self.lock, mode) };
-        LockGuard(self.lock)
+        LockGuard::acquire(self.lock, mode)
+    }
+
+    /// Takes the reservation lock (exclusive).
+    fn reserve_lock(&self) -> LockGuard {
+        LockGuard::acquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE)
     }
 
     /// Makes sure the state file reserves at least up to `unix_ms`, writing
@@ -162,18 +168,12 @@ impl Header {
 
     #[cold]
     fn extend_reservation(&self, unix_ms: i64, layout: &Layout) {
-        // SAFETY: the lock belongs to our tranche and lives in shared memory.
-        unsafe { pg_sys::LWLockAcquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
-        let _guard = LockGuard(self.reserve_lock);
+        let _guard = self.reserve_lock();
         if unix_ms <= self.reserved_until_ms.load(Acquire) {
             return;
         }
         let until = unix_ms + RESERVE_MS;
-        write_state_file(&StateFile {
-            version: 1,
-            layout: *layout,
-            reserved_until_ms: until,
-        });
+        write_state_file(layout, until);
         crate::wal::log_reservation(until);
         self.reserved_until_ms.store(until, Release);
     }
@@ -181,9 +181,7 @@ impl Header {
     /// Raises the floor and the reservation to `until_ms` (WAL replay of a
     /// primary's reservation), writing the state file when it grows.
     pub fn replay_reservation(&self, until_ms: i64) {
-        // SAFETY: the lock belongs to our tranche and lives in shared memory.
-        unsafe { pg_sys::LWLockAcquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
-        let _guard = LockGuard(self.reserve_lock);
+        let _guard = self.reserve_lock();
         self.floor_ms.fetch_max(until_ms, AcqRel);
         if until_ms > self.reserved_until_ms.load(Acquire) {
             let layout = if self.layout_changed.load(Acquire) {
@@ -191,11 +189,7 @@ impl Header {
             } else {
                 *gucs::layout()
             };
-            write_state_file(&StateFile {
-                version: 1,
-                layout,
-                reserved_until_ms: until_ms,
-            });
+            write_state_file(&layout, until_ms);
             self.reserved_until_ms.store(until_ms, Release);
         }
     }
@@ -203,6 +197,15 @@ impl Header {
 
 /// Releases an LWLock when dropped (also when an error unwinds).
 pub struct LockGuard(*mut pg_sys::LWLock);
+
+impl LockGuard {
+    fn acquire(lock: *mut pg_sys::LWLock, mode: pg_sys::LWLockMode::Type) -> LockGuard {
+        // SAFETY: only called with our tranche's locks, which live in
+        // shared memory for the life of the server.
+        unsafe { pg_sys::LWLockAcquire(lock, mode) };
+        LockGuard(lock)
+    }
+}
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
@@ -328,10 +331,17 @@ fn read_state_file(layout: &Layout) -> (i64, Layout) {
     }
 }
 
-fn write_state_file(state: &StateFile) {
+/// Writes the state file durably (temporary file, fsync, rename, fsync of
+/// the directory).
+fn write_state_file(layout: &Layout, reserved_until_ms: i64) {
     use std::io::Write;
+    let state = StateFile {
+        version: STATE_FILE_VERSION,
+        layout: *layout,
+        reserved_until_ms,
+    };
     let tmp = format!("{STATE_FILE}.tmp");
-    let text = match serde_json::to_string(state) {
+    let text = match serde_json::to_string(&state) {
         Ok(text) => text,
         Err(e) => crate::errors::internal(&format!("could not encode the state file: {e}")),
     };
@@ -355,9 +365,7 @@ fn write_state_file(state: &StateFile) {
 /// then). No claim exists yet: claims are refused until the layout is
 /// accepted.
 pub fn accept_layout(header: &Header, layout: &Layout, latest_ms: i64) -> Result<i64, AcceptError> {
-    // SAFETY: the lock belongs to our tranche and lives in shared memory.
-    unsafe { pg_sys::LWLockAcquire(header.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
-    let _guard = LockGuard(header.reserve_lock);
+    let _guard = header.reserve_lock();
     let until = header.reserved_until_ms.load(Acquire);
     let first = layout
         .first_tick_above(&header.recorded_layout, until)
@@ -369,11 +377,7 @@ pub fn accept_layout(header: &Header, layout: &Layout, latest_ms: i64) -> Result
     // Every ID at or below the tick before `first` counts as issued.
     let floor_ms = layout.tick_start_unix_ms(first) - 1;
     let until = until.max(floor_ms);
-    write_state_file(&StateFile {
-        version: 1,
-        layout: *layout,
-        reserved_until_ms: until,
-    });
+    write_state_file(layout, until);
     header.floor_ms.fetch_max(floor_ms, AcqRel);
     header.reserved_until_ms.store(until, Release);
     header.layout_changed.store(false, Release);
