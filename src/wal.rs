@@ -44,9 +44,11 @@ pub fn log_reservation(until_ms: i64) {
         if pg_sys::RecoveryInProgress() {
             return;
         }
-        let mut data = until_ms.to_le_bytes();
+        let data = until_ms.to_le_bytes();
         pg_sys::XLogBeginInsert();
-        pg_sys::XLogRegisterData(data.as_mut_ptr() as *mut c_char, data.len() as i32);
+        // The pointer and length types differ between versions (char * and
+        // int on 15, const char * and uint32 on 16-17, const void * on 18).
+        pg_sys::XLogRegisterData(data.as_ptr() as _, data.len() as _);
         let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_SNOWFLAKE_RESERVE);
         pg_sys::XLogFlush(lsn);
     }
