@@ -10,6 +10,8 @@
 //! - `registry`   worker id claims, one per backend
 //! - `registry_table` the background worker that keeps the registry table
 //! - `api`        the SQL functions and views
+//! - `public_id`  the keyed, reversible text form of IDs (pure)
+//! - `public_sql` `snowflake_to_public()` / `snowflake_from_public()`
 //! - `errors`     every error raised, with SQLSTATE, detail and hint
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -19,6 +21,8 @@ mod errors;
 pub mod generator;
 mod gucs;
 pub mod layout;
+pub mod public_id;
+mod public_sql;
 pub mod ranges;
 mod registry;
 mod registry_table;
