@@ -210,24 +210,33 @@ class Cluster:
             os.chown(path, *_pg_ids())
 
     # ---------------------------------------------------------- control
-    def _pg_ctl(self, *args, env=None, check=True, timeout=120):
-        return _run_pg([os.path.join(PG_BINDIR, "pg_ctl"), "-D", self.datadir,
-                        *args], cwd=self.dir, env=env, check=check,
-                       timeout=timeout)
+    def _pg_ctl(self, *args, env=None, check=True, timeout=120, prefix=()):
+        return _run_pg([*prefix, os.path.join(PG_BINDIR, "pg_ctl"), "-D",
+                        self.datadir, *args], cwd=self.dir, env=env,
+                       check=check, timeout=timeout)
 
-    def start(self, env: dict | None = None, timeout: int = 60) -> "Cluster":
+    def start(self, env: dict | None = None, timeout: int = 60,
+              address_space: int | None = None,
+              options: str | None = None) -> "Cluster":
         """Start and wait until it accepts connections.
 
         env: extra environment for the server process (e.g. LD_PRELOAD and
         FAKETIME for libfaketime). None reuses the previous start's env.
+        address_space: a limit in bytes (RLIMIT_AS, as ``ulimit -v``) for
+        the server and every process it starts, for this start only.
+        options: extra command-line options for the server (pg_ctl -o),
+        e.g. "-b" for binary-upgrade mode, for this start only.
         """
         if env is not None:
             self.start_env = dict(env)
+        prefix = () if address_space is None else \
+            ("prlimit", f"--as={address_space}", "--")
         for attempt in range(3):
             mark = self.log_mark()
             proc = self._pg_ctl("-l", self.logfile, "-w", "-t", str(timeout),
+                                *(("-o", options) if options else ()),
                                 "start", env=self.start_env, check=False,
-                                timeout=timeout + 30)
+                                timeout=timeout + 30, prefix=prefix)
             if proc.returncode == 0:
                 self.running = True
                 _live_clusters.add(self)
