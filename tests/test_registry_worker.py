@@ -78,7 +78,7 @@ def test_reload_reaches_the_worker(cluster):
 def test_no_registry_worker_in_binary_upgrade_mode(make_cluster):
     # The postmaster logs each background worker it registers at DEBUG1.
     c = make_cluster(settings={"log_min_messages": "debug1"})
-    registering = f'registering background worker "{LAUNCHER}"'
+    registering = 'registering background worker "snowflake_id registry'
     assert registering in c.log()
     c.stop()
     # pg_upgrade starts the new cluster with -b; it needs it to itself.
