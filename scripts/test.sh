@@ -51,6 +51,11 @@ done
 
 rm -rf "$RESULTS"
 mkdir -p "$RESULTS"
+# Tests that need two versions at once (pg_upgrade) find the others here:
+# SNOWFLAKE_PG_CONFIG_NN for each version installed in this run's order.
+for v in "${PG_VERSIONS[@]}"; do
+    export "SNOWFLAKE_PG_CONFIG_$v=$(pg_config_for "$v")"
+done
 set +e
 status=0
 for v in "${PG_VERSIONS[@]}"; do

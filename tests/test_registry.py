@@ -1,10 +1,10 @@
 """The worker registry table: kept by a background worker, durable across
 restarts, dumped with the database, and closed to ordinary roles."""
 
+import os
+
 import psycopg
 import pytest
-
-import os
 
 from conftest import PG_BINDIR, wait_until
 
