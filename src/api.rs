@@ -5,10 +5,10 @@
 //!   which can change at a restart), STRICT and PARALLEL SAFE, and touch
 //!   neither the clock nor shared memory, so they work without preloading.
 
+use crate::claims;
 use crate::errors;
 use crate::gucs;
 use crate::layout::{Layout, PartError};
-use crate::registry;
 use pgrx::prelude::*;
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
@@ -36,7 +36,7 @@ fn to_unix_ms(ts: TimestampWithTimeZone, layout: &Layout) -> i64 {
 #[pg_extern(volatile, parallel_unsafe)]
 fn snowflake_nextval() -> i64 {
     let mut id = 0;
-    registry::generate("snowflake_nextval", 1, |v| id = v);
+    claims::generate("snowflake_nextval", 1, |v| id = v);
     id
 }
 
@@ -47,7 +47,7 @@ fn snowflake_nextvals(n: i32) -> SetOfIterator<'static, i64> {
         errors::bad_batch_size(n, MAX_BATCH);
     }
     let mut ids = Vec::with_capacity(n as usize);
-    registry::generate("snowflake_nextvals", n as usize, |v| ids.push(v));
+    claims::generate("snowflake_nextvals", n as usize, |v| ids.push(v));
     SetOfIterator::new(ids)
 }
 
@@ -174,7 +174,7 @@ fn snowflake_config() -> TableIterator<
         name!(max_drift_ms, i64),
     ),
 > {
-    let (text, total, held) = registry::range_usage();
+    let (text, total, held) = claims::range_usage();
     TableIterator::once((
         if text.is_empty() {
             format!("0-{}", gucs::layout().max_worker_id())
@@ -184,7 +184,7 @@ fn snowflake_config() -> TableIterator<
         total as i64,
         held as i64,
         total.saturating_sub(held) as i64,
-        registry::my_worker_id().map(|w| w as i32),
+        claims::my_worker_id().map(|w| w as i32),
         gucs::max_drift_ms(),
     ))
 }
@@ -214,7 +214,7 @@ fn snowflake_worker_status() -> TableIterator<
 > {
     let layout = gucs::layout();
     let ts = |micros: i64| TimestampWithTimeZone::try_from(micros).ok();
-    let rows = registry::worker_rows().into_iter().map(move |r| {
+    let rows = claims::worker_rows().into_iter().map(move |r| {
         (
             r.worker_id as i32,
             r.pid,
@@ -251,17 +251,19 @@ fn snowflake_accept_layout() -> TableIterator<
     if !unsafe { pg_sys::superuser() } {
         errors::superuser_only("snowflake_accept_layout");
     }
-    let header = registry::require_shared("snowflake_accept_layout");
+    let header = claims::require_shared("snowflake_accept_layout");
     let layout = gucs::layout();
     let changed = header
         .layout_changed
         .load(std::sync::atomic::Ordering::Acquire);
     let first = if changed {
         let latest_ms = crate::clock::unix_ms() + gucs::max_drift_ms();
-        match crate::shmem::accept_layout(header, layout, latest_ms) {
+        match crate::reservation::accept_layout(header, layout, latest_ms) {
             Ok(first) => first,
-            Err(crate::shmem::AcceptError::CannotRise) => errors::layout_cannot_rise(None),
-            Err(crate::shmem::AcceptError::NotUntil(ms)) => errors::layout_cannot_rise(Some(ms)),
+            Err(crate::reservation::AcceptError::CannotRise) => errors::layout_cannot_rise(None),
+            Err(crate::reservation::AcceptError::NotUntil(ms)) => {
+                errors::layout_cannot_rise(Some(ms))
+            }
         }
     } else {
         // Nothing to adopt: report where IDs stand now.
