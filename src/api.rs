@@ -5,10 +5,10 @@
 //!   which can change at a restart), STRICT and PARALLEL SAFE, and touch
 //!   neither the clock nor shared memory, so they work without preloading.
 
+use crate::claims;
 use crate::errors;
 use crate::gucs;
 use crate::layout::{Layout, PartError};
-use crate::registry;
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -60,7 +60,7 @@ fn require_usable_time() {
 fn snowflake_nextval() -> i64 {
     require_usable_time();
     let mut id = 0;
-    registry::generate("snowflake_nextval", 1, |v| id = v);
+    claims::generate("snowflake_nextval", 1, |v| id = v);
     id
 }
 
@@ -106,7 +106,7 @@ impl Iterator for Batch {
                 errors::out_of_memory(chunk * std::mem::size_of::<i64>());
             }
             let ids = &mut self.ids;
-            registry::generate("snowflake_nextvals", chunk, |v| ids.push(v));
+            claims::generate("snowflake_nextvals", chunk, |v| ids.push(v));
             self.left -= chunk;
             self.next = 0;
         }
@@ -239,7 +239,7 @@ fn snowflake_config() -> TableIterator<
         name!(max_drift_ms, i64),
     ),
 > {
-    let (text, total, held) = registry::range_usage();
+    let (text, total, held) = claims::range_usage();
     TableIterator::once((
         if text.is_empty() {
             format!("0-{}", gucs::layout().max_worker_id())
@@ -249,7 +249,7 @@ fn snowflake_config() -> TableIterator<
         total as i64,
         held as i64,
         total.saturating_sub(held) as i64,
-        registry::my_worker_id().map(|w| w as i32),
+        claims::my_worker_id().map(|w| w as i32),
         gucs::max_drift_ms(),
     ))
 }
@@ -279,7 +279,7 @@ fn snowflake_worker_status() -> TableIterator<
 > {
     let layout = gucs::layout();
     let ts = |micros: i64| TimestampWithTimeZone::try_from(micros).ok();
-    let rows = registry::worker_rows().into_iter().map(move |r| {
+    let rows = claims::worker_rows().into_iter().map(move |r| {
         (
             r.worker_id as i32,
             r.pid,
@@ -316,17 +316,19 @@ fn snowflake_accept_layout() -> TableIterator<
     if !unsafe { pg_sys::superuser() } {
         errors::superuser_only("snowflake_accept_layout");
     }
-    let header = registry::require_shared("snowflake_accept_layout");
+    let header = claims::require_shared("snowflake_accept_layout");
     let layout = gucs::layout();
     let changed = header
         .layout_changed
         .load(std::sync::atomic::Ordering::Acquire);
     let first = if changed {
         let latest_ms = crate::clock::unix_ms() + gucs::max_drift_ms();
-        match crate::shmem::accept_layout(header, layout, latest_ms) {
+        match crate::reservation::accept_layout(header, layout, latest_ms) {
             Ok(first) => first,
-            Err(crate::shmem::AcceptError::CannotRise) => errors::layout_cannot_rise(None),
-            Err(crate::shmem::AcceptError::NotUntil(ms)) => errors::layout_cannot_rise(Some(ms)),
+            Err(crate::reservation::AcceptError::CannotRise) => errors::layout_cannot_rise(None),
+            Err(crate::reservation::AcceptError::NotUntil(ms)) => {
+                errors::layout_cannot_rise(Some(ms))
+            }
         }
     } else {
         // Nothing to adopt: report where IDs stand now.

@@ -5,23 +5,26 @@
 //! - `generator`  the clock and sequence rules (pure, injected clock)
 //! - `ranges`     worker id range parsing (pure)
 //! - `gucs`       the `snowflake_id.*` settings
-//! - `shmem`      shared memory and the state file (locking rules at the top)
-//! - `wal`        WAL-logging of the reservation, for standbys and recovery
-//! - `registry`   worker id claims, one per backend
+//! - `shmem`      shared-memory structures, hooks, lock guard (locking
+//!   rules and lock order at the top)
+//! - `reservation` the state file, the floor and WAL replay: no ID repeats
+//! - `wal`        WAL records of the reservation (a leaf `reservation` calls)
+//! - `claims`     worker id claims, one per backend, and the hot path
 //! - `registry_worker` the background workers that keep the registry table, and its DDL
 //! - `api`        the SQL functions and views
 //! - `errors`     every error raised, with SQLSTATE, detail and hint
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 mod api;
+mod claims;
 mod clock;
 mod errors;
 pub mod generator;
 mod gucs;
 pub mod layout;
 pub mod ranges;
-mod registry;
 mod registry_worker;
+mod reservation;
 mod shmem;
 mod wal;
 
@@ -39,8 +42,8 @@ pub extern "C-unwind" fn _PG_init() {
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     gucs::init(preloading);
     if preloading {
-        shmem::init();
-        wal::init();
+        shmem::init(reservation::read_at_startup);
+        reservation::init();
         registry_worker::init();
     }
 }
