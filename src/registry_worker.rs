@@ -222,7 +222,7 @@ pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
             continue;
         };
         if !watch(&worker) {
-            drop(worker.terminate());
+            let _ = worker.terminate();
             return;
         }
     }
