@@ -49,6 +49,44 @@ pub fn bad_worker_ids(detail: &str) -> ! {
     )
 }
 
+/// 22023: the configuration gives a `snowflake_id.*` setting a value
+/// PostgreSQL rejects (it would start on the default instead).
+pub fn bad_setting(name: &str, value: &str, origin: &str, accepted: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("invalid value for parameter \"{name}\" in the configuration: \"{value}\""),
+        Some(format!(
+            "Set in {origin}. Accepted values: {accepted}. PostgreSQL would start with the default instead, so this server would make IDs another way than configured."
+        )),
+        Some(format!("Fix {name} (postgresql.conf, or ALTER SYSTEM) and start the server again.")),
+    )
+}
+
+/// 42704: the configuration sets a `snowflake_id.*` name that does not exist.
+pub fn unknown_setting(name: &str, origin: &str, known: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        format!("unrecognized configuration parameter \"{name}\""),
+        Some(format!(
+            "Set in {origin}. PostgreSQL would ignore it, so this server would run without the setting meant."
+        )),
+        Some(format!(
+            "Correct or remove it and start the server again. The snowflake_id settings are: {known}."
+        )),
+    )
+}
+
+/// 55000: the clock is outside the range in which this layout may make
+/// IDs (before the epoch, or within ten years of the layout's end).
+pub fn layout_unusable_now(problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("snowflake IDs cannot be made now: {problem}"),
+        Some("The decoders still work; only new IDs are refused.".into()),
+        Some("Check the system clock (NTP). If it is right, configure a layout with an earlier snowflake_id.epoch, more time bits or a coarser time unit (see the README on changing the layout).".into()),
+    )
+}
+
 /// Sets the detail of a GUC check hook's failure.
 pub fn guc_check_detail(detail: &str) {
     let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
@@ -220,6 +258,16 @@ pub fn beyond_timestamp_range(unix_ms: i64) -> ! {
         ),
         Some("The layout's time field reaches further than timestamptz can represent.".into()),
         Some("Use snowflake_decode() only on IDs within the range timestamptz covers, or configure a layout that ends earlier.".into()),
+    )
+}
+
+/// 53200: an allocation failed.
+pub fn out_of_memory(bytes: usize) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
+        "out of memory".into(),
+        Some(format!("Failed on request of size {bytes}.")),
+        None,
     )
 }
 

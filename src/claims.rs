@@ -19,7 +19,8 @@ use crate::clock::WallClock;
 use crate::errors;
 use crate::generator::GeneratorState;
 use crate::gucs;
-use crate::shmem::{self, Header, Slot};
+use crate::reservation;
+use crate::shmem::{self, Direction, Header, Slot};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -48,15 +49,8 @@ thread_local! {
 impl Claim {
     /// Publishes the generator state to the slot (for reports and for the
     /// next holder).
-    fn publish(&self) {
-        let (s, slot) = (&self.state, self.slot);
-        slot.last_tick.store(s.last_tick, Relaxed);
-        slot.sequence.store(s.sequence, Relaxed);
-        slot.last_seen.store(s.last_seen, Relaxed);
-        slot.ids_issued.store(s.ids_issued, Relaxed);
-        slot.sequence_exhausted.store(s.sequence_exhausted, Relaxed);
-        slot.clock_backward.store(s.clock_backward, Relaxed);
-        slot.max_drift.store(s.max_drift, Relaxed);
+    fn publish(&mut self) {
+        self.slot.transfer(&mut self.state, Direction::ToSlot);
     }
 }
 
@@ -94,7 +88,11 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
             }
         }
         claim.publish();
-        header.reserve(layout.tick_start_unix_ms(claim.state.last_tick), layout);
+        reservation::reserve(
+            header,
+            layout.tick_start_unix_ms(claim.state.last_tick),
+            layout,
+        );
     });
 }
 
@@ -159,18 +157,11 @@ fn claim_worker(header: &'static Header) -> Claim {
     slot.set_application_name(&app[..app.len().min(shmem::APPLICATION_NAME_LEN - 1)]);
     header.changes.fetch_add(1, Relaxed);
     HELD.set(Some(slot));
-    let mut state = GeneratorState {
-        last_tick: slot.last_tick.load(Relaxed),
-        sequence: slot.sequence.load(Relaxed),
-        last_seen: slot.last_seen.load(Relaxed),
-        ids_issued: slot.ids_issued.load(Relaxed),
-        sequence_exhausted: slot.sequence_exhausted.load(Relaxed),
-        clock_backward: slot.clock_backward.load(Relaxed),
-        max_drift: slot.max_drift.load(Relaxed),
-    };
+    let layout = gucs::layout();
+    let mut state = GeneratorState::new(layout);
+    slot.transfer(&mut state, Direction::FromSlot);
     // Start above every ID an earlier life of this data directory may have
     // issued (restart, crash, promotion, layout change).
-    let layout = gucs::layout();
     state.raise_floor(layout.tick_at(header.floor_ms.load(Acquire)), layout);
     Claim {
         worker_id,
@@ -223,7 +214,7 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
     // client received: `generate` publishes before it returns.
     let _ = CLAIM.try_with(|claim| {
         if let Ok(mut claim) = claim.try_borrow_mut() {
-            if let Some(claim) = claim.take() {
+            if let Some(mut claim) = claim.take() {
                 claim.publish();
             }
         }
