@@ -280,3 +280,54 @@ pub fn internal(message: &str) -> ! {
         Some("Please report this as a bug in snowflake_id.".into()),
     )
 }
+
+/// 55000: a claim that has issued nothing starts above the reservation
+/// floor (IDs of an earlier life of this data directory), and the clock is
+/// further behind it than max_drift plus a short wait.
+pub fn behind_floor(floor_ms: i64, behind_ms: i64, max_drift_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "system clock is {behind_ms} ms behind the snowflake IDs reserved before this server's last restart, crash or promotion"
+        ),
+        Some(format!(
+            "IDs up to {} may already have been issued (snowflake_id.state, or WAL replayed from a primary); new IDs start above them so that none repeats. snowflake_id.max_drift is {max_drift_ms} ms.",
+            format_unix_ms(floor_ms)
+        )),
+        Some(format!(
+            "Check the system clock (NTP): it is behind the time of IDs made before. Otherwise wait until {}, or raise snowflake_id.max_drift and reload.",
+            format_unix_ms(floor_ms)
+        )),
+    )
+}
+
+/// 55000: this worker's last ID is ahead of the clock by borrowed ticks
+/// (sequence used up) and max_drift is now smaller than that lead.
+pub fn borrowed_lead(ahead_ms: i64, max_drift_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "the last snowflake ID issued by this worker is {ahead_ms} ms ahead of the system clock, more than snowflake_id.max_drift ({max_drift_ms} ms)"
+        ),
+        Some("The clock did not go back: the IDs ran ahead of it by borrowing ticks when the per-tick sequence was used up, under a larger snowflake_id.max_drift than the one in force now.".into()),
+        Some(format!(
+            "Wait about {} ms for the clock to catch up, or raise snowflake_id.max_drift and reload. The clock needs no fixing.",
+            ahead_ms - max_drift_ms
+        )),
+    )
+}
+
+/// 55000: the clock is behind the newest ID of this server (another
+/// backend's) by more than max_drift.
+pub fn behind_server(behind_ms: i64, max_drift_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "system clock is {behind_ms} ms behind the newest snowflake ID issued on this server"
+        ),
+        Some(format!(
+            "No new ID is stamped below the server's newest ID time. snowflake_id.max_drift is {max_drift_ms} ms."
+        )),
+        Some("Fix the system clock (check NTP), wait until it catches up, or raise snowflake_id.max_drift and reload.".into()),
+    )
+}

@@ -39,7 +39,7 @@ static TOTAL_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 static WORKER_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 static SEQUENCE_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 static WORKER_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
-static MAX_DRIFT_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static MAX_DRIFT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 /// The largest `snowflake_id.max_drift`, in milliseconds.
 const MAX_DRIFT_LIMIT_MS: i32 = 3_600_000;
 static REGISTRY_DATABASE: GucSetting<Option<CString>> =

@@ -769,7 +769,7 @@ proptest! {
         for delta in nows {
             now += delta;
             let before = g;
-            match g.step(&l, worker, now, d) {
+            match g.step(&l, worker, now, d, || i64::MIN) {
                 Ok(Step::Issue(id)) => {
                     prop_assert!(id > last);
                     last = id;

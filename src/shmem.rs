@@ -20,6 +20,9 @@
 //!   layout flags). `reserved_until_ms` only grows, and only after the state
 //!   file holding the new value is durable; the hot path reads it without a
 //!   lock.
+//! - `Header::newest_tick` is the server-wide newest ID tick: raised with
+//!   `fetch_max` only when a backend moves to a new tick, read relaxed, no
+//!   lock (see `generator`, rule 6).
 //! - Every field is an atomic, so concurrent readers never see undefined
 //!   behaviour, only (for reports) a value that is a moment old.
 //!
@@ -59,6 +62,8 @@ pub struct Header {
     /// replay from a primary, an accepted layout change). Every claim starts
     /// its generator above it.
     pub floor_ms: AtomicI64,
+    /// The tick of the newest ID issued on this server (any worker id).
+    pub newest_tick: AtomicI64,
     /// The layout recorded in the state file differs from the one in use.
     pub layout_changed: AtomicBool,
     /// The layout recorded in the state file at startup.
@@ -188,6 +193,7 @@ impl Header {
     pub fn reserve_lock(&self) -> LockGuard {
         LockGuard::acquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE)
     }
+
 }
 
 /// Releases an LWLock when dropped (also when an error unwinds).
@@ -295,6 +301,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 changes: AtomicU64::new(0),
                 reserved_until_ms: AtomicI64::new(floor_ms),
                 floor_ms: AtomicI64::new(floor_ms),
+                newest_tick: AtomicI64::new(-1),
                 layout_changed: AtomicBool::new(recorded != layout),
                 recorded_layout: recorded,
             });
