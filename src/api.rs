@@ -300,6 +300,27 @@ fn snowflake_worker_status() -> TableIterator<
     TableIterator::new(rows.collect::<Vec<_>>())
 }
 
+/// Makes every ID this server makes from now on larger than `id` (any
+/// worker id), for after restoring a dump of a database other than
+/// `snowflake_id.registry_database`: `SELECT snowflake_advance_past(max(id))
+/// FROM orders`. Durable across restarts. Returns the time from which new
+/// IDs are stamped. Superusers only: a far-future ID would stop IDs being
+/// made until the clock catches up.
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn snowflake_advance_past(id: i64) -> TimestampWithTimeZone {
+    // SAFETY: a plain catalog check of the current user.
+    if !unsafe { pg_sys::superuser() } {
+        errors::superuser_only("snowflake_advance_past");
+    }
+    let header = claims::require_shared("snowflake_advance_past");
+    let layout = gucs::layout();
+    let parts = layout
+        .decode(id)
+        .unwrap_or_else(|e| errors::part_out_of_range(e));
+    crate::reservation::advance_past(header, layout.tick_start_unix_ms(parts.ticks), layout);
+    to_timestamptz(layout.tick_start_unix_ms(parts.ticks + 1))
+}
+
 /// Adopts the layout the server started with, after a change of the layout
 /// settings made `snowflake_nextval()` refuse. New IDs start above every ID
 /// the previous layout can have issued. Superusers only.
@@ -344,9 +365,10 @@ fn snowflake_accept_layout() -> TableIterator<
 extension_sql!(
     r#"
 REVOKE EXECUTE ON FUNCTION snowflake_accept_layout() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_advance_past(bigint) FROM PUBLIC;
 "#,
     name = "accept_layout_privileges",
-    requires = [snowflake_accept_layout]
+    requires = [snowflake_accept_layout, snowflake_advance_past]
 );
 
 extension_sql!(

@@ -331,3 +331,16 @@ pub fn behind_server(behind_ms: i64, max_drift_ms: i64) -> ! {
         Some("Fix the system clock (check NTP), wait until it catches up, or raise snowflake_id.max_drift and reload.".into()),
     )
 }
+
+/// 55000: the registry worker has not read the registry table's
+/// high-water marks yet, so a first claim cannot know the floor.
+pub fn registry_not_read(waited_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "the snowflake_id registry worker has not read the registry's high-water marks after {waited_ms} ms"
+        ),
+        Some("After pg_upgrade or a restore, the snowflake_worker_registry table of snowflake_id.registry_database may be the only record of IDs made before; no ID is made until they are in force.".into()),
+        Some("Check the server log for \"snowflake_id registry\" messages (a missing database, no free background worker slot). To run without the registry, set snowflake_id.registry_database = '' and restart.".into()),
+    )
+}

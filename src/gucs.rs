@@ -447,6 +447,15 @@ pub fn registry_database() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// Whether the registry worker runs in this server: a registry database is
+/// named and this is not a binary-upgrade start (`pg_upgrade` needs the
+/// cluster to itself).
+pub fn registry_worker_enabled() -> bool {
+    // SAFETY: reading a flag PostgreSQL sets from the command line (-b)
+    // before it loads preload libraries.
+    registry_database().is_some() && !unsafe { pg_sys::IsBinaryUpgrade }
+}
+
 /// The preset's name, for reports.
 pub fn preset_name() -> &'static str {
     PRESET.get().values().name

@@ -30,7 +30,7 @@ use pgrx::bgworkers::{
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode, PgTryBuilder};
 use std::ffi::CStr;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::time::{Duration, Instant};
 
 /// How often the sync worker looks for changes, and the launcher at its
@@ -72,6 +72,47 @@ SELECT pg_catalog.pg_extension_config_dump('snowflake_worker_registry', '');
     name = "snowflake_worker_registry_table"
 );
 
+// Rows a restore brings back (pg_restore, COPY, INSERT) carry the
+// high-water marks of the server they came from: every later ID of this
+// server goes above them at once, with no manual step. The registry
+// worker's own upserts go through here too (a no-op: their marks are this
+// server's own). pg_upgrade copies the table's files instead of inserting:
+// the worker reads the table when the server starts (`read_high_water`).
+extension_sql!(
+    r#"
+CREATE FUNCTION snowflake_registry_high_water() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    hw timestamptz;
+BEGIN
+    SELECT max(high_water) INTO hw FROM new_rows;
+    IF hw IS NOT NULL THEN
+        BEGIN
+            PERFORM @extschema@.snowflake_advance_past(@extschema@.snowflake_from_timestamp(hw));
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'snowflake_id: new IDs of this server may not be above the restored registry''s high-water mark %: %', hw, SQLERRM
+                USING HINT = 'Run SELECT snowflake_advance_past(max(id)) on the restored tables as a superuser, in a server that preloads snowflake_id.';
+        END;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_registry_high_water() IS
+  'Trigger on snowflake_worker_registry: restored rows raise this server''s floor above their high-water marks.';
+REVOKE EXECUTE ON FUNCTION snowflake_registry_high_water() FROM PUBLIC;
+CREATE TRIGGER snowflake_registry_high_water
+    AFTER INSERT ON snowflake_worker_registry
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_registry_high_water();
+"#,
+    name = "snowflake_worker_registry_trigger",
+    requires = [
+        "snowflake_worker_registry_table",
+        api::snowflake_advance_past,
+        api::snowflake_from_timestamp
+    ]
+);
+
 /// Copies every slot into the table; `%s` is the extension's schema.
 const UPSERT: &str = r#"
 INSERT INTO %s.snowflake_worker_registry AS r
@@ -94,12 +135,7 @@ ON CONFLICT (worker_id) DO UPDATE SET
 
 /// Registers the launcher. Called from `_PG_init` while preloading.
 pub fn init() {
-    // SAFETY: reading a flag PostgreSQL sets from the command line (-b)
-    // before it loads preload libraries.
-    if unsafe { pg_sys::IsBinaryUpgrade } {
-        return;
-    }
-    if gucs::registry_database().is_none() {
+    if !gucs::registry_worker_enabled() {
         return;
     }
     BackgroundWorkerBuilder::new(LAUNCHER)
@@ -175,6 +211,8 @@ pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
             return;
         };
         if !database_exists(&database) {
+            // No registry table to read: claims need not wait for it.
+            registry_read(None);
             if !missing_reported {
                 pg_sys::panic::ErrorReport::new(
                     PgSqlErrorCode::ERRCODE_INVALID_CATALOG_NAME,
@@ -213,6 +251,7 @@ pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
             .set_notify_pid(unsafe { pg_sys::MyProcPid })
             .load_dynamic();
         let Ok(worker) = worker else {
+            registry_read(None);
             pgrx::warning!(
                 "snowflake_id registry: could not start the registry worker: no free background worker slot (raise max_worker_processes)"
             );
@@ -246,6 +285,14 @@ fn watch(worker: &DynamicBackgroundWorker) -> bool {
     }
 }
 
+fn caught_message(e: &pg_sys::panic::CaughtError) -> String {
+    match e {
+        pg_sys::panic::CaughtError::PostgresError(r)
+        | pg_sys::panic::CaughtError::ErrorReport(r)
+        | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
+    }
+}
+
 /// What a sync pass found.
 enum Sync {
     Done,
@@ -259,13 +306,7 @@ enum Sync {
 fn sync_once() -> Sync {
     PgTryBuilder::new(|| BackgroundWorker::transaction(sync))
         .catch_others(|e| {
-            let message = match &e {
-                pg_sys::panic::CaughtError::PostgresError(r)
-                | pg_sys::panic::CaughtError::ErrorReport(r)
-                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => {
-                    r.message().to_string()
-                }
-            };
+            let message = caught_message(&e);
             // SAFETY: back to a clean state after an error, as PostgreSQL's
             // own background processes do.
             unsafe { pg_sys::AbortOutOfAnyTransaction() };
@@ -310,12 +351,15 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
     let Some(header) = shmem::header() else {
         return;
     };
+    if header.registry_pending.load(Relaxed) {
+        registry_read(read_high_water_once());
+    }
     let mut synced_changes = None;
     let mut synced_at = Instant::now();
     let mut missing_reported = false;
     while BackgroundWorker::wait_latch(Some(POLL)) {
         reload_on_sighup();
-        let changes = header.changes.load(Relaxed);
+        let changes = activity(header);
         if synced_changes == Some(changes) && synced_at.elapsed() < REFRESH {
             continue;
         }
@@ -337,4 +381,70 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
         }
         synced_at = Instant::now();
     }
+    // Shutting down (SIGTERM): one last copy, so that the table's
+    // high-water marks cover the IDs made since the last pass. pg_upgrade
+    // and a dump taken after a clean shutdown then carry every ID's time.
+    if !matches!(sync_once(), Sync::Done) {
+        pgrx::log!("snowflake_id registry: no final update of snowflake_worker_registry at shutdown");
+    }
+}
+
+/// What has happened to the slots: claims and releases, and IDs made. The
+/// table is copied when it changes (at most once a POLL), so its
+/// high-water marks lag the IDs made by about a second.
+fn activity(header: &shmem::Header) -> u64 {
+    header.slots().iter().fold(header.changes.load(Relaxed), |sum, slot| {
+        sum.wrapping_add(slot.ids_issued.load(Relaxed))
+    })
+}
+
+/// Lets claims go once the registry's high-water marks are in force (or
+/// there are none to read), logging what was found.
+fn registry_read(high_water_ms: Option<i64>) {
+    let Some(header) = shmem::header() else {
+        return;
+    };
+    if let Some(ms) = high_water_ms {
+        let layout = gucs::layout();
+        crate::reservation::advance_past(header, ms, layout);
+        pgrx::log!(
+            "snowflake_id registry: new IDs start above the registry's high-water mark {}",
+            crate::layout::format_unix_ms(ms)
+        );
+    }
+    header.registry_pending.store(false, Release);
+}
+
+/// The newest high-water mark (Unix ms) in the registry table, read once at
+/// startup: after pg_upgrade it may be the only record of the IDs made by
+/// the old cluster. `None` when there is no table or no mark; a failed
+/// read is logged (claims then rely on the state file and WAL alone).
+fn read_high_water_once() -> Option<i64> {
+    PgTryBuilder::new(|| {
+        BackgroundWorker::transaction(|| {
+            let schema = Spi::get_one::<String>(
+                "SELECT quote_ident(n.nspname) FROM pg_extension e
+                   JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'snowflake_id'",
+            );
+            let Ok(Some(schema)) = schema else {
+                return None;
+            };
+            Spi::get_one::<i64>(&format!(
+                "SELECT (extract(epoch FROM max(high_water)) * 1000)::int8
+                   FROM {schema}.snowflake_worker_registry"
+            ))
+            .ok()
+            .flatten()
+        })
+    })
+    .catch_others(|e| {
+        // SAFETY: back to a clean state after an error, as in sync_once.
+        unsafe { pg_sys::AbortOutOfAnyTransaction() };
+        pgrx::warning!(
+            "snowflake_id registry: could not read the high-water marks of snowflake_worker_registry: {}",
+            caught_message(&e)
+        );
+        None
+    })
+    .execute()
 }

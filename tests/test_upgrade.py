@@ -67,8 +67,9 @@ def upgrade(make_cluster, old_bindir: str, new_bindir: str):
     last_time = time_of(old, old_max)
     old.stop()
 
-    # 18's initdb enables data checksums by default; the old cluster has none.
-    checksums = ("--no-data-checksums",) if _major(new_bindir) >= 18 else ()
+    # 18's initdb enables data checksums by default; an older cluster has none.
+    checksums = (("--no-data-checksums",)
+                 if _major(new_bindir) >= 18 > _major(old_bindir) else ())
     new = make_cluster(bindir=new_bindir, start=False, initdb_args=checksums)
     proc = _run_pg([os.path.join(new_bindir, "pg_upgrade"),
                     "-b", old_bindir, "-B", new_bindir,
