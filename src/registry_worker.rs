@@ -384,7 +384,7 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
     // Shutting down (SIGTERM): one last copy, so that the table's
     // high-water marks cover the IDs made since the last pass. pg_upgrade
     // and a dump taken after a clean shutdown then carry every ID's time.
-    if !matches!(sync_once(), Sync::Done) {
+    if matches!(sync_once(), Sync::Failed) {
         pgrx::log!("snowflake_id registry: no final update of snowflake_worker_registry at shutdown");
     }
 }
