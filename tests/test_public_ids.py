@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import errors as pgerr
 
-from conftest import wait_until
+from conftest import ClusterError, wait_until
 
 # The keys of src/public_id.rs's unit tests; their tags differ (tested there).
 KEY_A = "000102030405060708090a0b0c0d0e0f"
@@ -464,3 +464,26 @@ def test_without_any_preloading_the_key_is_visible_until_the_library_loads(make_
             conn.execute("SELECT snowflake_to_public(1)")  # loads the library
             assert sqlstate_of(conn, "SHOW snowflake_id.public_key") == "42501"
         c.stop()
+
+
+def test_an_invalid_key_in_the_configuration_refuses_the_start_without_showing_it(
+        make_cluster):
+    """Like every snowflake_id.* setting (tests/test_settings.py), a key
+    PostgreSQL would drop (running with no key) stops the start; unlike
+    them, the FATAL does not quote the value."""
+    c = make_cluster(settings={"snowflake_id.public_key": f"{KEY_A}, {KEY_B[:31]}"},
+                     start=False)
+    mark = c.log_mark()
+    with pytest.raises(ClusterError):
+        c.start(timeout=20)
+    assert not c.is_running()
+    log = c.log(since=mark)
+    fatal = next(l for l in log.splitlines() if "FATAL:" in l)
+    assert 'invalid value for parameter "snowflake_id.public_key"' in fatal, log
+    assert "key 2 has 31 characters" in log and "harness.conf" in log, log
+    assert KEY_A[:12] not in log and KEY_B[:12] not in log, log
+    # Fixed, it starts and makes tokens.
+    c.configure(**{"snowflake_id.public_key": KEY_A})
+    c.start()
+    c.create_extension()
+    assert c.scalar("SELECT snowflake_from_public(snowflake_to_public(7))") == 7
