@@ -385,7 +385,9 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
     // high-water marks cover the IDs made since the last pass. pg_upgrade
     // and a dump taken after a clean shutdown then carry every ID's time.
     if !matches!(sync_once(), Sync::Done) {
-        pgrx::log!("snowflake_id registry: no final update of snowflake_worker_registry at shutdown");
+        pgrx::log!(
+            "snowflake_id registry: no final update of snowflake_worker_registry at shutdown"
+        );
     }
 }
 
@@ -393,9 +395,12 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
 /// table is copied when it changes (at most once a POLL), so its
 /// high-water marks lag the IDs made by about a second.
 fn activity(header: &shmem::Header) -> u64 {
-    header.slots().iter().fold(header.changes.load(Relaxed), |sum, slot| {
-        sum.wrapping_add(slot.ids_issued.load(Relaxed))
-    })
+    header
+        .slots()
+        .iter()
+        .fold(header.changes.load(Relaxed), |sum, slot| {
+            sum.wrapping_add(slot.ids_issued.load(Relaxed))
+        })
 }
 
 /// Lets claims go once the registry's high-water marks are in force (or

@@ -201,7 +201,6 @@ impl Header {
     pub fn reserve_lock(&self) -> LockGuard {
         LockGuard::acquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE)
     }
-
 }
 
 /// Releases an LWLock when dropped (also when an error unwinds).
