@@ -216,9 +216,9 @@ class Server(Cluster):
     def conninfo(self) -> str:
         return f"host={self.dir} port={self.port} dbname=postgres user=postgres"
 
-    def connect(self) -> psycopg.Connection:
-        return psycopg.connect(self.conninfo, autocommit=True,
-                               prepare_threshold=None)
+    def connect(self, dbname: str = "postgres", **kw) -> psycopg.Connection:
+        # No server-side prepared statements: every rep plans alike.
+        return super().connect(dbname=dbname, prepare_threshold=None, **kw)
 
 
 def _stop_orphans() -> None:
