@@ -10,6 +10,7 @@
 //! - `registry`   worker id claims, one per backend
 //! - `registry_table` the background worker that keeps the registry table
 //! - `api`        the SQL functions and views
+//! - `sql_tools`  SQL-language functions (decode row, convert, partitions) and COMMENTs
 //! - `errors`     every error raised, with SQLSTATE, detail and hint
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -23,6 +24,7 @@ pub mod ranges;
 mod registry;
 mod registry_table;
 mod shmem;
+mod sql_tools;
 mod wal;
 
 use pgrx::prelude::*;

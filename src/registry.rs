@@ -105,7 +105,7 @@ pub fn my_worker_id() -> Option<u32> {
 
 fn claim_worker(header: &'static Header) -> Claim {
     if header.layout_changed.load(Acquire) {
-        errors::layout_changed();
+        errors::layout_changed(&header.recorded_layout.differences(gucs::layout()));
     }
     let (ranges, text) = gucs::worker_ranges();
     // Before anything is held, so that an error here cannot leak a slot.
