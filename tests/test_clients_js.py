@@ -38,7 +38,6 @@ def js53(request):
 
 def test_classic_ids_are_exact_only_as_strings(classic):
     r = run_node(classic)
-    print("classic:", r)
     assert r["returned_type"] == "string" and r["string_roundtrip"]
     assert r["json_doc_exact"] and isinstance(r["json_doc"]["id"], str)
     assert r["count"] == 2000 and r["strings_exact"] == 2000
@@ -56,7 +55,6 @@ def test_classic_ids_are_exact_only_as_strings(classic):
 
 def test_js53_ids_survive_number(js53):
     r = run_node(js53)
-    print("js53:", r)
     assert int(r["max_id"]) <= int(r["max_safe"])
     assert r["changed_by_number"] == 0
     assert r["number_lookup_wrong_row"] == 0 and r["number_lookup_missing"] == 0
