@@ -52,6 +52,19 @@ def _pg_config(flag: str) -> str:
 
 PG_BINDIR = _pg_config("--bindir")
 PG_PKGLIBDIR = _pg_config("--pkglibdir")
+PG_MAJOR = int(_pg_config("--version").split()[1].split(".")[0])
+
+
+def other_pg_bindir(major: int) -> "str | None":
+    """The bindir of PostgreSQL `major` when this test run also installed
+    the extension there (scripts/test.sh exports SNOWFLAKE_PG_CONFIG_NN for
+    every version it tests), else None."""
+    pgc = os.environ.get(f"SNOWFLAKE_PG_CONFIG_{major}")
+    if not pgc or not os.path.exists(pgc):
+        return None
+    bindir = subprocess.check_output([pgc, "--bindir"], text=True).strip()
+    pkglibdir = subprocess.check_output([pgc, "--pkglibdir"], text=True).strip()
+    return bindir if os.path.exists(os.path.join(pkglibdir, "snowflake_id.so")) else None
 EXTENSION = "snowflake_id"
 EXTENSION_SO = os.path.join(PG_PKGLIBDIR, f"{EXTENSION}.so")
 
@@ -149,7 +162,9 @@ class Cluster:
     """
 
     def __init__(self, preload: bool = True, settings: dict | None = None,
-                 tcp: bool = False, basebackup_from: "Cluster | None" = None):
+                 tcp: bool = False, basebackup_from: "Cluster | None" = None,
+                 bindir: str | None = None, initdb_args: tuple = ()):
+        self.bindir = bindir or PG_BINDIR
         self.preload = preload
         self.tcp = tcp
         self.settings: dict = {}
@@ -168,15 +183,16 @@ class Cluster:
             os.chown(self.dir, uid, gid)
         if basebackup_from is not None:
             # postgresql.conf (with its include of harness.conf) is copied.
-            _run_pg([os.path.join(PG_BINDIR, "pg_basebackup"),
+            _run_pg([os.path.join(self.bindir, "pg_basebackup"),
                      "-D", self.datadir, "-R", "-X", "stream",
                      "-c", "fast", "--no-sync",
                      "-h", basebackup_from.dir, "-p", basebackup_from.port,
                      "-U", "postgres"], cwd=self.dir)
         else:
-            _run_pg([os.path.join(PG_BINDIR, "initdb"), "-D", self.datadir,
+            _run_pg([os.path.join(self.bindir, "initdb"), "-D", self.datadir,
                      "-A", "trust", "-U", "postgres", "-E", "UTF8",
-                     "--locale=C.UTF-8", "--no-sync", "--no-instructions"],
+                     "--locale=C.UTF-8", "--no-sync", "--no-instructions",
+                     *initdb_args],
                     cwd=self.dir)
             with open(os.path.join(self.datadir, "postgresql.conf"), "a") as f:
                 f.write("\n# test harness settings\ninclude 'harness.conf'\n")
@@ -211,7 +227,7 @@ class Cluster:
 
     # ---------------------------------------------------------- control
     def _pg_ctl(self, *args, env=None, check=True, timeout=120):
-        return _run_pg([os.path.join(PG_BINDIR, "pg_ctl"), "-D", self.datadir,
+        return _run_pg([os.path.join(self.bindir, "pg_ctl"), "-D", self.datadir,
                         *args], cwd=self.dir, env=env, check=check,
                        timeout=timeout)
 
@@ -449,13 +465,15 @@ def make_cluster(request):
     def factory(preload: bool = True, settings: dict | None = None,
                 tcp: bool = False, start: bool = True, env: dict | None = None,
                 create_extension: bool = False,
-                basebackup_from: Cluster | None = None) -> Cluster:
+                basebackup_from: Cluster | None = None,
+                bindir: str | None = None, initdb_args: tuple = ()) -> Cluster:
         if (preload or create_extension) and not os.path.exists(EXTENSION_SO):
             pytest.fail(f"{EXTENSION_SO} not found: install the extension "
                         "first (cargo pgrx install --release --pg-config "
                         f"{PG_CONFIG})")
         c = Cluster(preload=preload, settings=settings, tcp=tcp,
-                    basebackup_from=basebackup_from)
+                    basebackup_from=basebackup_from, bindir=bindir,
+                    initdb_args=initdb_args)
         made.append(c)
         if start:
             c.start(env=env)

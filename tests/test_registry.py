@@ -1,10 +1,12 @@
 """The worker registry table: kept by a background worker, durable across
 restarts, dumped with the database, and closed to ordinary roles."""
 
+import os
+
 import psycopg
 import pytest
 
-from conftest import wait_until
+from conftest import PG_BINDIR, wait_until
 
 
 def registry(cluster, dbname="postgres"):
@@ -67,7 +69,7 @@ def test_registry_rows_are_dumped_with_the_database(cluster, tmp_path):
     wait_until(lambda: cluster.scalar("SELECT count(*) FROM snowflake_worker_registry"))
     import subprocess
     dump = subprocess.run(
-        ["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_dump",
+        ["runuser", "-u", "postgres", "--", os.path.join(PG_BINDIR, "pg_dump"),
          "-h", cluster.dir, "-p", str(cluster.port), "-U", "postgres", "-d", "postgres",
          "--data-only", "-t", "snowflake_worker_registry"],
         capture_output=True, text=True, check=True)
