@@ -158,6 +158,7 @@ fn snowflake_layout() -> TableIterator<
 /// This server's worker-id configuration and how much of it is in use.
 /// Parallel restricted: it reports this backend's own worker id.
 #[pg_extern(volatile, parallel_restricted)]
+#[allow(clippy::type_complexity)]
 fn snowflake_config() -> TableIterator<
     'static,
     (
