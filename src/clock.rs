@@ -1,7 +1,9 @@
-//! The wall clock the generator runs on in PostgreSQL.
+//! The wall clock the generator runs on in PostgreSQL, and how a backend
+//! waits for it.
 
 use crate::generator::Clock;
 use pgrx::{check_for_interrupts, pg_sys};
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Current Unix time in milliseconds (negative before 1970).
@@ -12,17 +14,75 @@ pub fn unix_ms() -> i64 {
     }
 }
 
-/// The system clock; sleeping honours query cancellation.
-pub struct WallClock;
+/// The name of the wait event shown in `pg_stat_activity.wait_event` while
+/// a backend waits for the clock (PostgreSQL 17+; 15 and 16 show
+/// `Extension`).
+pub const WAIT_EVENT_NAME: &std::ffi::CStr = c"SnowflakeClock";
 
-impl Clock for WallClock {
+/// This process's id of the wait event, registered on first use.
+#[cfg(not(any(feature = "pg15", feature = "pg16")))]
+fn wait_event() -> u32 {
+    thread_local! {
+        static EVENT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    if EVENT.get() == 0 {
+        // SAFETY: registers (or looks up) a named custom wait event in
+        // shared memory; the name is a static C string.
+        EVENT.set(unsafe { pg_sys::WaitEventExtensionNew(WAIT_EVENT_NAME.as_ptr()) });
+    }
+    EVENT.get()
+}
+
+#[cfg(any(feature = "pg15", feature = "pg16"))]
+fn wait_event() -> u32 {
+    pg_sys::PG_WAIT_EXTENSION
+}
+
+/// Waits about `ms` milliseconds (at least 1) on the process latch, as
+/// PostgreSQL's own waits do: it shows in pg_stat_activity, ends at once
+/// on postmaster death, and a cancel or terminate interrupts it.
+pub fn wait_ms(ms: i64) {
+    let event = wait_event();
+    let flags = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+    // SAFETY: MyLatch is this process's latch, set up before any SQL runs;
+    // WaitLatch, ResetLatch and the interrupt check are the documented way
+    // to wait in a backend.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            flags as _,
+            ms.clamp(1, i64::from(i32::MAX)) as _,
+            event,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    check_for_interrupts!();
+}
+
+/// The system clock; sleeping honours query cancellation. `newest_tick` is
+/// the server-wide newest ID tick in shared memory, if any.
+pub struct WallClock<'a> {
+    pub newest_tick: Option<&'a AtomicI64>,
+}
+
+impl Clock for WallClock<'_> {
     fn now_ms(&mut self) -> i64 {
         unix_ms()
     }
 
     fn sleep_ms(&mut self, ms: i64) {
-        // SAFETY: pg_usleep only sleeps; it is interruptible by signals.
-        unsafe { pg_sys::pg_usleep((ms.max(1) * 1000) as _) };
-        check_for_interrupts!();
+        wait_ms(ms);
+    }
+
+    #[inline]
+    fn server_newest_tick(&mut self) -> i64 {
+        self.newest_tick.map_or(i64::MIN, |t| t.load(Relaxed))
+    }
+
+    #[inline]
+    fn publish_newest_tick(&mut self, tick: i64) {
+        if let Some(t) = self.newest_tick {
+            t.fetch_max(tick, Relaxed);
+        }
     }
 }

@@ -49,6 +49,44 @@ pub fn bad_worker_ids(detail: &str) -> ! {
     )
 }
 
+/// 22023: the configuration gives a `snowflake_id.*` setting a value
+/// PostgreSQL rejects (it would start on the default instead).
+pub fn bad_setting(name: &str, value: &str, origin: &str, accepted: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("invalid value for parameter \"{name}\" in the configuration: \"{value}\""),
+        Some(format!(
+            "Set in {origin}. Accepted values: {accepted}. PostgreSQL would start with the default instead, so this server would make IDs another way than configured."
+        )),
+        Some(format!("Fix {name} (postgresql.conf, or ALTER SYSTEM) and start the server again.")),
+    )
+}
+
+/// 42704: the configuration sets a `snowflake_id.*` name that does not exist.
+pub fn unknown_setting(name: &str, origin: &str, known: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        format!("unrecognized configuration parameter \"{name}\""),
+        Some(format!(
+            "Set in {origin}. PostgreSQL would ignore it, so this server would run without the setting meant."
+        )),
+        Some(format!(
+            "Correct or remove it and start the server again. The snowflake_id settings are: {known}."
+        )),
+    )
+}
+
+/// 55000: the clock is outside the range in which this layout may make
+/// IDs (before the epoch, or within ten years of the layout's end).
+pub fn layout_unusable_now(problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("snowflake IDs cannot be made now: {problem}"),
+        Some("The decoders still work; only new IDs are refused.".into()),
+        Some("Check the system clock (NTP). If it is right, configure a layout with an earlier snowflake_id.epoch, more time bits or a coarser time unit (see the README on changing the layout).".into()),
+    )
+}
+
 /// Sets the detail of a GUC check hook's failure.
 pub fn guc_check_detail(detail: &str) {
     let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
@@ -227,6 +265,16 @@ pub fn beyond_timestamp_range(unix_ms: i64) -> ! {
     )
 }
 
+/// 53200: an allocation failed.
+pub fn out_of_memory(bytes: usize) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
+        "out of memory".into(),
+        Some(format!("Failed on request of size {bytes}.")),
+        None,
+    )
+}
+
 /// XX000: a bug.
 pub fn internal(message: &str) -> ! {
     raise(
@@ -234,5 +282,69 @@ pub fn internal(message: &str) -> ! {
         message.into(),
         None,
         Some("Please report this as a bug in snowflake_id.".into()),
+    )
+}
+
+/// 55000: a claim that has issued nothing starts above the reservation
+/// floor (IDs of an earlier life of this data directory), and the clock is
+/// further behind it than max_drift plus a short wait.
+pub fn behind_floor(floor_ms: i64, behind_ms: i64, max_drift_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "system clock is {behind_ms} ms behind the snowflake IDs reserved before this server's last restart, crash or promotion"
+        ),
+        Some(format!(
+            "IDs up to {} may already have been issued (snowflake_id.state, or WAL replayed from a primary); new IDs start above them so that none repeats. snowflake_id.max_drift is {max_drift_ms} ms.",
+            format_unix_ms(floor_ms)
+        )),
+        Some(format!(
+            "Check the system clock (NTP): it is behind the time of IDs made before. Otherwise wait until {}, or raise snowflake_id.max_drift and reload.",
+            format_unix_ms(floor_ms)
+        )),
+    )
+}
+
+/// 55000: this worker's last ID is ahead of the clock by borrowed ticks
+/// (sequence used up) and max_drift is now smaller than that lead.
+pub fn borrowed_lead(ahead_ms: i64, max_drift_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "the last snowflake ID issued by this worker is {ahead_ms} ms ahead of the system clock, more than snowflake_id.max_drift ({max_drift_ms} ms)"
+        ),
+        Some("The clock did not go back: the IDs ran ahead of it by borrowing ticks when the per-tick sequence was used up, under a larger snowflake_id.max_drift than the one in force now.".into()),
+        Some(format!(
+            "Wait about {} ms for the clock to catch up, or raise snowflake_id.max_drift and reload. The clock needs no fixing.",
+            ahead_ms - max_drift_ms
+        )),
+    )
+}
+
+/// 55000: the clock is behind the newest ID of this server (another
+/// backend's) by more than max_drift.
+pub fn behind_server(behind_ms: i64, max_drift_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "system clock is {behind_ms} ms behind the newest snowflake ID issued on this server"
+        ),
+        Some(format!(
+            "No new ID is stamped below the server's newest ID time. snowflake_id.max_drift is {max_drift_ms} ms."
+        )),
+        Some("Fix the system clock (check NTP), wait until it catches up, or raise snowflake_id.max_drift and reload.".into()),
+    )
+}
+
+/// 55000: the registry worker has not read the registry table's
+/// high-water marks yet, so a first claim cannot know the floor.
+pub fn registry_not_read(waited_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "the snowflake_id registry worker has not read the registry's high-water marks after {waited_ms} ms"
+        ),
+        Some("After pg_upgrade or a restore, the snowflake_worker_registry table of snowflake_id.registry_database may be the only record of IDs made before; no ID is made until they are in force.".into()),
+        Some("Check the server log for \"snowflake_id registry\" messages (a missing database, no free background worker slot). To run without the registry, set snowflake_id.registry_database = '' and restart.".into()),
     )
 }

@@ -13,6 +13,12 @@
 //!    the generator refuses with [`GenError::ClockBehind`] until the clock
 //!    catches up or the bound is raised; it never waits minutes.
 //! 5. A tick past the layout's time field is [`GenError::LayoutExhausted`].
+//! 6. One server-wide order: when a generator moves to a new tick it never
+//!    stamps an ID below the server's newest ID tick
+//!    ([`Clock::server_newest_tick`]), so after a clock step back every
+//!    backend, old or new, continues from the server's newest ID time (that
+//!    lead counts as drift, like rule 4). Only a tick change reads the
+//!    shared value, and only a move to a tick above it publishes one.
 
 use crate::layout::Layout;
 use std::fmt;
@@ -79,6 +85,14 @@ pub trait Clock {
     fn now_ms(&mut self) -> i64;
     /// Sleep for about this many milliseconds (at least 1).
     fn sleep_ms(&mut self, ms: i64);
+    /// The tick of the newest ID any generator of this server issued
+    /// (`i64::MIN`: none, or a generator on its own). Read only when a
+    /// generator moves to a new tick.
+    fn server_newest_tick(&mut self) -> i64 {
+        i64::MIN
+    }
+    /// A generator moved to `tick`, above the last `server_newest_tick`.
+    fn publish_newest_tick(&mut self, _tick: i64) {}
 }
 
 impl GeneratorState {
@@ -101,11 +115,15 @@ impl GeneratorState {
         }
     }
 
-    /// Makes sure the next ID lies above every ID of `floor_tick`.
-    pub fn raise_floor(&mut self, floor_tick: i64, layout: &Layout) {
+    /// Makes sure the next ID lies above every ID of `floor_tick`. Returns
+    /// whether the floor moved the generator.
+    pub fn raise_floor(&mut self, floor_tick: i64, layout: &Layout) -> bool {
         if floor_tick >= self.last_tick {
             self.last_tick = floor_tick;
             self.sequence = layout.max_sequence();
+            true
+        } else {
+            false
         }
     }
 
@@ -116,8 +134,9 @@ impl GeneratorState {
     }
 
     /// One attempt at an ID for `worker_id` at wall-clock tick `now`, with a
-    /// drift bound of `max_drift` ticks. On `Err` and `WaitUntil` the state
-    /// is unchanged apart from clock observations.
+    /// drift bound of `max_drift` ticks. `server_newest` is called only when
+    /// the generator would move to a new tick (rule 6). On `Err` and
+    /// `WaitUntil` the state is unchanged apart from clock observations.
     #[inline]
     pub fn step(
         &mut self,
@@ -125,22 +144,38 @@ impl GeneratorState {
         worker_id: u32,
         now: i64,
         max_drift: i64,
+        server_newest: impl FnOnce() -> i64,
     ) -> Result<Step, GenError> {
-        if now < self.last_seen {
+        let went_back = now < self.last_seen;
+        if went_back {
             self.clock_backward += 1;
         }
         self.last_seen = now;
 
-        let (tick, sequence) = if now > self.last_tick {
-            (now, 0)
-        } else if self.sequence < layout.max_sequence() {
-            (self.last_tick, self.sequence + 1)
+        // The server's newest tick, read only when this ID could move to a
+        // new tick or the clock went back (rule 6).
+        let exhausted = self.sequence >= layout.max_sequence();
+        let newest = if now > self.last_tick || exhausted || went_back {
+            server_newest()
         } else {
-            (self.last_tick + 1, 0)
+            i64::MIN
+        };
+        // `lead`: how far the tick no new ID may go below is ahead of the
+        // clock (this worker's last tick, or the server's newest).
+        let (tick, sequence, lead) = if newest > now && newest > self.last_tick {
+            // The clock is behind the server's newest ID: continue there.
+            // This worker id has issued nothing at that tick yet.
+            (newest, 0, newest - now)
+        } else if now > self.last_tick {
+            (now, 0, self.last_tick - now)
+        } else if !exhausted {
+            (self.last_tick, self.sequence + 1, self.last_tick - now)
+        } else {
+            (self.last_tick + 1, 0, self.last_tick - now)
         };
         let drift = tick - now;
         if drift > max_drift {
-            let behind = self.last_tick - now;
+            let behind = lead;
             if behind > max_drift {
                 return Err(GenError::ClockBehind {
                     behind,
@@ -182,8 +217,19 @@ impl GeneratorState {
         let max_drift = max_drift_ms / layout.unit_ms;
         loop {
             let now_ms = clock.now_ms();
-            match self.step(layout, worker_id, layout.tick_at(now_ms), max_drift)? {
-                Step::Issue(id) => return Ok(id),
+            let before = self.last_tick;
+            let mut newest = i64::MIN;
+            let step = self.step(layout, worker_id, layout.tick_at(now_ms), max_drift, || {
+                newest = clock.server_newest_tick();
+                newest
+            })?;
+            match step {
+                Step::Issue(id) => {
+                    if self.last_tick != before && self.last_tick > newest {
+                        clock.publish_newest_tick(self.last_tick);
+                    }
+                    return Ok(id);
+                }
                 Step::WaitUntil(tick) => {
                     clock.sleep_ms((layout.tick_start_unix_ms(tick) - now_ms).max(1))
                 }
@@ -367,5 +413,83 @@ pub(crate) mod tests {
         // The first ID of a fresh generator can be at tick 0.
         c.ms = DEFAULT_EPOCH_MS;
         assert_eq!(g.next_id(&l, 0, 1000, &mut c), Ok(0));
+    }
+
+    /// A fake clock shared by several generators of one "server".
+    struct ServerClock<'a> {
+        ms: i64,
+        newest: &'a std::cell::Cell<i64>,
+        reads: u32,
+    }
+
+    impl Clock for ServerClock<'_> {
+        fn now_ms(&mut self) -> i64 {
+            self.ms
+        }
+        fn sleep_ms(&mut self, ms: i64) {
+            self.ms += ms;
+        }
+        fn server_newest_tick(&mut self) -> i64 {
+            self.reads += 1;
+            self.newest.get()
+        }
+        fn publish_newest_tick(&mut self, tick: i64) {
+            self.newest.set(self.newest.get().max(tick));
+        }
+    }
+
+    #[test]
+    fn after_a_step_back_every_generator_continues_from_the_servers_newest_tick() {
+        let l = layout("classic");
+        let newest = std::cell::Cell::new(i64::MIN);
+        let mut old = GeneratorState::new(&l);
+        let mut busy = GeneratorState::new(&l);
+        let mut c = ServerClock {
+            ms: NOW,
+            newest: &newest,
+            reads: 0,
+        };
+        old.next_id(&l, 1, 60_000, &mut c).unwrap();
+        c.ms += 5;
+        let top = busy.next_id(&l, 2, 60_000, &mut c).unwrap();
+        assert_eq!(newest.get(), l.tick_at(NOW + 5));
+        // The clock steps back 10 s: the idle generator, and a fresh one,
+        // stamp their next IDs at the server's newest tick, not below.
+        c.ms -= 10_000;
+        let a = old.next_id(&l, 1, 60_000, &mut c).unwrap();
+        let mut fresh = GeneratorState::new(&l);
+        let b = fresh.next_id(&l, 3, 60_000, &mut c).unwrap();
+        for id in [a, b] {
+            assert_eq!(l.decode(id).unwrap().ticks, l.decode(top).unwrap().ticks);
+        }
+        // Beyond max_drift it is refused, by the server-wide lead.
+        let mut other = GeneratorState::new(&l);
+        assert_eq!(
+            other.next_id(&l, 4, 1000, &mut c),
+            Err(GenError::ClockBehind {
+                behind: 10_000,
+                bound: 1000
+            })
+        );
+    }
+
+    #[test]
+    fn ids_within_one_tick_do_not_read_the_servers_newest_tick() {
+        let l = layout("classic");
+        let newest = std::cell::Cell::new(i64::MIN);
+        let mut g = GeneratorState::new(&l);
+        let mut c = ServerClock {
+            ms: NOW,
+            newest: &newest,
+            reads: 0,
+        };
+        for _ in 0..100 {
+            g.next_id(&l, 1, 60_000, &mut c).unwrap();
+        }
+        assert_eq!(c.reads, 1, "read once, when moving to the new tick");
+        c.ms += 1;
+        g.next_id(&l, 1, 60_000, &mut c).unwrap();
+        assert_eq!(c.reads, 2);
+        assert_eq!(newest.get(), l.tick_at(NOW + 1));
     }
 }

@@ -769,7 +769,7 @@ proptest! {
         for delta in nows {
             now += delta;
             let before = g;
-            match g.step(&l, worker, now, d) {
+            match g.step(&l, worker, now, d, || i64::MIN) {
                 Ok(Step::Issue(id)) => {
                     prop_assert!(id > last);
                     last = id;
@@ -1161,6 +1161,7 @@ fn kind(r: &Result<Layout, LayoutError>) -> Result<Layout, &'static str> {
         Err(LayoutError::Bits { .. }) => Err("bits"),
         Err(LayoutError::EpochInFuture { .. }) => Err("future"),
         Err(LayoutError::TooShort { .. }) => Err("short"),
+        Err(LayoutError::Lifetime { .. }) => Err("lifetime"),
     }
 }
 

@@ -1,30 +1,42 @@
-//! Shared memory: one slot of generator state per worker id, and the
-//! reservation that makes IDs safe across restarts.
+//! Shared memory: the structures, the startup hooks and the lock guard. No
+//! policy lives here: the reservation (state file, WAL, floor) is in
+//! `reservation`, the claims in `claims`.
 //!
 //! Layout: a [`Header`] followed by `2^worker_bits` [`Slot`]s, sized when the
 //! server starts (the layout settings are postmaster settings).
 //!
 //! Locking rules (read these before touching the structures):
-//! - `Header::lock`, the LWLock of tranche "snowflake_id", guards the *claim*
-//!   fields of every slot (`holder_pid` .. `release_order`) and
+//! - `Header::lock`, the first LWLock of tranche "snowflake_id", guards the
+//!   *claim* fields of every slot (`holder_pid` .. `release_order`) and
 //!   `Header::release_counter`: taken exclusive to claim or release a worker
 //!   id, shared to list the slots.
 //! - A slot's *generator* fields are written only by the backend that holds
 //!   the slot's claim, with relaxed atomic stores and no lock; others read
 //!   them only to report. When a claim changes hands the LWLock release and
 //!   acquire order the old holder's last writes before the new holder reads.
-//! - `Header::reserve_lock` (a second LWLock of the tranche) serialises
-//!   extending the reservation. `reserved_until` only grows, and only after
-//!   the state file holding the new value is durable; the hot path reads it
-//!   without a lock.
+//!   [`Slot::transfer`] is the one place that maps them to a generator.
+//! - `Header::reserve_lock` (the second LWLock) serialises changing the
+//!   reservation (`reserved_until_ms`, `floor_ms`, the state file, the
+//!   layout flags). `reserved_until_ms` only grows, and only after the state
+//!   file holding the new value is durable; the hot path reads it without a
+//!   lock.
+//! - `Header::newest_tick` is the server-wide newest ID tick: raised with
+//!   `fetch_max` only when a backend moves to a new tick, read relaxed, no
+//!   lock (see `generator`, rule 6).
+//! - `Header::registry_pending` is set at startup and only ever cleared
+//!   (Release), by the registry worker once the floor it read is in force;
+//!   claims read it (Acquire) before they start a generator.
 //! - Every field is an atomic, so concurrent readers never see undefined
 //!   behaviour, only (for reports) a value that is a moment old.
+//!
+//! Lock order: a backend never holds both LWLocks at once. Should that ever
+//! be needed, take `lock` first, then `reserve_lock`. `AddinShmemInitLock`
+//! is taken only in the startup hook, before either exists.
 
 use crate::generator::GeneratorState;
 use crate::gucs;
 use crate::layout::Layout;
 use pgrx::pg_sys;
-use serde::{Deserialize, Serialize};
 use std::mem::size_of;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::*,
@@ -34,11 +46,6 @@ use std::sync::atomic::{
 pub const APPLICATION_NAME_LEN: usize = 64;
 /// Name of the LWLock tranche (visible in pg_stat_activity.wait_event).
 const TRANCHE: &std::ffi::CStr = c"snowflake_id";
-/// How far beyond the newest ID the state file reserves time, in ms: the
-/// state file is written at most once per this interval per server.
-pub const RESERVE_MS: i64 = 250;
-/// The state file, relative to the data directory (the server's cwd).
-pub const STATE_FILE: &str = "snowflake_id.state";
 
 #[repr(C)]
 pub struct Header {
@@ -58,6 +65,13 @@ pub struct Header {
     /// replay from a primary, an accepted layout change). Every claim starts
     /// its generator above it.
     pub floor_ms: AtomicI64,
+    /// The tick of the newest ID issued on this server (any worker id).
+    pub newest_tick: AtomicI64,
+    /// Set at startup while the registry worker has yet to read the
+    /// high-water marks of the registry table (carried over by pg_upgrade
+    /// or a restore): claims wait for it (see `claims`), so no ID is made
+    /// before every floor the server can find is in force.
+    pub registry_pending: AtomicBool,
     /// The layout recorded in the state file differs from the one in use.
     pub layout_changed: AtomicBool,
     /// The layout recorded in the state file at startup.
@@ -77,7 +91,7 @@ pub struct Slot {
     pub claims: AtomicU64,
     /// The holder's application_name, NUL-padded (NAMEDATALEN bytes).
     pub application_name: [AtomicU8; APPLICATION_NAME_LEN],
-    // Generator fields: written by the holder only.
+    // Generator fields: written by the holder only (see `transfer`).
     pub last_tick: AtomicI64,
     pub sequence: AtomicU32,
     pub last_seen: AtomicI64,
@@ -87,7 +101,49 @@ pub struct Slot {
     pub max_drift: AtomicI64,
 }
 
+/// Which way [`Slot::transfer`] copies.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Direction {
+    /// Publish a generator's state to the slot.
+    ToSlot,
+    /// Load the slot's state into a generator.
+    FromSlot,
+}
+
 impl Slot {
+    /// The one mapping between a generator's state and a slot's generator
+    /// fields, in either direction.
+    pub fn transfer(&self, state: &mut GeneratorState, direction: Direction) {
+        macro_rules! fields {
+            ($($field:ident),*) => {
+                $(match direction {
+                    Direction::ToSlot => self.$field.store(state.$field, Relaxed),
+                    Direction::FromSlot => state.$field = self.$field.load(Relaxed),
+                })*
+            };
+        }
+        // Every field of GeneratorState: the destructuring below fails to
+        // compile when one is added and not listed here.
+        let GeneratorState {
+            last_tick: _,
+            sequence: _,
+            last_seen: _,
+            ids_issued: _,
+            sequence_exhausted: _,
+            clock_backward: _,
+            max_drift: _,
+        } = state;
+        fields!(
+            last_tick,
+            sequence,
+            last_seen,
+            ids_issued,
+            sequence_exhausted,
+            clock_backward,
+            max_drift
+        );
+    }
+
     pub fn set_application_name(&self, name: &[u8]) {
         for (i, byte) in self.application_name.iter().enumerate() {
             byte.store(name.get(i).copied().unwrap_or(0), Relaxed);
@@ -103,18 +159,6 @@ impl Slot {
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
-}
-
-/// The format version written into the state file.
-const STATE_FILE_VERSION: u32 = 1;
-
-/// What the state file holds.
-#[derive(Serialize, Deserialize, Debug, PartialEq)]
-struct StateFile {
-    version: u32,
-    layout: Layout,
-    /// Unix ms up to which IDs may have been issued.
-    reserved_until_ms: i64,
 }
 
 static HEADER: AtomicPtr<Header> = AtomicPtr::new(std::ptr::null_mut());
@@ -143,6 +187,7 @@ impl Header {
         unsafe { pg_sys::LWLockHeldByMe(self.lock) }
     }
 
+    /// Takes the slot table's lock.
     pub fn lock(&self, exclusive: bool) -> LockGuard {
         let mode = if exclusive {
             pg_sys::LWLockMode::LW_EXCLUSIVE
@@ -153,45 +198,8 @@ impl Header {
     }
 
     /// Takes the reservation lock (exclusive).
-    fn reserve_lock(&self) -> LockGuard {
+    pub fn reserve_lock(&self) -> LockGuard {
         LockGuard::acquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE)
-    }
-
-    /// Makes sure the state file reserves at least up to `unix_ms`, writing
-    /// it (durably) when needed. Cheap when already reserved.
-    #[inline]
-    pub fn reserve(&self, unix_ms: i64, layout: &Layout) {
-        if unix_ms > self.reserved_until_ms.load(Acquire) {
-            self.extend_reservation(unix_ms, layout);
-        }
-    }
-
-    #[cold]
-    fn extend_reservation(&self, unix_ms: i64, layout: &Layout) {
-        let _guard = self.reserve_lock();
-        if unix_ms <= self.reserved_until_ms.load(Acquire) {
-            return;
-        }
-        let until = unix_ms + RESERVE_MS;
-        write_state_file(layout, until);
-        crate::wal::log_reservation(until);
-        self.reserved_until_ms.store(until, Release);
-    }
-
-    /// Raises the floor and the reservation to `until_ms` (WAL replay of a
-    /// primary's reservation), writing the state file when it grows.
-    pub fn replay_reservation(&self, until_ms: i64) {
-        let _guard = self.reserve_lock();
-        self.floor_ms.fetch_max(until_ms, AcqRel);
-        if until_ms > self.reserved_until_ms.load(Acquire) {
-            let layout = if self.layout_changed.load(Acquire) {
-                self.recorded_layout
-            } else {
-                *gucs::layout()
-            };
-            write_state_file(&layout, until_ms);
-            self.reserved_until_ms.store(until_ms, Release);
-        }
     }
 }
 
@@ -220,12 +228,20 @@ impl Drop for LockGuard {
     }
 }
 
-/// Installs the shared-memory hooks. Called from `_PG_init` only while
-/// preloading.
-pub fn init() {
+/// What the reservation knows when shared memory is first created: the
+/// floor (Unix ms; `i64::MIN` when nothing was recorded) and the recorded
+/// layout.
+pub type StartupState = fn(&Layout) -> (i64, Layout);
+
+static mut STARTUP_STATE: Option<StartupState> = None;
+
+/// Installs the shared-memory hooks. `startup_state` is called once, when
+/// the memory is created. Called from `_PG_init` only while preloading.
+pub fn init(startup_state: StartupState) {
     // SAFETY: hooks are process-global pointers that PostgreSQL expects
     // extensions to chain in _PG_init; this runs once, in the postmaster.
     unsafe {
+        STARTUP_STATE = Some(startup_state);
         PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
         pg_sys::shmem_request_hook = Some(shmem_request);
         PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
@@ -274,7 +290,12 @@ unsafe extern "C-unwind" fn shmem_startup() {
     };
     let header = base as *mut Header;
     if !found {
-        let (floor_ms, recorded) = read_state_file(&layout);
+        // SAFETY: written once in _PG_init, before any hook runs.
+        let startup_state = unsafe { STARTUP_STATE };
+        let (floor_ms, recorded) = match startup_state {
+            Some(read) => read(&layout),
+            None => (i64::MIN, layout),
+        };
         // SAFETY: we hold AddinShmemInitLock and nobody else can see the
         // memory yet; the tranche was requested with two locks.
         unsafe {
@@ -287,18 +308,17 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 changes: AtomicU64::new(0),
                 reserved_until_ms: AtomicI64::new(floor_ms),
                 floor_ms: AtomicI64::new(floor_ms),
+                newest_tick: AtomicI64::new(-1),
+                registry_pending: AtomicBool::new(gucs::registry_worker_enabled()),
                 layout_changed: AtomicBool::new(recorded != layout),
                 recorded_layout: recorded,
             });
             // All-zero bytes are a valid value for every (atomic) field.
             let first = header.add(1) as *mut Slot;
             std::ptr::write_bytes(first, 0, nslots as usize);
-            let fresh = GeneratorState::new(&layout);
+            let mut fresh = GeneratorState::new(&layout);
             for i in 0..nslots as usize {
-                let slot = &*first.add(i);
-                slot.last_tick.store(fresh.last_tick, Relaxed);
-                slot.sequence.store(fresh.sequence, Relaxed);
-                slot.last_seen.store(fresh.last_seen, Relaxed);
+                (*first.add(i)).transfer(&mut fresh, Direction::ToSlot);
             }
         }
     }
@@ -315,79 +335,41 @@ unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
     unsafe { &raw mut (*pg_sys::MainLWLockArray.add(21)).lock }
 }
 
-/// Reads the state file at server start: returns the reservation floor
-/// (Unix ms; `i64::MIN` when there is no file) and the recorded layout
-/// (`layout` itself when nothing is recorded).
-fn read_state_file(layout: &Layout) -> (i64, Layout) {
-    match std::fs::read_to_string(STATE_FILE) {
-        Ok(text) => match serde_json::from_str::<StateFile>(&text) {
-            Ok(state) => (state.reserved_until_ms, state.layout),
-            // Without the file we cannot know how far IDs went, or which
-            // layout made them: refuse rather than guess.
-            Err(e) => crate::errors::state_file_unreadable(STATE_FILE, &e.to_string()),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (i64::MIN, *layout),
-        Err(e) => crate::errors::state_file("read", STATE_FILE, e),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Writes the state file durably (temporary file, fsync, rename, fsync of
-/// the directory).
-fn write_state_file(layout: &Layout, reserved_until_ms: i64) {
-    use std::io::Write;
-    let state = StateFile {
-        version: STATE_FILE_VERSION,
-        layout: *layout,
-        reserved_until_ms,
-    };
-    let tmp = format!("{STATE_FILE}.tmp");
-    let text = match serde_json::to_string(&state) {
-        Ok(text) => text,
-        Err(e) => crate::errors::internal(&format!("could not encode the state file: {e}")),
-    };
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, STATE_FILE)?;
-        std::fs::File::open(".")?.sync_all()
-    })();
-    if let Err(e) = result {
-        crate::errors::state_file("write", STATE_FILE, e);
+    fn zeroed_slot() -> Slot {
+        // SAFETY: every field is an atomic integer, for which zero is valid.
+        unsafe { std::mem::zeroed() }
     }
-}
 
-/// Adopts `layout` after the server started with a layout other than the
-/// recorded one: claims start above every ID the old layout can have
-/// issued, and the state file records the new layout. Returns the first
-/// tick new IDs may use. Nothing changes when `layout` cannot get above the
-/// old IDs, or only after `latest_ms` (the generator could not issue until
-/// then). No claim exists yet: claims are refused until the layout is
-/// accepted.
-pub fn accept_layout(header: &Header, layout: &Layout, latest_ms: i64) -> Result<i64, AcceptError> {
-    let _guard = header.reserve_lock();
-    let until = header.reserved_until_ms.load(Acquire);
-    let first = layout
-        .first_tick_above(&header.recorded_layout, until)
-        .ok_or(AcceptError::CannotRise)?
-        .max(layout.tick_at(until) + 1);
-    if layout.tick_start_unix_ms(first) > latest_ms {
-        return Err(AcceptError::NotUntil(layout.tick_start_unix_ms(first)));
+    #[test]
+    fn transfer_round_trips_every_field() {
+        let slot = zeroed_slot();
+        let mut state = GeneratorState {
+            last_tick: 11,
+            sequence: 22,
+            last_seen: 33,
+            ids_issued: 44,
+            sequence_exhausted: 55,
+            clock_backward: 66,
+            max_drift: 77,
+        };
+        let original = state;
+        slot.transfer(&mut state, Direction::ToSlot);
+        let mut back = GeneratorState {
+            last_tick: 0,
+            sequence: 0,
+            last_seen: 0,
+            ids_issued: 0,
+            sequence_exhausted: 0,
+            clock_backward: 0,
+            max_drift: 0,
+        };
+        slot.transfer(&mut back, Direction::FromSlot);
+        assert_eq!(back, original);
+        assert_eq!(slot.ids_issued.load(Relaxed), 44);
+        assert_eq!(slot.max_drift.load(Relaxed), 77);
     }
-    // Every ID at or below the tick before `first` counts as issued.
-    let floor_ms = layout.tick_start_unix_ms(first) - 1;
-    let until = until.max(floor_ms);
-    write_state_file(layout, until);
-    header.floor_ms.fetch_max(floor_ms, AcqRel);
-    header.reserved_until_ms.store(until, Release);
-    header.layout_changed.store(false, Release);
-    Ok(first)
-}
-
-/// Why a layout cannot be adopted.
-pub enum AcceptError {
-    /// No ID of the new layout is above the old IDs.
-    CannotRise,
-    /// New IDs would only get above the old ones at this Unix ms.
-    NotUntil(i64),
 }

@@ -333,3 +333,5 @@ COMMENT ON FUNCTION snowflake_convert_column(regclass, name, boolean) IS
   'Switches a key column to DEFAULT snowflake_nextval() in one transaction: checks type and values, drops identity and the serial sequence, reports each step.';
 COMMENT ON FUNCTION snowflake_create_partitions(regclass, interval, int, timestamptz) IS
   'Creates calendar partitions (day, week, month, year; UTC) of a table partitioned by range on its snowflake ID, named parent_pYYYY_MM etc.; idempotent.';
+COMMENT ON FUNCTION snowflake_advance_past(bigint) IS
+  'Makes every new ID of this server larger than id (after restoring a dump of another database); superusers only.';

@@ -3,16 +3,17 @@
 //! recovery: a standby promoted after its primary died starts every worker
 //! id above what the primary reserved, even when its clock is behind.
 //!
+//! A leaf: it knows the record format and PostgreSQL's WAL calls, nothing of
+//! shared memory or the state file. `reservation` registers what replay does
+//! with a record ([`init`]).
+//!
 //! One record type: "reserve", carrying the Unix millisecond up to which the
-//! primary may have issued IDs. Replay raises the floor and the reservation
-//! in shared memory and the standby's own state file. Logical decoding
-//! ignores the records.
+//! primary may have issued IDs. Logical decoding ignores the records.
 //!
 //! The resource manager id is [`RMGR_ID`], in the range PostgreSQL sets
 //! aside for extensions. Servers that replay this WAL (standbys, crash
 //! recovery) must preload snowflake_id, as they must anyway.
 
-use crate::shmem;
 use pgrx::pg_sys;
 use std::ffi::{c_char, CStr};
 
@@ -21,8 +22,12 @@ pub const RMGR_ID: u8 = 173;
 const RMGR_NAME: &CStr = c"snowflake_id";
 const XLOG_SNOWFLAKE_RESERVE: u8 = 0x00;
 
-/// Registers the resource manager. Called from `_PG_init` while preloading.
-pub fn init() {
+/// What replay does with a reservation record's Unix ms.
+static mut ON_REDO: Option<fn(i64)> = None;
+
+/// Registers the resource manager; `on_redo` receives each replayed
+/// reservation. Called from `_PG_init` while preloading.
+pub fn init(on_redo: fn(i64)) {
     let rmgr = Box::leak(Box::new(pg_sys::RmgrData {
         rm_name: RMGR_NAME.as_ptr(),
         rm_redo: Some(redo),
@@ -31,8 +36,12 @@ pub fn init() {
         ..Default::default()
     }));
     // SAFETY: called while loading shared_preload_libraries, as PostgreSQL
-    // requires; the RmgrData lives for the life of the process.
-    unsafe { pg_sys::RegisterCustomRmgr(RMGR_ID, rmgr) };
+    // requires; the RmgrData lives for the life of the process, and ON_REDO
+    // is written once here, before any record can be replayed.
+    unsafe {
+        ON_REDO = Some(on_redo);
+        pg_sys::RegisterCustomRmgr(RMGR_ID, rmgr)
+    };
 }
 
 /// Writes and flushes a reservation record. Does nothing during recovery
@@ -76,8 +85,9 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
     let Some(until_ms) = (unsafe { record_until(record) }) else {
         pgrx::error!("snowflake_id: malformed reservation record in WAL");
     };
-    if let Some(header) = shmem::header() {
-        header.replay_reservation(until_ms);
+    // SAFETY: written once in _PG_init, before replay starts.
+    if let Some(on_redo) = unsafe { ON_REDO } {
+        on_redo(until_ms);
     }
 }
 

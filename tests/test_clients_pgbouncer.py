@@ -157,9 +157,6 @@ def test_session_mode_idle_server_connections_keep_their_ids(server, bouncer):
     assert held(server) == 6
 
 
-@pytest.mark.xfail(strict=True, reason="DISCARD ALL drops the claim's advisory lock (the claim "
-                   "stays): pg_locks undercounts until the core branch's lock-survival change "
-                   "is merged")
 def test_session_mode_pg_locks_counts_every_claim_after_discard_all(server, bouncer):
     b = bouncer(pool_mode="session", default_pool_size=20, server_reset_query="DISCARD ALL")
     make_ids(b, clients=4, per_client=5)

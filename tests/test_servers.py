@@ -44,7 +44,7 @@ LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None
 EPOCH_MS = 1_704_067_200_000  # 2024-01-01 00:00:00 UTC
 WORKER_SHIFT, WORKER_MASK = 12, (1 << 10) - 1
 TICK_SHIFT = 22
-MAX_DRIFT = dt.timedelta(seconds=1)  # snowflake_id.max_drift default
+MAX_DRIFT = dt.timedelta(seconds=1)  # snowflake_id.max_drift of the writers
 
 
 def worker_of(i: int) -> int:
@@ -129,6 +129,7 @@ def test_three_writers_merge_without_conflict(make_cluster):
     writers = {}
     for origin, rng in WRITER_RANGES.items():
         w = make_cluster(tcp=True, settings={**LOGICAL_REPLICATION_SETTINGS,
+                                            "snowflake_id.max_drift": "1s",
                                             "snowflake_id.worker_ids": rng})
         run_sql_file(w, WRITER_SQL)
         writers[origin] = w

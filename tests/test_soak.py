@@ -100,7 +100,8 @@ class Monitor(threading.Thread):
 
 def run_soak(make_cluster, tmp_path, seconds):
     c = make_cluster(create_extension=True,
-                     settings={"snowflake_id.worker_ids": WORKER_IDS})
+                     settings={"snowflake_id.worker_ids": WORKER_IDS,
+                               "snowflake_id.max_drift": "1s"})
     c.sql("CREATE TABLE t (id bigint PRIMARY KEY DEFAULT snowflake_nextval(), "
           "at timestamptz DEFAULT clock_timestamp())")
     script = tmp_path / "insert.sql"

@@ -58,7 +58,8 @@ def assert_new_above_old(c, old_max: int, dbname="postgres"):
     assert min(new) > old_max, (min(new), old_max)
     # The new server's clock really is behind the old IDs: without the
     # high-water marks its IDs would have been below them.
-    assert c.scalar("SELECT snowflake_from_timestamp(clock_timestamp())") < old_max
+    assert c.scalar("SELECT snowflake_from_timestamp(clock_timestamp())",
+                    dbname=dbname) < old_max
 
 
 def upgrade(make_cluster, old_bindir: str, new_bindir: str):
@@ -67,8 +68,9 @@ def upgrade(make_cluster, old_bindir: str, new_bindir: str):
     last_time = time_of(old, old_max)
     old.stop()
 
-    # 18's initdb enables data checksums by default; the old cluster has none.
-    checksums = ("--no-data-checksums",) if _major(new_bindir) >= 18 else ()
+    # 18's initdb enables data checksums by default; an older cluster has none.
+    checksums = (("--no-data-checksums",)
+                 if _major(new_bindir) >= 18 > _major(old_bindir) else ())
     new = make_cluster(bindir=new_bindir, start=False, initdb_args=checksums)
     proc = _run_pg([os.path.join(new_bindir, "pg_upgrade"),
                     "-b", old_bindir, "-B", new_bindir,
@@ -137,3 +139,46 @@ def test_dump_restore_same_version(make_cluster, tmp_path):
                            "which installs the extension into 16 first")
 def test_dump_restore_16_to_18(make_cluster, tmp_path):
     dump_restore(make_cluster, other_pg_bindir(16), tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_dump_of_another_database_needs_one_command(make_cluster):
+    """A database other than snowflake_id.registry_database has no
+    high-water marks of its own: after restoring it, one command per table
+    (README) puts new IDs above the restored ones."""
+    old = make_cluster(create_extension=True)
+    old.create_db("shop")
+    old.create_extension(dbname="shop")
+    with old.connect(dbname="shop") as conn:
+        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowflake_nextval(), n int)")
+        conn.execute("INSERT INTO orders (n) SELECT g FROM generate_series(1, 5000) g")
+        old_max = conn.execute("SELECT max(id) FROM orders").fetchone()[0]
+    last_time = time_of(old, old_max)
+    dump = os.path.join(old.dir, "shop.dump")
+    _run_pg([os.path.join(PG_BINDIR, "pg_dump"), "-Fc", "-f", dump,
+             "-h", old.dir, "-p", old.port, "-U", "postgres", "-d", "shop"], cwd=old.dir)
+    old.stop()
+
+    new = make_cluster(start=False)
+    start_behind(new, FakeClock(new.dir), last_time)
+    new.create_db("shop")
+    _run_pg([os.path.join(PG_BINDIR, "pg_restore"), "--exit-on-error", "-d", "shop",
+             "-h", new.dir, "-p", new.port, "-U", "postgres", dump], cwd=new.dir)
+    with new.connect(dbname="shop") as conn:
+        # Without the command, this server's IDs would be below the old ones.
+        assert conn.execute("SELECT snowflake_from_timestamp(clock_timestamp())"
+                            ).fetchone()[0] < old_max
+        resume = conn.execute("SELECT snowflake_advance_past(max(id)) FROM orders").fetchone()[0]
+        assert resume.timestamp() > last_time
+    assert_new_above_old(new, old_max, dbname="shop")
+    # It lasts: after a restart (clock still behind) IDs stay above.
+    new.restart()
+    assert_new_above_old(new, old_max, dbname="shop")
+
+
+def test_advance_past_is_for_superusers(cluster):
+    cluster.sql("CREATE ROLE app LOGIN")
+    with cluster.connect(user="app") as conn:
+        with pytest.raises(Exception) as e:
+            conn.execute("SELECT snowflake_advance_past(1)")
+    assert e.value.sqlstate == "42501"

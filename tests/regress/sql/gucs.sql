@@ -181,7 +181,7 @@ SELECT snowflake_nextval() > (1::bigint << 53) AS still_classic_ids;
 ALTER SYSTEM RESET ALL;
 SELECT pg_reload_conf();
 SELECT wait_for_setting('snowflake_id.worker_ids', '');
-SELECT wait_for_setting('snowflake_id.max_drift', '1s');
+SELECT wait_for_setting('snowflake_id.max_drift', '1min');
 SELECT count(*) FROM pg_file_settings WHERE name LIKE 'snowflake\_id.%';
 SELECT worker_ids, worker_ids_total, max_drift_ms FROM snowflake_config();
 DROP FUNCTION wait_for_setting(text, text);

@@ -9,17 +9,26 @@
 //!   [`ADVISORY_CLASSID`], objid = worker id, objsubid [`ADVISORY_OBJSUBID`]),
 //!   so `pg_locks` shows who holds which id. SQL's `pg_advisory_*` functions
 //!   cannot produce this key, so no role can forge or steal a claim.
-//!   (`pg_advisory_unlock_all()` and `DISCARD ALL` drop the lock, not the
-//!   claim: the slot stays held until the backend exits.)
+//!   `pg_advisory_unlock_all()` and `DISCARD ALL` (a pooler's reset) drop
+//!   the lock, not the claim: the slot stays held until the backend exits,
+//!   and a pre-commit callback takes the lock again when the transaction
+//!   that dropped it commits (one lookup in the backend's local lock table
+//!   per commit, nothing per ID).
+//!
+//! Release order at exit: the advisory lock first, then `holder_pid`. A
+//! slot whose `holder_pid` is 0 therefore never has its lock taken, and a
+//! free id is always claimable.
 //!
 //! The free id picked is the one released longest ago, so a freshly released
 //! id is reused last.
 
 use crate::clock::WallClock;
 use crate::errors;
-use crate::generator::GeneratorState;
+use crate::generator::{Clock, GenError, GeneratorState};
 use crate::gucs;
-use crate::shmem::{self, Header, Slot};
+use crate::layout::Layout;
+use crate::reservation;
+use crate::shmem::{self, Direction, Header, Slot};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -34,6 +43,11 @@ struct Claim {
     worker_id: u32,
     slot: &'static Slot,
     state: GeneratorState,
+    /// The reservation floor (Unix ms) this claim started above, until it
+    /// issues its first ID.
+    fresh_floor: Option<i64>,
+    /// `state.clock_backward` when the last ID was issued.
+    backward_at_issue: u64,
 }
 
 thread_local! {
@@ -42,21 +56,14 @@ thread_local! {
     /// callback can release it even while `CLAIM` is borrowed: a FATAL error
     /// (e.g. pg_terminate_backend while `generate` sleeps) exits without
     /// unwinding the frame that borrowed it.
-    static HELD: Cell<Option<&'static Slot>> = const { Cell::new(None) };
+    static HELD: Cell<Option<(u32, &'static Slot)>> = const { Cell::new(None) };
 }
 
 impl Claim {
     /// Publishes the generator state to the slot (for reports and for the
     /// next holder).
-    fn publish(&self) {
-        let (s, slot) = (&self.state, self.slot);
-        slot.last_tick.store(s.last_tick, Relaxed);
-        slot.sequence.store(s.sequence, Relaxed);
-        slot.last_seen.store(s.last_seen, Relaxed);
-        slot.ids_issued.store(s.ids_issued, Relaxed);
-        slot.sequence_exhausted.store(s.sequence_exhausted, Relaxed);
-        slot.clock_backward.store(s.clock_backward, Relaxed);
-        slot.max_drift.store(s.max_drift, Relaxed);
+    fn publish(&mut self) {
+        self.slot.transfer(&mut self.state, Direction::ToSlot);
     }
 }
 
@@ -81,21 +88,83 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
             Some(claim) => claim,
             None => claim.insert(claim_worker(header)),
         };
-        for _ in 0..n {
+        let mut clock = WallClock {
+            newest_tick: Some(&header.newest_tick),
+        };
+        let mut i = 0;
+        while i < n {
             match claim
                 .state
-                .next_id(layout, claim.worker_id, max_drift_ms, &mut WallClock)
+                .next_id(layout, claim.worker_id, max_drift_ms, &mut clock)
             {
-                Ok(id) => emit(id),
+                Ok(id) => {
+                    emit(id);
+                    i += 1;
+                }
                 Err(e) => {
                     claim.publish();
-                    errors::generator(e, layout, max_drift_ms)
+                    claim.refused(e, layout, max_drift_ms, &mut clock);
+                    continue;
                 }
             }
+            claim.fresh_floor = None;
         }
+        claim.backward_at_issue = claim.state.clock_backward;
         claim.publish();
-        header.reserve(layout.tick_start_unix_ms(claim.state.last_tick), layout);
+        reservation::reserve(
+            header,
+            layout.tick_start_unix_ms(claim.state.last_tick),
+            layout,
+        );
     });
+}
+
+/// How long a claim that has issued nothing waits for the clock to pass
+/// the reservation floor instead of failing, in ms. The floor is at most
+/// `reservation::RESERVE_MS` ahead of the last ID made before a restart or
+/// crash (plus any drift those IDs had), so this covers a restart with
+/// `max_drift = 0` with room to spare, and is still short for a client.
+const FLOOR_WAIT_MS: i64 = 1000;
+
+impl Claim {
+    /// The generator refused with `err`: waits when the only cause is the
+    /// floor of a claim that has issued nothing and the wait is short
+    /// (returns, to retry); otherwise raises the error naming the actual
+    /// cause.
+    #[cold]
+    fn refused(
+        &mut self,
+        err: GenError,
+        layout: &Layout,
+        max_drift_ms: i64,
+        clock: &mut WallClock,
+    ) {
+        let GenError::ClockBehind { behind, .. } = err else {
+            errors::generator(err, layout, max_drift_ms)
+        };
+        let now_ms = crate::clock::unix_ms();
+        let behind_ms = behind * layout.unit_ms;
+        let own_lead_ms = layout.tick_start_unix_ms(self.state.last_tick) - now_ms;
+        if let Some(floor_ms) = self.fresh_floor {
+            if own_lead_ms > max_drift_ms {
+                if own_lead_ms - max_drift_ms <= FLOOR_WAIT_MS {
+                    // Wait until the clock is within max_drift of the floor.
+                    clock.sleep_ms(own_lead_ms - max_drift_ms);
+                    return;
+                }
+                errors::behind_floor(floor_ms, behind_ms, max_drift_ms)
+            }
+        }
+        if own_lead_ms > max_drift_ms && self.state.clock_backward == self.backward_at_issue {
+            // The clock did not go back since this worker's last ID: its
+            // lead comes from borrowed ticks under a larger max_drift.
+            errors::borrowed_lead(behind_ms, max_drift_ms)
+        }
+        if own_lead_ms <= max_drift_ms {
+            errors::behind_server(behind_ms, max_drift_ms)
+        }
+        errors::generator(err, layout, max_drift_ms)
+    }
 }
 
 /// The worker id this backend holds, if any.
@@ -107,6 +176,9 @@ fn claim_worker(header: &'static Header) -> Claim {
     if header.layout_changed.load(Acquire) {
         errors::layout_changed(&header.recorded_layout.differences(gucs::layout()));
     }
+    if header.registry_pending.load(Acquire) {
+        wait_for_registry(header);
+    }
     let (ranges, text) = gucs::worker_ranges();
     // Before anything is held, so that an error here cannot leak a slot.
     register_exit_callback();
@@ -114,9 +186,10 @@ fn claim_worker(header: &'static Header) -> Claim {
     let _guard = header.lock(true);
     let is_free = |id: &u32| slots[*id as usize].holder_pid.load(Relaxed) == 0;
     let order = |id: u32| (slots[id as usize].release_order.load(Relaxed), id);
-    // The least recently released free id, in one pass; the advisory lock
-    // is only ever taken already when someone bypassed SQL, so sorting all
-    // free ids is the rare fallback.
+    // The least recently released free id, in one pass. A holder releases
+    // its advisory lock before it clears holder_pid, and SQL cannot take
+    // this key, so the lock of a free id is free; the sort of all free ids
+    // is only a fallback should some other C code hold one.
     let best = ranges.iter().filter(is_free).min_by_key(|&id| order(id));
     let worker_id = match best {
         Some(id) if try_advisory_lock(id) => Some(id),
@@ -158,24 +231,42 @@ fn claim_worker(header: &'static Header) -> Claim {
     };
     slot.set_application_name(&app[..app.len().min(shmem::APPLICATION_NAME_LEN - 1)]);
     header.changes.fetch_add(1, Relaxed);
-    HELD.set(Some(slot));
-    let mut state = GeneratorState {
-        last_tick: slot.last_tick.load(Relaxed),
-        sequence: slot.sequence.load(Relaxed),
-        last_seen: slot.last_seen.load(Relaxed),
-        ids_issued: slot.ids_issued.load(Relaxed),
-        sequence_exhausted: slot.sequence_exhausted.load(Relaxed),
-        clock_backward: slot.clock_backward.load(Relaxed),
-        max_drift: slot.max_drift.load(Relaxed),
-    };
+    HELD.set(Some((worker_id, slot)));
+    let layout = gucs::layout();
+    let mut state = GeneratorState::new(layout);
+    slot.transfer(&mut state, Direction::FromSlot);
     // Start above every ID an earlier life of this data directory may have
     // issued (restart, crash, promotion, layout change).
-    let layout = gucs::layout();
-    state.raise_floor(layout.tick_at(header.floor_ms.load(Acquire)), layout);
+    let floor_ms = header.floor_ms.load(Acquire);
+    let raised = state.raise_floor(layout.tick_at(floor_ms), layout);
     Claim {
         worker_id,
         slot,
+        backward_at_issue: state.clock_backward,
         state,
+        fresh_floor: raised.then_some(floor_ms),
+    }
+}
+
+/// How long a first claim after startup waits for the registry worker to
+/// read the registry table's high-water marks, in ms. The worker reads them
+/// within a second of startup on an idle server.
+const REGISTRY_WAIT_MS: i64 = 30_000;
+
+/// Waits until the registry worker has put the high-water marks of the
+/// registry table in force (after `pg_upgrade` or a restore they may be the
+/// only record of IDs made before). A hot standby does not wait: its worker
+/// starts only at promotion, and replayed WAL gives it the primary's floor.
+#[cold]
+fn wait_for_registry(header: &Header) {
+    let mut waited = 0;
+    // SAFETY: a plain read of PostgreSQL's recovery state.
+    while header.registry_pending.load(Acquire) && !unsafe { pg_sys::RecoveryInProgress() } {
+        if waited >= REGISTRY_WAIT_MS {
+            errors::registry_not_read(REGISTRY_WAIT_MS);
+        }
+        crate::clock::wait_ms(10);
+        waited += 10;
     }
 }
 
@@ -198,14 +289,56 @@ fn try_advisory_lock(worker_id: u32) -> bool {
     result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
+/// Whether this backend holds the claim lock of `worker_id`.
+fn holds_advisory_lock(worker_id: u32) -> bool {
+    let tag = claim_locktag(worker_id);
+    // SAFETY: a lookup in this backend's local lock table.
+    unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
+        let held = pg_sys::LockHeldByMe(&tag, pg_sys::ExclusiveLock as _);
+        #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+        let held = pg_sys::LockHeldByMe(&tag, pg_sys::ExclusiveLock as _, false);
+        held
+    }
+}
+
+fn release_advisory_lock(worker_id: u32) {
+    if holds_advisory_lock(worker_id) {
+        let tag = claim_locktag(worker_id);
+        // SAFETY: releasing a session lock this backend holds.
+        unsafe { pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as _, true) };
+    }
+}
+
 fn register_exit_callback() {
     thread_local! {
         static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
     if !REGISTERED.get() {
-        // SAFETY: registering a #[pg_guard] callback with no argument.
-        unsafe { pg_sys::before_shmem_exit(Some(release_at_exit), pg_sys::Datum::from(0)) };
+        // SAFETY: registering #[pg_guard] callbacks with no argument.
+        unsafe {
+            pg_sys::before_shmem_exit(Some(release_at_exit), pg_sys::Datum::from(0));
+            pg_sys::RegisterXactCallback(Some(retake_lock_at_commit), std::ptr::null_mut());
+        }
         REGISTERED.set(true);
+    }
+}
+
+/// Takes the claim lock again when the committing transaction dropped it
+/// (`DISCARD ALL`, `pg_advisory_unlock_all()`), so that `pg_locks` shows
+/// every holder. The slot stayed ours, so nobody else can hold the lock.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn retake_lock_at_commit(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event != pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT {
+        return;
+    }
+    if let Some((worker_id, _)) = HELD.get() {
+        if !holds_advisory_lock(worker_id) {
+            try_advisory_lock(worker_id);
+        }
     }
 }
 
@@ -215,7 +348,7 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
     let Some(header) = shmem::header() else {
         return;
     };
-    let Some(slot) = HELD.take() else {
+    let Some((worker_id, slot)) = HELD.take() else {
         return;
     };
     // Publish the newest state when we can. If CLAIM is still borrowed (a
@@ -223,11 +356,15 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
     // client received: `generate` publishes before it returns.
     let _ = CLAIM.try_with(|claim| {
         if let Ok(mut claim) = claim.try_borrow_mut() {
-            if let Some(claim) = claim.take() {
+            if let Some(mut claim) = claim.take() {
                 claim.publish();
             }
         }
     });
+    // The advisory lock goes first: once holder_pid is 0, a claim must
+    // find the id's lock free (PostgreSQL would release it only later, in
+    // its own exit callback).
+    release_advisory_lock(worker_id);
     // A FATAL error does not unwind either, so the lock may still be ours.
     let _guard = (!header.lock_held_by_me()).then(|| header.lock(true));
     // SAFETY: reading the clock.
