@@ -116,27 +116,22 @@ impl Iterator for Batch {
     }
 }
 
-/// The parts of an ID: its timestamp, worker id and sequence.
+/// The worker id part of an ID.
 #[pg_extern(stable, strict, parallel_safe)]
-fn snowflake_decode(
-    id: i64,
-) -> TableIterator<
-    'static,
-    (
-        name!(ts, TimestampWithTimeZone),
-        name!(worker_id, i32),
-        name!(sequence, i32),
-    ),
-> {
-    let layout = gucs::layout();
-    let parts = layout
+fn snowflake_worker_id(id: i64) -> i32 {
+    let parts = gucs::layout()
         .decode(id)
         .unwrap_or_else(|e| errors::part_out_of_range(e));
-    TableIterator::once((
-        to_timestamptz(layout.tick_start_unix_ms(parts.ticks)),
-        parts.worker_id as i32,
-        parts.sequence as i32,
-    ))
+    parts.worker_id as i32
+}
+
+/// The sequence part of an ID.
+#[pg_extern(stable, strict, parallel_safe)]
+fn snowflake_sequence(id: i64) -> i32 {
+    let parts = gucs::layout()
+        .decode(id)
+        .unwrap_or_else(|e| errors::part_out_of_range(e));
+    parts.sequence as i32
 }
 
 /// The time an ID was made (the start of its tick).
@@ -228,17 +223,29 @@ fn snowflake_layout() -> TableIterator<
 /// This server's worker-id configuration and how much of it is in use.
 /// Parallel restricted: it reports this backend's own worker id.
 #[pg_extern(volatile, parallel_restricted)]
+#[allow(clippy::type_complexity)]
 fn snowflake_config() -> TableIterator<
     'static,
     (
         name!(worker_ids, String),
-        name!(worker_ids_total, i64),
-        name!(worker_ids_held, i64),
-        name!(worker_ids_free, i64),
+        name!(worker_ids_total, Option<i64>),
+        name!(worker_ids_held, Option<i64>),
+        name!(worker_ids_free, Option<i64>),
         name!(my_worker_id, Option<i32>),
         name!(max_drift_ms, i64),
     ),
 > {
+    if crate::shmem::header().is_none() {
+        // Without preloading there is nothing to count: say so in the row.
+        return TableIterator::once((
+            "not preloaded".to_string(),
+            None,
+            None,
+            None,
+            None,
+            gucs::max_drift_ms(),
+        ));
+    }
     let (text, total, held) = claims::range_usage();
     TableIterator::once((
         if text.is_empty() {
@@ -246,9 +253,9 @@ fn snowflake_config() -> TableIterator<
         } else {
             text
         },
-        total as i64,
-        held as i64,
-        total.saturating_sub(held) as i64,
+        Some(total as i64),
+        Some(held as i64),
+        Some(total.saturating_sub(held) as i64),
         claims::my_worker_id().map(|w| w as i32),
         gucs::max_drift_ms(),
     ))

@@ -174,7 +174,7 @@ pub fn my_worker_id() -> Option<u32> {
 
 fn claim_worker(header: &'static Header) -> Claim {
     if header.layout_changed.load(Acquire) {
-        errors::layout_changed();
+        errors::layout_changed(&header.recorded_layout.differences(gucs::layout()));
     }
     if header.registry_pending.load(Acquire) {
         wait_for_registry(header);

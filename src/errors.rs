@@ -178,11 +178,15 @@ pub fn generator(err: GenError, layout: &Layout, max_drift_ms: i64) -> ! {
 }
 
 /// 55000: the server started with a layout other than the recorded one.
-pub fn layout_changed() -> ! {
+/// `differences` names each setting that differs, recorded vs current.
+pub fn layout_changed(differences: &[String]) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         "the snowflake ID layout differs from the one recorded when IDs were last made on this server".into(),
-        Some("A changed layout can repeat earlier IDs and changes how they decode. The recorded layout is in the data directory's snowflake_id.state file.".into()),
+        Some(format!(
+            "Changed: {}. A changed layout can repeat earlier IDs and changes how they decode. The recorded layout is in the data directory's snowflake_id.state file.",
+            differences.join("; ")
+        )),
         Some("Restore the previous snowflake_id.* layout settings and restart, or, as a superuser, run SELECT snowflake_accept_layout() to adopt the new layout: new IDs then start above every ID issued before.".into()),
     )
 }
@@ -225,7 +229,7 @@ pub fn workers_exhausted(ranges: &str, count: u64, held: u64) -> ! {
         Some(format!(
             "snowflake_id.worker_ids = '{ranges}'. Each backend that calls snowflake_nextval() holds one worker id until it exits."
         )),
-        Some("Widen snowflake_id.worker_ids, use more snowflake_id.worker_bits, or put a connection pooler in front of the server.".into()),
+        Some("Widen snowflake_id.worker_ids or use more snowflake_id.worker_bits. Without a connection pooler, put one in front of the server (transaction mode). Behind one already: use transaction mode, not session mode, and lower its server pool size and server_idle_timeout, since every server connection that has made an ID holds a worker id until it closes.".into()),
     )
 }
 

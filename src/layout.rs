@@ -257,6 +257,46 @@ impl Layout {
         None
     }
 
+    /// The settings that differ from `current`, each as
+    /// `snowflake_id.NAME SELF (recorded) vs CURRENT (now)`, for the
+    /// layout-changed error.
+    pub fn differences(&self, current: &Layout) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cmp = |name: &str, recorded: String, now: String| {
+            if recorded != now {
+                out.push(format!(
+                    "snowflake_id.{name} {recorded} (recorded) vs {now} (now)"
+                ));
+            }
+        };
+        cmp(
+            "epoch",
+            format_unix_ms(self.epoch_ms),
+            format_unix_ms(current.epoch_ms),
+        );
+        cmp(
+            "time_unit_ms",
+            self.unit_ms.to_string(),
+            current.unit_ms.to_string(),
+        );
+        cmp(
+            "total_bits",
+            self.total_bits.to_string(),
+            current.total_bits.to_string(),
+        );
+        cmp(
+            "worker_bits",
+            self.worker_bits.to_string(),
+            current.worker_bits.to_string(),
+        );
+        cmp(
+            "sequence_bits",
+            self.sequence_bits.to_string(),
+            current.sequence_bits.to_string(),
+        );
+        out
+    }
+
     pub fn time_bits(&self) -> u32 {
         self.total_bits - self.worker_bits - self.sequence_bits
     }
@@ -699,5 +739,30 @@ mod tests {
             "2024-01-01 00:00:01.500Z"
         );
         assert_eq!(format_unix_ms(-1), "1969-12-31 23:59:59.999Z");
+    }
+
+    #[test]
+    fn differences_name_each_changed_setting_recorded_vs_now() {
+        let classic = preset("classic");
+        assert!(classic.differences(&classic).is_empty());
+        assert_eq!(
+            classic.differences(&preset("js53")),
+            vec![
+                "snowflake_id.total_bits 63 (recorded) vs 53 (now)".to_string(),
+                "snowflake_id.worker_bits 10 (recorded) vs 6 (now)".to_string(),
+                "snowflake_id.sequence_bits 12 (recorded) vs 6 (now)".to_string(),
+            ]
+        );
+        let mut later = classic;
+        later.epoch_ms += 1000;
+        later.unit_ms = 10;
+        assert_eq!(
+            classic.differences(&later),
+            vec![
+                "snowflake_id.epoch 2024-01-01 00:00:00.000Z (recorded) vs 2024-01-01 00:00:01.000Z (now)"
+                    .to_string(),
+                "snowflake_id.time_unit_ms 1 (recorded) vs 10 (now)".to_string(),
+            ]
+        );
     }
 }

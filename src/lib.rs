@@ -14,6 +14,7 @@
 //! - `api`        the SQL functions and views
 //! - `public_id`  the keyed, reversible text form of IDs (pure)
 //! - `public_sql` `snowflake_to_public()` / `snowflake_from_public()`
+//! - `sql_tools`  SQL-language functions (decode row, convert, partitions) and COMMENTs
 //! - `errors`     every error raised, with SQLSTATE, detail and hint
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -30,6 +31,7 @@ pub mod ranges;
 mod registry_worker;
 mod reservation;
 mod shmem;
+mod sql_tools;
 mod wal;
 
 use pgrx::prelude::*;

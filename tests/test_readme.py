@@ -41,6 +41,12 @@ def test_every_readme_sql_snippet_runs(cluster):
         assert conn.execute(
             "SELECT bool_and(id > 1000000) FROM legacy WHERE note = 'new row'"
         ).fetchone()[0]
-        assert conn.execute("SELECT count(*) FROM events_this_month").fetchone()[0] == 1
         # The public ID the README shows for 12345 under its example key.
         assert conn.execute("SELECT snowflake_to_public(12345)").fetchone()[0] == "5JSKRPW5Y4TSWA"
+        # The row went to this month's partition, made by snowflake_create_partitions().
+        assert conn.execute(
+            "SELECT tableoid::regclass::text FROM events"
+        ).fetchone()[0] == "events_p" + conn.execute(
+            "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY_MM')").fetchone()[0]
+        assert conn.execute(
+            "SELECT count(*) FROM legacy2 WHERE id IS NOT NULL").fetchone()[0] == 0

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class DjangoAppConfig(AppConfig):
+    name = "clients.django_app"
+    label = "shop"
