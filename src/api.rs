@@ -328,6 +328,26 @@ fn snowflake_advance_past(id: i64) -> TimestampWithTimeZone {
     to_timestamptz(layout.tick_start_unix_ms(parts.ticks + 1))
 }
 
+/// The C entry point of 0.1.0's `snowflake_decode()`, which 0.2.0 replaced
+/// by a SQL function returning one row. A database still on 0.1.0 (the new
+/// library installed, `ALTER EXTENSION snowflake_id UPDATE` not yet run)
+/// gets a clear error instead of "could not find function"; the update
+/// drops that definition.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn snowflake_decode_wrapper(
+    _fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    errors::old_extension_version("snowflake_decode", "0.1.0")
+}
+
+/// The call convention of [`snowflake_decode_wrapper`] (PG_FUNCTION_INFO_V1).
+#[unsafe(no_mangle)]
+pub extern "C" fn pg_finfo_snowflake_decode_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
 /// Adopts the layout the server started with, after a change of the layout
 /// settings made `snowflake_nextval()` refuse. New IDs start above every ID
 /// the previous layout can have issued. Superusers only.

@@ -402,3 +402,14 @@ pub fn bad_public_key_setting(origin: &str, problem: &str) -> ! {
         Some("Write one or more keys of exactly 32 hex digits, separated by commas (generate one with: openssl rand -hex 16), and start the server again.".into()),
     )
 }
+
+/// 55000: a function of an older version of the extension's SQL objects,
+/// whose C code the installed library no longer has.
+pub fn old_extension_version(function: &str, version: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{function}() of snowflake_id {version} is not supported by the installed library"),
+        Some("The snowflake_id library was upgraded, but this database still has the SQL objects of the older version.".into()),
+        Some("Run ALTER EXTENSION snowflake_id UPDATE in this database.".into()),
+    )
+}

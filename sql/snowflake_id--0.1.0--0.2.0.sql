@@ -1,0 +1,467 @@
+-- snowflake_id 0.1.0 -> 0.2.0
+--
+-- New: snowflake_advance_past(), snowflake_worker_id(), snowflake_sequence(),
+-- snowflake_to_public(), snowflake_from_public(), IMMUTABLE decoders with an
+-- explicit layout, snowflake_convert_column(), snowflake_create_partitions(),
+-- the trigger that raises the floor above restored registry rows, COMMENTs
+-- on every object. Changed: snowflake_decode() returns one row (not a set),
+-- so it is dropped and created again (a view of yours that uses it must be
+-- dropped first); the snowflake_workers view shows other roles' sessions
+-- as pg_stat_activity does. The registry table keeps its rows.
+--
+-- Made from the generated 0.1.0 and 0.2.0 install scripts (see sql/README.md);
+-- tests/test_extension_upgrade.py checks that an updated database has the
+-- same objects as a fresh CREATE EXTENSION.
+
+\echo Use "ALTER EXTENSION snowflake_id UPDATE TO '0.2.0'" to load this file. \quit
+
+DROP FUNCTION snowflake_decode(bigint);
+
+COMMENT ON TABLE snowflake_worker_registry IS
+  'Who held each worker id and when, and the time of the last ID made under it; kept by the snowflake_id registry worker in the database named by snowflake_id.registry_database.';
+
+-- snowflake_id::api::snowflake_advance_past
+CREATE  FUNCTION "snowflake_advance_past"(
+	"id" bigint /* i64 */
+) RETURNS timestamp with time zone /* TimestampWithTimeZone */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_advance_past_wrapper';
+
+-- requires:
+--   snowflake_accept_layout
+--   snowflake_advance_past
+
+REVOKE EXECUTE ON FUNCTION snowflake_accept_layout() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_advance_past(bigint) FROM PUBLIC;
+
+-- snowflake_id::public_sql::snowflake_from_public
+CREATE  FUNCTION "snowflake_from_public"(
+	"token" TEXT /* & str */
+) RETURNS bigint /* i64 */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_from_public_wrapper';
+
+-- requires:
+--   snowflake_worker_registry_table
+--   api::snowflake_advance_past
+--   api::snowflake_from_timestamp
+
+CREATE FUNCTION snowflake_registry_high_water() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    hw timestamptz;
+BEGIN
+    SELECT max(high_water) INTO hw FROM new_rows;
+    IF hw IS NOT NULL THEN
+        BEGIN
+            PERFORM @extschema@.snowflake_advance_past(@extschema@.snowflake_from_timestamp(hw));
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'snowflake_id: new IDs of this server may not be above the restored registry''s high-water mark %: %', hw, SQLERRM
+                USING HINT = 'Run SELECT snowflake_advance_past(max(id)) on the restored tables as a superuser, in a server that preloads snowflake_id.';
+        END;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_registry_high_water() IS
+  'Trigger on snowflake_worker_registry: restored rows raise this server''s floor above their high-water marks.';
+REVOKE EXECUTE ON FUNCTION snowflake_registry_high_water() FROM PUBLIC;
+CREATE TRIGGER snowflake_registry_high_water
+    AFTER INSERT ON snowflake_worker_registry
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_registry_high_water();
+
+-- snowflake_id::api::snowflake_sequence
+CREATE  FUNCTION "snowflake_sequence"(
+	"id" bigint /* i64 */
+) RETURNS INT /* i32 */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_sequence_wrapper';
+
+-- snowflake_id::api::snowflake_timestamp
+
+-- snowflake_id::public_sql::snowflake_to_public
+CREATE  FUNCTION "snowflake_to_public"(
+	"id" bigint /* i64 */
+) RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_to_public_wrapper';
+
+-- snowflake_id::api::snowflake_worker_id
+CREATE  FUNCTION "snowflake_worker_id"(
+	"id" bigint /* i64 */
+) RETURNS INT /* i32 */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_worker_id_wrapper';
+
+-- requires:
+--   snowflake_worker_status
+
+CREATE OR REPLACE VIEW snowflake_workers AS
+SELECT w.worker_id, w.pid, d.datname AS database, r.rolname AS role,
+       coalesce(a.application_name, w.application_name) AS application_name,
+       CASE WHEN v.full THEN w.claimed_at END AS claimed_at, w.released_at, w.claims,
+       CASE WHEN v.full THEN w.ids_issued END AS ids_issued,
+       CASE WHEN v.full THEN w.last_id_time END AS last_id_time,
+       w.current_drift_ms, w.max_drift_ms, w.sequence_exhausted, w.clock_backward
+  FROM snowflake_worker_status() w
+  LEFT JOIN pg_catalog.pg_database d ON d.oid = w.database_oid
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = w.role_oid
+  -- The holder's application name now (it may have changed since the claim).
+  LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(coalesce(w.pid, 0)) a ON a.pid = w.pid
+  -- Like pg_stat_activity: when and how much a session did is for its own
+  -- role (and roles that have its privileges), superusers and
+  -- pg_read_all_stats.
+  CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')
+          OR (w.role_oid IS NOT NULL AND pg_catalog.pg_has_role(w.role_oid, 'USAGE')) AS full) v;
+COMMENT ON VIEW snowflake_workers IS
+  'Worker ids held now or used since the server started, with their generator counters.';
+GRANT SELECT ON snowflake_workers TO PUBLIC;
+
+-- finalize
+-- SQL-language parts of the API (included last by src/sql_tools.rs):
+-- snowflake_decode() as one composite row, decoders that take the layout
+-- explicitly (IMMUTABLE, for tools that require it), converting a key column,
+-- calendar partitions, and a COMMENT on every function, view and table.
+-- Everything here runs with the caller's privileges (SECURITY INVOKER).
+-- @extschema@ is the extension's schema (the extension is not relocatable).
+
+-- One row, not a set: (snowflake_decode(id)).* and
+-- count(DISTINCT (snowflake_decode(id)).worker_id) work anywhere.
+CREATE FUNCTION snowflake_decode(id bigint, OUT ts timestamptz, OUT worker_id int, OUT sequence int)
+RETURNS record
+LANGUAGE sql STABLE STRICT PARALLEL SAFE
+AS $$
+SELECT @extschema@.snowflake_timestamp(id), @extschema@.snowflake_worker_id(id),
+       @extschema@.snowflake_sequence(id)
+$$;
+
+-- Checks the explicit layout arguments of the IMMUTABLE decoders.
+CREATE FUNCTION snowflake_check_layout_args(time_unit_ms bigint, worker_bits int, sequence_bits int)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+BEGIN
+    IF time_unit_ms < 1 OR worker_bits < 0 OR worker_bits > 16 OR sequence_bits < 1
+       OR sequence_bits > 30 THEN
+        RAISE EXCEPTION 'invalid explicit snowflake layout: time_unit_ms %, worker_bits %, sequence_bits %',
+                        time_unit_ms, worker_bits, sequence_bits
+            USING ERRCODE = '22023',
+                  HINT = 'Pass the values snowflake_layout() shows: time_unit_ms >= 1, worker_bits 0 to 16, sequence_bits 1 to 30.';
+    END IF;
+END
+$$;
+
+-- IMMUTABLE: the layout is in the arguments, so the answer never changes.
+CREATE FUNCTION snowflake_timestamp(id bigint, epoch timestamptz, time_unit_ms bigint,
+                                    worker_bits int, sequence_bits int)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+BEGIN
+    PERFORM @extschema@.snowflake_check_layout_args(time_unit_ms, worker_bits, sequence_bits);
+    IF id < 0 THEN
+        RAISE EXCEPTION 'snowflake ID out of range: % is negative', id
+            USING ERRCODE = '22003',
+                  HINT = 'IDs are non-negative bigints made by snowflake_nextval().';
+    END IF;
+    RETURN epoch + ((id >> (worker_bits + sequence_bits)) * time_unit_ms) * interval '1 millisecond';
+END
+$$;
+
+CREATE FUNCTION snowflake_from_timestamp(ts timestamptz, epoch timestamptz, time_unit_ms bigint,
+                                         worker_bits int, sequence_bits int)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    ms numeric := floor((extract(epoch FROM ts) - extract(epoch FROM epoch)) * 1000);
+BEGIN
+    PERFORM @extschema@.snowflake_check_layout_args(time_unit_ms, worker_bits, sequence_bits);
+    IF ms < 0 THEN
+        RAISE EXCEPTION 'timestamp % is outside the range of snowflake IDs', ts
+            USING ERRCODE = '22008', DETAIL = format('It is before the epoch %s.', epoch),
+                  HINT = 'Use a timestamp within the layout''s range; see snowflake_layout().';
+    END IF;
+    RETURN (floor(ms / time_unit_ms)::bigint) << (worker_bits + sequence_bits);
+END
+$$;
+
+-- Switches a key column to snowflake IDs, in the caller's transaction.
+CREATE FUNCTION snowflake_convert_column(tbl regclass, col name, convert_type boolean DEFAULT false)
+RETURNS TABLE (step text, detail text)
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $fn$
+DECLARE
+    r record;
+    a record;
+    views text;
+    fks text;
+    seq regclass;
+    max_id bigint;
+    first_id bigint;
+    others int;
+BEGIN
+    SELECT c.relkind, c.relowner INTO r FROM pg_catalog.pg_class c WHERE c.oid = tbl;
+    IF r.relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '"%" is not a table', tbl
+            USING ERRCODE = '42809',
+                  HINT = 'Convert the key column of a table (plain or partitioned).';
+    END IF;
+    IF NOT pg_catalog.pg_has_role(current_user, r.relowner, 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table %', tbl
+            USING ERRCODE = '42501',
+                  HINT = 'Run it as the table''s owner or a member of the owning role, as ALTER TABLE requires.';
+    END IF;
+    SELECT att.attnum, att.atttypid, att.attidentity, att.attgenerated,
+           pg_catalog.pg_get_expr(d.adbin, d.adrelid) AS def
+      INTO a
+      FROM pg_catalog.pg_attribute att
+      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = att.attrelid AND d.adnum = att.attnum
+     WHERE att.attrelid = tbl AND att.attname = col AND att.attnum > 0 AND NOT att.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of table % does not exist', col, tbl
+            USING ERRCODE = '42703', HINT = 'Name an existing column of the table.';
+    END IF;
+    IF a.attgenerated <> '' THEN
+        RAISE EXCEPTION 'column "%" of table % is a generated column', col, tbl
+            USING ERRCODE = '42P16', HINT = 'Convert a plain key column; a generated column has no default to switch.';
+    END IF;
+    IF a.def IS NOT NULL AND a.def LIKE '%snowflake_nextval()%' THEN
+        step := 'nothing to do';
+        detail := format('column %s of %s already defaults to %s', col, tbl, a.def);
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- Foreign keys that hold copies of this column must be able to hold snowflake IDs too.
+    SELECT string_agg(format('%s.%I (%s)', con.conrelid::regclass, ref.attname,
+                             pg_catalog.format_type(ref.atttypid, NULL)), ', ')
+      INTO fks
+      FROM pg_catalog.pg_constraint con
+      CROSS JOIN LATERAL unnest(con.confkey, con.conkey) AS k(target, source)
+      JOIN pg_catalog.pg_attribute ref ON ref.attrelid = con.conrelid AND ref.attnum = k.source
+     WHERE con.contype = 'f' AND con.confrelid = tbl AND k.target = a.attnum
+       AND ref.atttypid <> 'bigint'::regtype;
+    IF fks IS NOT NULL THEN
+        RAISE EXCEPTION 'foreign keys referencing %.% are not bigint: %', tbl, col, fks
+            USING ERRCODE = '42804',
+                  DETAIL = 'Snowflake IDs do not fit in integer or smallint: rows referencing new IDs would fail with 22003.',
+                  HINT = 'ALTER TABLE ... ALTER COLUMN ... TYPE bigint on those columns first, then convert this one.';
+    END IF;
+
+    IF a.atttypid IN ('integer'::regtype, 'smallint'::regtype) THEN
+        SELECT string_agg(DISTINCT v.oid::regclass::text, ', ')
+          INTO views
+          FROM pg_catalog.pg_depend dep
+          JOIN pg_catalog.pg_rewrite rw ON rw.oid = dep.objid
+          JOIN pg_catalog.pg_class v ON v.oid = rw.ev_class
+         WHERE dep.classid = 'pg_catalog.pg_rewrite'::regclass
+           AND dep.refclassid = 'pg_catalog.pg_class'::regclass
+           AND dep.refobjid = tbl AND dep.refobjsubid = a.attnum AND v.oid <> tbl;
+        IF NOT convert_type THEN
+            RAISE EXCEPTION 'column "%" of table % is %, too small for snowflake IDs', col, tbl,
+                            pg_catalog.format_type(a.atttypid, NULL)
+                USING ERRCODE = '42804',
+                      DETAIL = 'Snowflake IDs are larger than any integer: every insert would fail with 22003 (integer out of range).',
+                      HINT = format('Call snowflake_convert_column(%L, %L, convert_type => true) to run ALTER TABLE %s ALTER COLUMN %I TYPE bigint first (it rewrites the table and its indexes under an ACCESS EXCLUSIVE lock), or run that yourself.',
+                                    tbl::text, col, tbl, col);
+        END IF;
+        IF views IS NOT NULL THEN
+            RAISE EXCEPTION 'cannot change the type of column "%" of table %: views depend on it', col, tbl
+                USING ERRCODE = '0A000',
+                      DETAIL = format('Dependent views: %s.', views),
+                      HINT = 'In one transaction: drop those views, call this function again, and create the views again. PostgreSQL cannot change the type of a column a view uses.';
+        END IF;
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', tbl, col);
+        step := 'changed type';
+        detail := format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint (was %s): snowflake IDs do not fit in it',
+                         tbl, col, pg_catalog.format_type(a.atttypid, NULL));
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+    ELSIF a.atttypid <> 'bigint'::regtype THEN
+        RAISE EXCEPTION 'column "%" of table % is %, not an integer column', col, tbl,
+                        pg_catalog.format_type(a.atttypid, NULL)
+            USING ERRCODE = '42804',
+                  HINT = 'Snowflake IDs are bigint: convert a bigint, integer or smallint key column.';
+    END IF;
+
+    EXECUTE format('SELECT max(%I) FROM %s', col, tbl) INTO max_id;
+    first_id := @extschema@.snowflake_from_timestamp(now());
+    IF max_id >= first_id THEN
+        RAISE EXCEPTION 'existing values of %.% reach %, not below the first snowflake ID of now (%)',
+                        tbl, col, max_id, first_id
+            USING ERRCODE = '22003',
+                  DETAIL = 'New IDs could then collide with existing rows, or sort before them.',
+                  HINT = 'If the column already holds snowflake IDs, only set its default: ALTER TABLE ... ALTER COLUMN ... SET DEFAULT snowflake_nextval().';
+    END IF;
+    step := 'checked values';
+    detail := format('max(%I) = %s, below %s, the first snowflake ID of now', col,
+                     coalesce(max_id::text, 'NULL (no rows)'), first_id);
+    RAISE NOTICE '%: %', step, detail;
+    RETURN NEXT;
+
+    seq := pg_catalog.pg_get_serial_sequence(tbl::text, col)::regclass;
+    IF a.attidentity IN ('a', 'd') THEN
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I DROP IDENTITY', tbl, col);
+        step := 'dropped identity';
+        detail := format('GENERATED %s AS IDENTITY removed, and with it its sequence %s',
+                         CASE a.attidentity WHEN 'a' THEN 'ALWAYS' ELSE 'BY DEFAULT' END, seq);
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+        seq := NULL;
+    END IF;
+
+    EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT @extschema@.snowflake_nextval()', tbl, col);
+    step := 'set default';
+    detail := format('%s.%I DEFAULT snowflake_nextval() (was %s)', tbl, col,
+                     coalesce(CASE WHEN a.attidentity IN ('a', 'd') THEN 'an identity' END, a.def, 'no default'));
+    RAISE NOTICE '%: %', step, detail;
+    RETURN NEXT;
+
+    IF seq IS NOT NULL THEN
+        -- An owned (serial) sequence: dropped, so that code still calling
+        -- currval()/lastval() for this table fails instead of reading a stale value.
+        SELECT count(*) INTO others
+          FROM pg_catalog.pg_depend dep
+         WHERE dep.refclassid = 'pg_catalog.pg_class'::regclass AND dep.refobjid = seq
+           AND dep.classid = 'pg_catalog.pg_attrdef'::regclass;
+        IF others = 0 THEN
+            EXECUTE format('DROP SEQUENCE %s', seq);
+            step := 'dropped sequence';
+            detail := format('%s, which fed the old default (currval() and lastval() on it now fail instead of returning stale values; use INSERT ... RETURNING)', seq);
+        ELSE
+            step := 'kept sequence';
+            detail := format('%s: %s other column default(s) still use it', seq, others);
+        END IF;
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+    END IF;
+END
+$fn$;
+
+-- Keeps calendar partitions of a table partitioned by RANGE on a bigint
+-- snowflake ID column: the partition of start_at's period and the next
+-- ones, count in all, named parent_pYYYY_MM (month), parent_pYYYY (year),
+-- parent_pYYYY_MM_DD (day) or parent_pIYYY_wIW (ISO week), bounds in UTC.
+-- Idempotent: partitions that exist are reported with created = false.
+CREATE FUNCTION snowflake_create_partitions(parent regclass, period interval DEFAULT '1 month',
+                                            count int DEFAULT 3, start_at timestamptz DEFAULT now())
+RETURNS TABLE (partition_name regclass, created boolean, from_time timestamptz, to_time timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $fn$
+DECLARE
+    p record;
+    months int := extract(year FROM period) * 12 + extract(month FROM period);
+    days int := extract(day FROM period);
+    unit text;
+    fmt text;
+    base timestamp;
+    lo timestamp;
+    pname text;
+    existing oid;
+BEGIN
+    SELECT pt.partstrat, pt.partnatts, pt.partattrs[0] AS attnum, c.relname, c.relnamespace,
+           n.nspname, att.atttypid
+      INTO p
+      FROM pg_catalog.pg_partitioned_table pt
+      JOIN pg_catalog.pg_class c ON c.oid = pt.partrelid
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      LEFT JOIN pg_catalog.pg_attribute att ON att.attrelid = pt.partrelid AND att.attnum = pt.partattrs[0]
+     WHERE pt.partrelid = parent;
+    IF NOT FOUND OR p.partstrat <> 'r' OR p.partnatts <> 1 OR p.atttypid IS DISTINCT FROM 'bigint'::regtype THEN
+        RAISE EXCEPTION 'table % is not partitioned by range on one bigint column', parent
+            USING ERRCODE = '42809',
+                  HINT = 'Create it with PARTITION BY RANGE (id), id being its bigint snowflake ID column.';
+    END IF;
+    IF period - make_interval(months => months, days => days) <> interval '0' THEN
+        months := -1;
+    END IF;
+    IF months = 0 AND days = 1 THEN unit := 'day'; fmt := 'YYYY_MM_DD';
+    ELSIF months = 0 AND days = 7 THEN unit := 'week'; fmt := 'IYYY_"w"IW';
+    ELSIF months = 1 AND days = 0 THEN unit := 'month'; fmt := 'YYYY_MM';
+    ELSIF months = 12 AND days = 0 THEN unit := 'year'; fmt := 'YYYY';
+    ELSE
+        RAISE EXCEPTION 'unsupported partition period %', period
+            USING ERRCODE = '22023', HINT = 'Use 1 day, 1 week, 1 month or 1 year.';
+    END IF;
+    IF count < 1 OR count > 1000 THEN
+        RAISE EXCEPTION 'partition count % is out of range', count
+            USING ERRCODE = '22023', HINT = 'Ask for 1 to 1000 partitions.';
+    END IF;
+
+    base := date_trunc(unit, start_at AT TIME ZONE 'UTC');
+    FOR i IN 0 .. count - 1 LOOP
+        lo := base + i * period;
+        pname := to_char(lo, fmt);
+        pname := left(p.relname, 63 - 2 - length(pname)) || '_p' || pname;
+        from_time := lo AT TIME ZONE 'UTC';
+        to_time := (lo + period) AT TIME ZONE 'UTC';
+        SELECT c.oid INTO existing FROM pg_catalog.pg_class c
+         WHERE c.relnamespace = p.relnamespace AND c.relname = pname;
+        IF existing IS NULL THEN
+            EXECUTE format('CREATE TABLE %I.%I PARTITION OF %s FOR VALUES FROM (%s) TO (%s)',
+                           p.nspname, pname, parent,
+                           @extschema@.snowflake_from_timestamp(from_time),
+                           @extschema@.snowflake_from_timestamp(to_time));
+            created := true;
+        ELSIF EXISTS (SELECT FROM pg_catalog.pg_inherits i
+                       WHERE i.inhrelid = existing AND i.inhparent = parent) THEN
+            created := false;
+        ELSE
+            RAISE EXCEPTION 'relation %.% exists and is not a partition of %', p.nspname, pname, parent
+                USING ERRCODE = '42P07',
+                      HINT = 'Rename or attach that table, then call this function again.';
+        END IF;
+        partition_name := format('%I.%I', p.nspname, pname)::regclass;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+
+COMMENT ON FUNCTION snowflake_nextval() IS
+  'A new snowflake ID from this backend''s worker id (claims one on first use).';
+COMMENT ON FUNCTION snowflake_nextvals(int) IS
+  'n new snowflake IDs (1 to 1,000,000), increasing.';
+COMMENT ON FUNCTION snowflake_decode(bigint) IS
+  'The parts of a snowflake ID as one row: ts, worker_id, sequence.';
+COMMENT ON FUNCTION snowflake_timestamp(bigint) IS
+  'When a snowflake ID was made (start of its tick), with the server''s layout.';
+COMMENT ON FUNCTION snowflake_worker_id(bigint) IS
+  'The worker id part of a snowflake ID.';
+COMMENT ON FUNCTION snowflake_sequence(bigint) IS
+  'The sequence part of a snowflake ID.';
+COMMENT ON FUNCTION snowflake_from_timestamp(timestamptz) IS
+  'The smallest snowflake ID that can be made at ts, for range queries and partition bounds.';
+COMMENT ON FUNCTION snowflake_compose(timestamptz, int, int) IS
+  'A snowflake ID from its parts (tests, migrations).';
+COMMENT ON FUNCTION snowflake_timestamp(bigint, timestamptz, bigint, int, int) IS
+  'IMMUTABLE snowflake_timestamp(id) with the layout given explicitly (epoch, time_unit_ms, worker_bits, sequence_bits as in snowflake_layout()).';
+COMMENT ON FUNCTION snowflake_from_timestamp(timestamptz, timestamptz, bigint, int, int) IS
+  'IMMUTABLE snowflake_from_timestamp(ts) with the layout given explicitly (epoch, time_unit_ms, worker_bits, sequence_bits as in snowflake_layout()).';
+COMMENT ON FUNCTION snowflake_check_layout_args(bigint, int, int) IS
+  'Checks the explicit layout arguments of the IMMUTABLE decoders (internal).';
+COMMENT ON FUNCTION snowflake_layout() IS
+  'The layout in use: preset, epoch, time unit, bits of each field, limits, and when the time field runs out.';
+COMMENT ON FUNCTION snowflake_config() IS
+  'Worker ids in force, held and free, this backend''s worker id, max_drift_ms; worker_ids says "not preloaded" without shared_preload_libraries.';
+COMMENT ON FUNCTION snowflake_worker_status() IS
+  'The rows behind the snowflake_workers view (oids instead of names).';
+COMMENT ON FUNCTION snowflake_accept_layout() IS
+  'Adopts a changed layout: new IDs start above every ID the old layout can have issued. Superusers only.';
+COMMENT ON FUNCTION snowflake_convert_column(regclass, name, boolean) IS
+  'Switches a key column to DEFAULT snowflake_nextval() in one transaction: checks type and values, drops identity and the serial sequence, reports each step.';
+COMMENT ON FUNCTION snowflake_create_partitions(regclass, interval, int, timestamptz) IS
+  'Creates calendar partitions (day, week, month, year; UTC) of a table partitioned by range on its snowflake ID, named parent_pYYYY_MM etc.; idempotent.';
+COMMENT ON FUNCTION snowflake_advance_past(bigint) IS
+  'Makes every new ID of this server larger than id (after restoring a dump of another database); superusers only.';
+COMMENT ON FUNCTION snowflake_to_public(bigint) IS
+  'The public ID of an ID: a keyed, reversible 14-character (12 for js53) token that reveals neither time, volume nor worker; needs snowflake_id.public_key.';
+COMMENT ON FUNCTION snowflake_from_public(text) IS
+  'The ID of a public ID made with any key of snowflake_id.public_key; malformed tokens and tokens of other keys are 22P02. Look rows up with WHERE id = snowflake_from_public($1).';
