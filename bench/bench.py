@@ -103,6 +103,10 @@ SERVER_SETTINGS = {
 }
 
 
+# A fixed key for case 1's snowflake_to_public() row (benchmark servers only).
+PUBLIC_KEY = "000102030405060708090a0b0c0d0e0f"
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -212,9 +216,9 @@ class Server(Cluster):
     def conninfo(self) -> str:
         return f"host={self.dir} port={self.port} dbname=postgres user=postgres"
 
-    def connect(self) -> psycopg.Connection:
-        return psycopg.connect(self.conninfo, autocommit=True,
-                               prepare_threshold=None)
+    def connect(self, dbname: str = "postgres", **kw) -> psycopg.Connection:
+        # No server-side prepared statements: every rep plans alike.
+        return super().connect(dbname=dbname, prepare_threshold=None, **kw)
 
 
 def _stop_orphans() -> None:
@@ -404,6 +408,10 @@ CASE1 = [
     ("seq1000", "nextval('s1000')  CACHE 1000", "nextval('s1000')", "main", False),
     ("uuid", "gen_random_uuid()", "gen_random_uuid()", "main", False),
     ("snowflake", "snowflake_nextval()  classic", "snowflake_nextval()", "main", True),
+    # Public IDs (issue 12): the token of each new ID; the main server has
+    # snowflake_id.public_key set (PUBLIC_KEY).
+    ("public", "snowflake_to_public(snowflake_nextval())",
+     "snowflake_to_public(snowflake_nextval())", "main", True),
     ("bare_js53", "g (bare count, js53 server)", "g", "js53", False),
     ("snowflake_js53", "snowflake_nextval()  js53", "snowflake_nextval()", "js53", True),
 ]
@@ -821,6 +829,11 @@ def goals() -> None:
     sf_cpu = R.get("1_single_session", "snowflake_nextval()  classic", "cpu_ns_per_id_above_bare")
     add("snowflake_nextval() ≤ 60 ns/ID above bare", "wall", sf_wall, 60, "le", "ns")
     add("snowflake_nextval() ≤ 60 ns/ID above bare", "CPU", sf_cpu, 60, "le", "ns")
+    pub = "snowflake_to_public(snowflake_nextval())"
+    add(f"{pub} < 100 ns/ID above bare", "wall",
+        R.get("1_single_session", pub, "ns_per_id_above_bare"), 100, "le", "ns")
+    add(f"{pub} < 100 ns/ID above bare", "CPU",
+        R.get("1_single_session", pub, "cpu_ns_per_id_above_bare"), 100, "le", "ns")
     ratio_goal("wall", "ns_per_id_above_bare")
     ratio_goal("CPU", "cpu_ns_per_id_above_bare")
     add("bulk load ≤ 1.0 × bigserial", "wall", R.get(
@@ -1079,7 +1092,7 @@ def main() -> int:
             log(f"WARNING: that library is not the build in {RELEASE_SO}: "
                 "the numbers may not be of the release build")
         os.makedirs(OUT, exist_ok=True)
-        main_srv = Server("main (classic)", {})
+        main_srv = Server("main (classic)", {"snowflake_id.public_key": PUBLIC_KEY})
         main_srv.start()
         need_js53 = "1" in CASES
         if need_js53:

@@ -348,3 +348,57 @@ pub fn registry_not_read(waited_ms: i64) -> ! {
         Some("Check the server log for \"snowflake_id registry\" messages (a missing database, no free background worker slot). To run without the registry, set snowflake_id.registry_database = '' and restart.".into()),
     )
 }
+
+/// Makes a check hook's failure of `snowflake_id.public_key` say what is
+/// wrong without PostgreSQL's usual echo of the value (it is a secret).
+pub fn public_key_check_failed(detail: &str) {
+    let message =
+        c"invalid value for parameter \"snowflake_id.public_key\" (the value is not shown)";
+    let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
+    let hint = c"Write one or more keys of exactly 32 hex digits, separated by commas; generate one with: openssl rand -hex 16";
+    // SAFETY: the GUC_check_* strings are plain globals that PostgreSQL
+    // reads after the check hook returns false; pstrdup copies our strings
+    // into the current memory context, as PostgreSQL's macros do.
+    unsafe {
+        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(hint.as_ptr());
+    }
+}
+
+/// 55000: public IDs need a key and none is set.
+pub fn no_public_key(function: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{function}() needs a key, and snowflake_id.public_key is not set"),
+        Some("Public IDs are IDs encrypted with a secret key, so that they reveal neither time, worker nor volume. If you did set a key, the server log says why it was refused.".into()),
+        Some("As a superuser: ALTER SYSTEM SET snowflake_id.public_key = '<32 hex digits>'; SELECT pg_reload_conf(); Generate a key with openssl rand -hex 16 (or, with pgcrypto, SELECT encode(gen_random_bytes(16), 'hex')), and keep it with your backups: without it, tokens cannot be turned back into IDs.".into()),
+    )
+}
+
+/// 22P02: a token that is not a public ID of this server.
+pub fn bad_public_id(token: &str, problem: &str, len: usize) -> ! {
+    let shown: String = token.chars().take(40).collect();
+    let more = if token.chars().count() > 40 {
+        "..."
+    } else {
+        ""
+    };
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
+        format!("invalid public ID \"{shown}{more}\""),
+        Some(format!("The token is not a public ID: {problem}.")),
+        Some(format!("A public ID is {len} characters of Crockford base32, exactly as snowflake_to_public() returned it.")),
+    )
+}
+
+/// 22023 at start: a configured `snowflake_id.public_key` that is not a
+/// list of keys. Like `bad_setting`, but the value is a secret: not shown.
+pub fn bad_public_key_setting(origin: &str, problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "invalid value for parameter \"snowflake_id.public_key\" in the configuration (the value is not shown)".into(),
+        Some(format!("Set in {origin}: {problem}.")),
+        Some("Write one or more keys of exactly 32 hex digits, separated by commas (generate one with: openssl rand -hex 16), and start the server again.".into()),
+    )
+}

@@ -222,6 +222,8 @@ pub fn init(preloading: bool) {
         GucFlags::default(),
     );
 
+    define_public_key();
+    refuse_invalid_public_key(&mut configured);
     refuse_invalid_values(&mut configured);
     refuse_unknown_names(&configured);
 
@@ -579,4 +581,119 @@ unsafe extern "C-unwind" fn check_sequence_bits(
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
     check_at_least("snowflake_id.sequence_bits", unsafe { *newval }, 1, source)
+}
+
+// ------------------------------------------------ snowflake_id.public_key
+
+/// `snowflake_id.public_key`: the keys of public IDs (see `public_id`).
+static PUBLIC_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// Bumped by the assign hook whenever `snowflake_id.public_key` changes in
+/// this process, so the SQL functions re-derive their round keys only then.
+static PUBLIC_KEY_VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Defines `snowflake_id.public_key`. Superuser-only and left out of
+/// `SHOW ALL`, `pg_settings` and postgresql.conf.sample; its show hook
+/// prints the keys' tags, never the keys, so no SQL reads the key back,
+/// not even a superuser's. A refused value is reported without echoing it.
+/// Called from [`init`], with or without preloading: a sighup setting can
+/// be defined at any time.
+fn define_public_key() {
+    // SAFETY: the hooks are #[pg_guard] functions with the signatures
+    // PostgreSQL expects; they read only the value given or the setting.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake_id.public_key",
+            c"Keys of public IDs: 32 hex digits each, comma-separated; the first makes tokens, all read them.",
+            c"Used by snowflake_to_public() and snowflake_from_public(). Generate a key with openssl rand -hex 16.",
+            &PUBLIC_KEY,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL | GucFlags::NO_RESET_ALL,
+            Some(check_public_key),
+            Some(assign_public_key),
+            Some(show_public_key),
+        );
+    }
+}
+
+/// At start, a configured `snowflake_id.public_key` that does not parse
+/// refuses the start as [`refuse_invalid_values`] does for the other
+/// settings, but without echoing the value. Removes it from `configured`.
+fn refuse_invalid_public_key(configured: &mut Vec<Configured>) {
+    configured.retain(|c| {
+        if !c
+            .name
+            .to_string_lossy()
+            .eq_ignore_ascii_case("snowflake_id.public_key")
+        {
+            return true;
+        }
+        if let Err(problem) = crate::public_id::parse_keys(&c.value.to_string_lossy()) {
+            errors::bad_public_key_setting(&c.origin, &problem.to_string());
+        }
+        false
+    });
+}
+
+fn public_key_text() -> String {
+    PUBLIC_KEY
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The keys of `snowflake_id.public_key` (empty when none is set). The check
+/// hook has already accepted the text.
+pub fn public_keys() -> Vec<crate::public_id::Key> {
+    crate::public_id::parse_keys(&public_key_text()).unwrap_or_default()
+}
+
+/// Changes whenever `snowflake_id.public_key` changes in this process.
+pub fn public_key_version() -> u64 {
+    PUBLIC_KEY_VERSION.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_public_key(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
+    // which is NULL or a NUL-terminated string.
+    let text = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return true;
+        }
+        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    };
+    match crate::public_id::parse_keys(&text) {
+        Ok(_) => true,
+        Err(problem) => {
+            errors::public_key_check_failed(&problem.to_string());
+            false
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_public_key(_newval: *const c_char, _extra: *mut c_void) {
+    PUBLIC_KEY_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn show_public_key() -> *const c_char {
+    let keys = public_keys();
+    let shown = if keys.is_empty() {
+        String::new()
+    } else {
+        let tags: Vec<String> = keys
+            .iter()
+            .map(|k| crate::public_id::tag_char(crate::public_id::key_tag(k)).to_string())
+            .collect();
+        format!("(hidden; {} key(s), tags {})", keys.len(), tags.join(" "))
+    };
+    let shown = CString::new(shown).unwrap_or_default();
+    // SAFETY: pstrdup copies the string into the current memory context,
+    // where PostgreSQL expects a show hook's result to live.
+    unsafe { pg_sys::pstrdup(shown.as_ptr()) }
 }

@@ -12,6 +12,8 @@
 //! - `claims`     worker id claims, one per backend, and the hot path
 //! - `registry_worker` the background workers that keep the registry table, and its DDL
 //! - `api`        the SQL functions and views
+//! - `public_id`  the keyed, reversible text form of IDs (pure)
+//! - `public_sql` `snowflake_to_public()` / `snowflake_from_public()`
 //! - `sql_tools`  SQL-language functions (decode row, convert, partitions) and COMMENTs
 //! - `errors`     every error raised, with SQLSTATE, detail and hint
 #![forbid(unsafe_op_in_unsafe_fn)]
@@ -23,6 +25,8 @@ mod errors;
 pub mod generator;
 mod gucs;
 pub mod layout;
+pub mod public_id;
+mod public_sql;
 pub mod ranges;
 mod registry_worker;
 mod reservation;

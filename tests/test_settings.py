@@ -14,11 +14,12 @@ the server.
 from __future__ import annotations
 
 import glob
+import os
 
 import psycopg
 import pytest
 
-from conftest import ClusterError
+from conftest import PG_MAJOR, ClusterError
 
 # (setting, bad value, a fragment of what is accepted, in the log)
 BAD_VALUES = [
@@ -60,6 +61,27 @@ def _refused(c, name: str, value: str, accepted: str) -> None:
     assert accepted in report, (name, value, accepted, report)
 
 
+def _alter_system(c, name: str, value: str | None) -> None:
+    """ALTER SYSTEM SET name = value (RESET when value is None) on a server
+    that does not load the library. PostgreSQL 15 and 16 refuse names they
+    do not know there (42704) where 18 takes them as placeholders; there, the
+    same line is written into postgresql.auto.conf, as ALTER SYSTEM would."""
+    stmt = (f"ALTER SYSTEM RESET {name}" if value is None
+            else f"ALTER SYSTEM SET {name} = " + _literal(value))
+    try:
+        c.sql(stmt)
+        return
+    except psycopg.errors.UndefinedObject:
+        assert PG_MAJOR < 18, f"{stmt} refused on PostgreSQL {PG_MAJOR}"
+    path = os.path.join(c.datadir, "postgresql.auto.conf")
+    with open(path) as f:
+        lines = [ln for ln in f if not ln.startswith(f"{name} =")]
+    if value is not None:
+        lines.append(f"{name} = {_literal(value)}\n")
+    with open(path, "w") as f:
+        f.writelines(lines)
+
+
 @pytest.mark.parametrize("how", ["postgresql.conf", "ALTER SYSTEM"])
 def test_invalid_values_refuse_to_start(make_cluster, how):
     c = make_cluster(preload=how == "postgresql.conf", start=False)
@@ -72,7 +94,7 @@ def test_invalid_values_refuse_to_start(make_cluster, how):
             c.preload = False
             c.configure()
             c.start()
-            c.sql(f"ALTER SYSTEM SET {name} = " + _literal(value))
+            _alter_system(c, name, value)
             c.stop()
             c.preload = True
             c.configure()
@@ -84,7 +106,7 @@ def test_invalid_values_refuse_to_start(make_cluster, how):
             c.preload = False
             c.configure()
             c.start()
-            c.sql(f"ALTER SYSTEM RESET {name}")
+            _alter_system(c, name, None)
             c.stop()
             c.preload = True
             c.configure()
@@ -101,7 +123,7 @@ def test_unknown_names_refuse_to_start(make_cluster, how):
         c.configure(**{"snowflake_id.worker_id": "0-3"})
     else:
         c.start()
-        c.sql("ALTER SYSTEM SET snowflake_id.worker_id = '0-3'")
+        _alter_system(c, "snowflake_id.worker_id", "0-3")
         c.stop()
         c.preload = True
         c.configure()
