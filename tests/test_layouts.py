@@ -379,8 +379,12 @@ def test_strict_functions_map_null_to_null(cluster):
             "snowflake_compose(NULL, 0, 0), snowflake_compose(now(), NULL, 0), "
             "snowflake_compose(now(), 0, NULL)").fetchone()
         assert row == (None,) * 5
-        # Set-returning strict functions return no rows.
-        assert conn.execute("SELECT * FROM snowflake_decode(NULL)").fetchall() == []
+        # snowflake_decode() returns one row (not a set): NULL gives a row of
+        # NULLs. Set-returning strict functions return no rows.
+        assert conn.execute("SELECT * FROM snowflake_decode(NULL)").fetchall() == [
+            (None, None, None)]
+        assert conn.execute("SELECT snowflake_worker_id(NULL), snowflake_sequence(NULL)"
+                            ).fetchone() == (None, None)
         assert conn.execute("SELECT * FROM snowflake_nextvals(NULL)").fetchall() == []
         assert conn.execute("SELECT my_worker_id FROM snowflake_config()").fetchone()[0] is None
 
