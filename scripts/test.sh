@@ -60,6 +60,7 @@ done
 set +e
 status=0
 for v in "${PG_VERSIONS[@]}"; do
+    started=$SECONDS
     pgc="$(pg_config_for "$v")"
     features=(--no-default-features --features "pg$v")
     # The pure unit and property tests do not depend on the version: they
@@ -83,6 +84,7 @@ for v in "${PG_VERSIONS[@]}"; do
     rc=$?
     # pytest's 5 is "no test collected": a failure here too.
     [[ $rc -eq 0 ]] || status=1
+    echo $((SECONDS - started)) >"$RESULTS/seconds-pg$v"
 done
 "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/scripts/test_summary.py" "$RESULTS" "${PG_VERSIONS[@]}" || status=1
 exit "$status"

@@ -50,6 +50,10 @@ def main():
         print(open(extra).read().rstrip())
         ok = False
     for v in versions:
+        seconds = os.path.join(results, f"seconds-pg{v}")
+        if os.path.exists(seconds):
+            s = int(open(seconds).read())
+            print(f"PostgreSQL {v}: {s // 60} min {s % 60} s (build, install and tests)")
         for kind, counts in (
             ("cargo pgrx test", cargo_counts(os.path.join(results, f"cargo-pg{v}.log"))),
             ("pytest", pytest_counts(os.path.join(results, f"pytest-pg{v}.xml"))),
