@@ -283,3 +283,16 @@ pub fn behind_server(behind_ms: i64, max_drift_ms: i64) -> ! {
         Some("Fix the system clock (check NTP), wait until it catches up, or raise snowflake_id.max_drift and reload.".into()),
     )
 }
+
+/// XX001: the state file was written by a newer build of snowflake_id, in a
+/// format this build does not know.
+pub fn state_file_too_new(path: &str, version: u32, known: u32) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!(
+            "snowflake_id state file \"{path}\" has format version {version}, newer than this build reads (up to {known})"
+        ),
+        Some("It was written by a newer snowflake_id; reading it with this build could misread how far IDs were reserved.".into()),
+        Some("Install the newer snowflake_id build that wrote it, or restore the file from a backup made with this build.".into()),
+    )
+}
