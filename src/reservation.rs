@@ -262,6 +262,14 @@ pub fn accept_layout(header: &Header, layout: &Layout, latest_ms: i64) -> Result
     Ok(first)
 }
 
+/// Why a layout cannot be adopted.
+pub enum AcceptError {
+    /// No ID of the new layout is above the old IDs.
+    CannotRise,
+    /// New IDs would only get above the old ones at this Unix ms.
+    NotUntil(i64),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,12 +287,4 @@ mod tests {
             Err(StateFileError::Unreadable(_))
         ));
     }
-}
-
-/// Why a layout cannot be adopted.
-pub enum AcceptError {
-    /// No ID of the new layout is above the old IDs.
-    CannotRise,
-    /// New IDs would only get above the old ones at this Unix ms.
-    NotUntil(i64),
 }
