@@ -103,23 +103,18 @@ SERVER_SETTINGS = {
 }
 
 
+# A fixed key for case 1's snowflake_to_public() row (benchmark servers only).
+PUBLIC_KEY = "000102030405060708090a0b0c0d0e0f"
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------- server
-def _conf_value(v) -> str:
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return "'" + str(v).replace("'", "''") + "'"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The cluster harness is the tests' one (tests/harness.py).
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from harness import Cluster, _conf_value, stop_orphans  # noqa: E402
 
 
 def run_pg(cmd, check=True, timeout=300, input=None):
@@ -186,42 +181,25 @@ def make_tree_dir() -> str:
 
 
 TREE: dict = {}
-_live: "list[Server]" = []  # started, not yet stopped
 _made: "list[Server]" = []  # every server directory made by this run
 
 
-class Server:
-    """A throwaway cluster in /tmp/sfbenchXXXXXX (also the socket dir)."""
+class Server(Cluster):
+    """A throwaway cluster in /tmp/sfbenchXXXXXX (also the socket dir),
+    started from the private tree's postgres (see build_pg_tree)."""
 
     def __init__(self, name: str, settings: dict):
         self.name = name
-        self.dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir="/tmp")
-        _made.append(self)  # removed at the end even if initdb is interrupted
-        os.chmod(self.dir, 0o755)
-        with open(os.path.join(self.dir, "owner.pid"), "w") as f:
-            f.write(f"{os.getpid()}\n")
-        if AS_ROOT:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
-        self.data = os.path.join(self.dir, "data")
-        self.logfile = os.path.join(self.dir, "server.log")
-        self.port = _free_port()
-        run_pg([f"{PG_BINDIR}/initdb", "-D", self.data, "-A", "trust",
-                "-U", "postgres", "-E", "UTF8", "--locale=C.UTF-8",
-                "--no-sync", "--no-instructions"])
-        conf = {"port": self.port, "unix_socket_directories": self.dir,
-                "listen_addresses": "", **SERVER_SETTINGS,
-                "shared_preload_libraries": "snowflake_id", **settings}
-        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
-            f.write("\n# bench/bench.py\n")
-            for k, v in conf.items():
-                f.write(f"{k} = {_conf_value(v)}\n")
+        # The harness's test defaults (fsync off, 120 connections...) are
+        # replaced by the benchmark's settings: fsync stays on.
+        super().__init__(preload=True, settings={"fsync": True, **SERVER_SETTINGS,
+                                                 **settings},
+                         dir_prefix=DIR_PREFIX, postgres=TREE["postgres"])
+        _made.append(self)
 
-    def start(self) -> "Server":
-        _live.append(self)
-        run_pg([f"{PG_BINDIR}/pg_ctl", "-D", self.data, "-l", self.logfile,
-                "-p", TREE["postgres"], "-w", "-t", "60", "start"])
-        with open(os.path.join(self.data, "postmaster.pid")) as f:
+    def start(self, env: dict | None = None, timeout: int = 60, **kw) -> "Server":
+        super().start(env=env, timeout=timeout, **kw)
+        with open(os.path.join(self.datadir, "postmaster.pid")) as f:
             pid = int(f.readline())
         with open(f"/proc/{pid}/maps") as f:
             mapped = {line.split()[-1] for line in f if "snowflake_id" in line}
@@ -229,59 +207,23 @@ class Server:
             raise RuntimeError(f"{self.name} server mapped {mapped}, not {TREE['so']}")
         return self
 
-    def stop(self) -> None:
-        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
-            p = run_pg([f"{PG_BINDIR}/pg_ctl", "-D", self.data, "-m", "fast",
-                        "-w", "-t", "60", "stop"], check=False)
-            if p.returncode != 0:
-                run_pg([f"{PG_BINDIR}/pg_ctl", "-D", self.data, "-m",
-                        "immediate", "-w", "stop"], check=False)
-        if self in _live:
-            _live.remove(self)
-
-    def destroy(self) -> None:
-        self.stop()
+    def destroy(self, keep: bool = False) -> None:
         if KEEP:
             log(f"kept {self.name} server dir {self.dir}")
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        super().destroy(keep=keep or KEEP)
 
     @property
     def conninfo(self) -> str:
         return f"host={self.dir} port={self.port} dbname=postgres user=postgres"
 
-    def connect(self) -> psycopg.Connection:
-        return psycopg.connect(self.conninfo, autocommit=True,
-                               prepare_threshold=None)
-
-
-@atexit.register
-def _stop_live_servers() -> None:
-    for s in list(_live):
-        try:
-            s.stop()
-        except Exception as e:  # noqa: BLE001 - best effort at exit
-            print(f"could not stop {s.dir}: {e}", file=sys.stderr)
+    def connect(self, dbname: str = "postgres", **kw) -> psycopg.Connection:
+        # No server-side prepared statements: every rep plans alike.
+        return super().connect(dbname=dbname, prepare_threshold=None, **kw)
 
 
 def _stop_orphans() -> None:
     """Stops and removes servers left by an earlier run whose process died."""
-    for owner in glob.glob(f"/tmp/{DIR_PREFIX}*/owner.pid"):
-        d = os.path.dirname(owner)
-        try:
-            pid = int(open(owner).read().strip())
-            os.kill(pid, 0)
-            continue  # its owner is alive
-        except ProcessLookupError:
-            pass
-        except (OSError, ValueError):
-            continue
-        data = os.path.join(d, "data")
-        if os.path.exists(os.path.join(data, "postmaster.pid")):
-            run_pg([f"{PG_BINDIR}/pg_ctl", "-D", data, "-m", "immediate",
-                    "-w", "stop"], check=False)
-        shutil.rmtree(d, ignore_errors=True)
-        log(f"removed leftover benchmark cluster {d}")
+    stop_orphans(DIR_PREFIX, remove=True)
 
 
 def _sigterm(signum, frame):
@@ -466,6 +408,10 @@ CASE1 = [
     ("seq1000", "nextval('s1000')  CACHE 1000", "nextval('s1000')", "main", False),
     ("uuid", "gen_random_uuid()", "gen_random_uuid()", "main", False),
     ("snowflake", "snowflake_nextval()  classic", "snowflake_nextval()", "main", True),
+    # Public IDs (issue 12): the token of each new ID; the main server has
+    # snowflake_id.public_key set (PUBLIC_KEY).
+    ("public", "snowflake_to_public(snowflake_nextval())",
+     "snowflake_to_public(snowflake_nextval())", "main", True),
     ("bare_js53", "g (bare count, js53 server)", "g", "js53", False),
     ("snowflake_js53", "snowflake_nextval()  js53", "snowflake_nextval()", "js53", True),
 ]
@@ -883,6 +829,11 @@ def goals() -> None:
     sf_cpu = R.get("1_single_session", "snowflake_nextval()  classic", "cpu_ns_per_id_above_bare")
     add("snowflake_nextval() ≤ 60 ns/ID above bare", "wall", sf_wall, 60, "le", "ns")
     add("snowflake_nextval() ≤ 60 ns/ID above bare", "CPU", sf_cpu, 60, "le", "ns")
+    pub = "snowflake_to_public(snowflake_nextval())"
+    add(f"{pub} < 100 ns/ID above bare", "wall",
+        R.get("1_single_session", pub, "ns_per_id_above_bare"), 100, "le", "ns")
+    add(f"{pub} < 100 ns/ID above bare", "CPU",
+        R.get("1_single_session", pub, "cpu_ns_per_id_above_bare"), 100, "le", "ns")
     ratio_goal("wall", "ns_per_id_above_bare")
     ratio_goal("CPU", "cpu_ns_per_id_above_bare")
     add("bulk load ≤ 1.0 × bigserial", "wall", R.get(
@@ -1141,7 +1092,7 @@ def main() -> int:
             log(f"WARNING: that library is not the build in {RELEASE_SO}: "
                 "the numbers may not be of the release build")
         os.makedirs(OUT, exist_ok=True)
-        main_srv = Server("main (classic)", {})
+        main_srv = Server("main (classic)", {"snowflake_id.public_key": PUBLIC_KEY})
         main_srv.start()
         need_js53 = "1" in CASES
         if need_js53:

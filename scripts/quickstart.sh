@@ -24,6 +24,7 @@ DATA="$DEMO_DIR/data"
 PG_CTL="$PG_BINDIR/pg_ctl"
 PSQL=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$DEMO_DIR" -p "$PORT" -U postgres -d postgres)
 
+PG_VERSIONS=(15)   # the demo runs on Debian's PostgreSQL 15
 ensure_deps
 
 log "building and installing snowflake_id (release)"

@@ -10,6 +10,7 @@ use crate::errors;
 use crate::gucs;
 use crate::layout::{Layout, PartError};
 use pgrx::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
@@ -32,23 +33,87 @@ fn to_unix_ms(ts: TimestampWithTimeZone, layout: &Layout) -> i64 {
     micros.div_euclid(1000) + PG_EPOCH_UNIX_MS
 }
 
+/// IDs per chunk of `snowflake_nextvals()`: its memory is bounded by this,
+/// whatever `n` the caller asks for.
+const CHUNK: usize = 4096;
+
+/// Set once this process has seen the clock within the layout's usable
+/// time (not before the epoch, not within ten years of its end); from then
+/// on the generator's own clock rules apply.
+static TIME_USABLE: AtomicBool = AtomicBool::new(false);
+
+/// Refuses to make IDs (55000) while the clock is outside the layout's
+/// usable time. Checked here rather than at start, so that a clock set
+/// wrong never stops the server.
+fn require_usable_time() {
+    if TIME_USABLE.load(Relaxed) {
+        return;
+    }
+    match gucs::layout().time_problem(crate::clock::unix_ms()) {
+        None => TIME_USABLE.store(true, Relaxed),
+        Some(problem) => errors::layout_unusable_now(&problem.to_string()),
+    }
+}
+
 /// A new ID from this backend's worker id.
 #[pg_extern(volatile, parallel_unsafe)]
 fn snowflake_nextval() -> i64 {
+    require_usable_time();
     let mut id = 0;
     claims::generate("snowflake_nextval", 1, |v| id = v);
     id
 }
 
 /// `n` new IDs at once (1 to 1,000,000), in increasing order.
+///
+/// Streamed: IDs are made in chunks of [`CHUNK`] as the set is read, each
+/// chunk covered by the durable reservation before any of its IDs is
+/// returned, so no allocation grows with `n` (a Rust allocation that fails
+/// aborts the backend and restarts the server).
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn snowflake_nextvals(n: i32) -> SetOfIterator<'static, i64> {
     if !(1..=MAX_BATCH).contains(&n) {
         errors::bad_batch_size(n, MAX_BATCH);
     }
-    let mut ids = Vec::with_capacity(n as usize);
-    claims::generate("snowflake_nextvals", n as usize, |v| ids.push(v));
-    SetOfIterator::new(ids)
+    require_usable_time();
+    SetOfIterator::new(Batch {
+        left: n as usize,
+        ids: Vec::new(),
+        next: 0,
+    })
+}
+
+/// The rest of a `snowflake_nextvals()` set.
+struct Batch {
+    /// IDs still to make.
+    left: usize,
+    /// The current chunk, and the position of the next ID to return in it.
+    ids: Vec<i64>,
+    next: usize,
+}
+
+impl Iterator for Batch {
+    type Item = i64;
+
+    fn next(&mut self) -> Option<i64> {
+        if self.next == self.ids.len() {
+            if self.left == 0 {
+                return None;
+            }
+            let chunk = self.left.min(CHUNK);
+            self.ids.clear();
+            if self.ids.try_reserve_exact(chunk).is_err() {
+                errors::out_of_memory(chunk * std::mem::size_of::<i64>());
+            }
+            let ids = &mut self.ids;
+            claims::generate("snowflake_nextvals", chunk, |v| ids.push(v));
+            self.left -= chunk;
+            self.next = 0;
+        }
+        let id = self.ids.get(self.next).copied();
+        self.next += 1;
+        id
+    }
 }
 
 /// The parts of an ID: its timestamp, worker id and sequence.
@@ -235,6 +300,27 @@ fn snowflake_worker_status() -> TableIterator<
     TableIterator::new(rows.collect::<Vec<_>>())
 }
 
+/// Makes every ID this server makes from now on larger than `id` (any
+/// worker id), for after restoring a dump of a database other than
+/// `snowflake_id.registry_database`: `SELECT snowflake_advance_past(max(id))
+/// FROM orders`. Durable across restarts. Returns the time from which new
+/// IDs are stamped. Superusers only: a far-future ID would stop IDs being
+/// made until the clock catches up.
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn snowflake_advance_past(id: i64) -> TimestampWithTimeZone {
+    // SAFETY: a plain catalog check of the current user.
+    if !unsafe { pg_sys::superuser() } {
+        errors::superuser_only("snowflake_advance_past");
+    }
+    let header = claims::require_shared("snowflake_advance_past");
+    let layout = gucs::layout();
+    let parts = layout
+        .decode(id)
+        .unwrap_or_else(|e| errors::part_out_of_range(e));
+    crate::reservation::advance_past(header, layout.tick_start_unix_ms(parts.ticks), layout);
+    to_timestamptz(layout.tick_start_unix_ms(parts.ticks + 1))
+}
+
 /// Adopts the layout the server started with, after a change of the layout
 /// settings made `snowflake_nextval()` refuse. New IDs start above every ID
 /// the previous layout can have issued. Superusers only.
@@ -279,41 +365,34 @@ fn snowflake_accept_layout() -> TableIterator<
 extension_sql!(
     r#"
 REVOKE EXECUTE ON FUNCTION snowflake_accept_layout() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_advance_past(bigint) FROM PUBLIC;
 "#,
     name = "accept_layout_privileges",
-    requires = [snowflake_accept_layout]
+    requires = [snowflake_accept_layout, snowflake_advance_past]
 );
 
 extension_sql!(
     r#"
 CREATE VIEW snowflake_workers AS
 SELECT w.worker_id, w.pid, d.datname AS database, r.rolname AS role,
-       w.application_name, w.claimed_at, w.released_at, w.claims, w.ids_issued, w.last_id_time,
+       coalesce(a.application_name, w.application_name) AS application_name,
+       CASE WHEN v.full THEN w.claimed_at END AS claimed_at, w.released_at, w.claims,
+       CASE WHEN v.full THEN w.ids_issued END AS ids_issued,
+       CASE WHEN v.full THEN w.last_id_time END AS last_id_time,
        w.current_drift_ms, w.max_drift_ms, w.sequence_exhausted, w.clock_backward
   FROM snowflake_worker_status() w
-  LEFT JOIN pg_database d ON d.oid = w.database_oid
-  LEFT JOIN pg_roles r ON r.oid = w.role_oid;
+  LEFT JOIN pg_catalog.pg_database d ON d.oid = w.database_oid
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = w.role_oid
+  -- The holder's application name now (it may have changed since the claim).
+  LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(coalesce(w.pid, 0)) a ON a.pid = w.pid
+  -- Like pg_stat_activity: when and how much a session did is for its own
+  -- role (and roles that have its privileges), superusers and
+  -- pg_read_all_stats.
+  CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')
+          OR (w.role_oid IS NOT NULL AND pg_catalog.pg_has_role(w.role_oid, 'USAGE')) AS full) v;
 COMMENT ON VIEW snowflake_workers IS
   'Worker ids held now or used since the server started, with their generator counters.';
 GRANT SELECT ON snowflake_workers TO PUBLIC;
-
-CREATE TABLE snowflake_worker_registry (
-    worker_id        int PRIMARY KEY,
-    pid              int,
-    database         name,
-    role             name,
-    application_name text,
-    claimed_at       timestamptz,
-    released_at      timestamptz,
-    claims           bigint NOT NULL DEFAULT 0,
-    ids_issued       bigint NOT NULL DEFAULT 0,
-    high_water       timestamptz,
-    updated_at       timestamptz NOT NULL DEFAULT now()
-);
-COMMENT ON TABLE snowflake_worker_registry IS
-  'Who held each worker id and when, and the time of the last ID made under it; kept by the snowflake_id registry worker in the database named by snowflake_id.registry_database.';
-REVOKE ALL ON snowflake_worker_registry FROM PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('snowflake_worker_registry', '');
 "#,
     name = "snowflake_workers_view",
     requires = [snowflake_worker_status]

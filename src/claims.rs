@@ -176,6 +176,9 @@ fn claim_worker(header: &'static Header) -> Claim {
     if header.layout_changed.load(Acquire) {
         errors::layout_changed();
     }
+    if header.registry_pending.load(Acquire) {
+        wait_for_registry(header);
+    }
     let (ranges, text) = gucs::worker_ranges();
     // Before anything is held, so that an error here cannot leak a slot.
     register_exit_callback();
@@ -242,6 +245,28 @@ fn claim_worker(header: &'static Header) -> Claim {
         backward_at_issue: state.clock_backward,
         state,
         fresh_floor: raised.then_some(floor_ms),
+    }
+}
+
+/// How long a first claim after startup waits for the registry worker to
+/// read the registry table's high-water marks, in ms. The worker reads them
+/// within a second of startup on an idle server.
+const REGISTRY_WAIT_MS: i64 = 30_000;
+
+/// Waits until the registry worker has put the high-water marks of the
+/// registry table in force (after `pg_upgrade` or a restore they may be the
+/// only record of IDs made before). A hot standby does not wait: its worker
+/// starts only at promotion, and replayed WAL gives it the primary's floor.
+#[cold]
+fn wait_for_registry(header: &Header) {
+    let mut waited = 0;
+    // SAFETY: a plain read of PostgreSQL's recovery state.
+    while header.registry_pending.load(Acquire) && !unsafe { pg_sys::RecoveryInProgress() } {
+        if waited >= REGISTRY_WAIT_MS {
+            errors::registry_not_read(REGISTRY_WAIT_MS);
+        }
+        crate::clock::wait_ms(10);
+        waited += 10;
     }
 }
 

@@ -49,6 +49,44 @@ pub fn bad_worker_ids(detail: &str) -> ! {
     )
 }
 
+/// 22023: the configuration gives a `snowflake_id.*` setting a value
+/// PostgreSQL rejects (it would start on the default instead).
+pub fn bad_setting(name: &str, value: &str, origin: &str, accepted: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("invalid value for parameter \"{name}\" in the configuration: \"{value}\""),
+        Some(format!(
+            "Set in {origin}. Accepted values: {accepted}. PostgreSQL would start with the default instead, so this server would make IDs another way than configured."
+        )),
+        Some(format!("Fix {name} (postgresql.conf, or ALTER SYSTEM) and start the server again.")),
+    )
+}
+
+/// 42704: the configuration sets a `snowflake_id.*` name that does not exist.
+pub fn unknown_setting(name: &str, origin: &str, known: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        format!("unrecognized configuration parameter \"{name}\""),
+        Some(format!(
+            "Set in {origin}. PostgreSQL would ignore it, so this server would run without the setting meant."
+        )),
+        Some(format!(
+            "Correct or remove it and start the server again. The snowflake_id settings are: {known}."
+        )),
+    )
+}
+
+/// 55000: the clock is outside the range in which this layout may make
+/// IDs (before the epoch, or within ten years of the layout's end).
+pub fn layout_unusable_now(problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("snowflake IDs cannot be made now: {problem}"),
+        Some("The decoders still work; only new IDs are refused.".into()),
+        Some("Check the system clock (NTP). If it is right, configure a layout with an earlier snowflake_id.epoch, more time bits or a coarser time unit (see the README on changing the layout).".into()),
+    )
+}
+
 /// Sets the detail of a GUC check hook's failure.
 pub fn guc_check_detail(detail: &str) {
     let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
@@ -223,6 +261,16 @@ pub fn beyond_timestamp_range(unix_ms: i64) -> ! {
     )
 }
 
+/// 53200: an allocation failed.
+pub fn out_of_memory(bytes: usize) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
+        "out of memory".into(),
+        Some(format!("Failed on request of size {bytes}.")),
+        None,
+    )
+}
+
 /// XX000: a bug.
 pub fn internal(message: &str) -> ! {
     raise(
@@ -294,5 +342,72 @@ pub fn state_file_too_new(path: &str, version: u32, known: u32) -> ! {
         ),
         Some("It was written by a newer snowflake_id; reading it with this build could misread how far IDs were reserved.".into()),
         Some("Install the newer snowflake_id build that wrote it, or restore the file from a backup made with this build.".into()),
+    )
+}
+
+/// 55000: the registry worker has not read the registry table's
+/// high-water marks yet, so a first claim cannot know the floor.
+pub fn registry_not_read(waited_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "the snowflake_id registry worker has not read the registry's high-water marks after {waited_ms} ms"
+        ),
+        Some("After pg_upgrade or a restore, the snowflake_worker_registry table of snowflake_id.registry_database may be the only record of IDs made before; no ID is made until they are in force.".into()),
+        Some("Check the server log for \"snowflake_id registry\" messages (a missing database, no free background worker slot). To run without the registry, set snowflake_id.registry_database = '' and restart.".into()),
+    )
+}
+
+/// Makes a check hook's failure of `snowflake_id.public_key` say what is
+/// wrong without PostgreSQL's usual echo of the value (it is a secret).
+pub fn public_key_check_failed(detail: &str) {
+    let message =
+        c"invalid value for parameter \"snowflake_id.public_key\" (the value is not shown)";
+    let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
+    let hint = c"Write one or more keys of exactly 32 hex digits, separated by commas; generate one with: openssl rand -hex 16";
+    // SAFETY: the GUC_check_* strings are plain globals that PostgreSQL
+    // reads after the check hook returns false; pstrdup copies our strings
+    // into the current memory context, as PostgreSQL's macros do.
+    unsafe {
+        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(hint.as_ptr());
+    }
+}
+
+/// 55000: public IDs need a key and none is set.
+pub fn no_public_key(function: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{function}() needs a key, and snowflake_id.public_key is not set"),
+        Some("Public IDs are IDs encrypted with a secret key, so that they reveal neither time, worker nor volume. If you did set a key, the server log says why it was refused.".into()),
+        Some("As a superuser: ALTER SYSTEM SET snowflake_id.public_key = '<32 hex digits>'; SELECT pg_reload_conf(); Generate a key with openssl rand -hex 16 (or, with pgcrypto, SELECT encode(gen_random_bytes(16), 'hex')), and keep it with your backups: without it, tokens cannot be turned back into IDs.".into()),
+    )
+}
+
+/// 22P02: a token that is not a public ID of this server.
+pub fn bad_public_id(token: &str, problem: &str, len: usize) -> ! {
+    let shown: String = token.chars().take(40).collect();
+    let more = if token.chars().count() > 40 {
+        "..."
+    } else {
+        ""
+    };
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
+        format!("invalid public ID \"{shown}{more}\""),
+        Some(format!("The token is not a public ID: {problem}.")),
+        Some(format!("A public ID is {len} characters of Crockford base32, exactly as snowflake_to_public() returned it.")),
+    )
+}
+
+/// 22023 at start: a configured `snowflake_id.public_key` that is not a
+/// list of keys. Like `bad_setting`, but the value is a secret: not shown.
+pub fn bad_public_key_setting(origin: &str, problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "invalid value for parameter \"snowflake_id.public_key\" in the configuration (the value is not shown)".into(),
+        Some(format!("Set in {origin}: {problem}.")),
+        Some("Write one or more keys of exactly 32 hex digits, separated by commas (generate one with: openssl rand -hex 16), and start the server again.".into()),
     )
 }

@@ -40,6 +40,8 @@ static WORKER_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 static SEQUENCE_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 static WORKER_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static MAX_DRIFT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
+/// The largest `snowflake_id.max_drift`, in milliseconds.
+const MAX_DRIFT_LIMIT_MS: i32 = 3_600_000;
 static REGISTRY_DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
@@ -83,6 +85,13 @@ fn reject(name: &'static str, value: &str, detail: &str, source: pg_sys::GucSour
 /// superuser settings so that the decoders still follow postgresql.conf;
 /// the layout is read once either way.
 pub fn init(preloading: bool) {
+    // What the configuration says, before defining the settings replaces
+    // PostgreSQL's placeholders (and forgets values it cannot parse).
+    let mut configured = if preloading {
+        configured_placeholders()
+    } else {
+        Vec::new()
+    };
     let layout_context = || {
         if preloading {
             GucContext::Postmaster
@@ -163,6 +172,7 @@ pub fn init(preloading: bool) {
     if let Some((name, problem)) = take_rejected() {
         errors::invalid_layout(&format!("{name} = {problem}"));
     }
+    refuse_invalid_values(&mut configured);
 
     let layout = match compute_layout() {
         Ok(layout) => layout,
@@ -198,7 +208,7 @@ pub fn init(preloading: bool) {
           backwards. Beyond it snowflake_nextval() waits (exhaustion) or fails (clock).",
         &MAX_DRIFT_MS,
         0,
-        3_600_000,
+        MAX_DRIFT_LIMIT_MS,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
@@ -212,8 +222,195 @@ pub fn init(preloading: bool) {
         GucFlags::default(),
     );
 
+    define_public_key();
+    refuse_invalid_public_key(&mut configured);
+    refuse_invalid_values(&mut configured);
+    refuse_unknown_names(&configured);
+
     // SAFETY: a plain call into PostgreSQL with a static C string.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"snowflake_id".as_ptr()) };
+}
+
+/// A `snowflake_id.*` setting as the configuration gave it, before the
+/// library defined it.
+struct Configured {
+    name: CString,
+    value: CString,
+    source: pg_sys::GucSource::Type,
+    /// "file postgresql.auto.conf line 3", or how else it was set.
+    origin: String,
+}
+
+const PREFIX: &str = "snowflake_id.";
+
+/// Every `snowflake_id.*` variable PostgreSQL knows now, with whether it is
+/// still a placeholder (a name the configuration set and no library
+/// defined). PostgreSQL 15 keeps them in an array, 16 and later return a
+/// palloc'd copy.
+fn our_variables() -> Vec<&'static pg_sys::config_generic> {
+    let mut found = Vec::new();
+    // SAFETY: PostgreSQL returns an array of `count` valid pointers to its
+    // GUC records, which live as long as the process; we only read them.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        let (vars, count) = (pg_sys::get_guc_variables(), pg_sys::GetNumConfigOptions());
+        #[cfg(not(feature = "pg15"))]
+        let (vars, count) = {
+            let mut count = 0;
+            (pg_sys::get_guc_variables(&mut count), count)
+        };
+        if vars.is_null() {
+            return found;
+        }
+        for i in 0..usize::try_from(count).unwrap_or(0) {
+            let Some(var) = (*vars.add(i)).as_ref() else {
+                continue;
+            };
+            if var.name.is_null() {
+                continue;
+            }
+            let name = CStr::from_ptr(var.name).to_bytes();
+            if name.len() > PREFIX.len()
+                && name[..PREFIX.len()].eq_ignore_ascii_case(PREFIX.as_bytes())
+            {
+                found.push(var);
+            }
+        }
+    }
+    found
+}
+
+fn is_placeholder(var: &pg_sys::config_generic) -> bool {
+    var.flags & pg_sys::GUC_CUSTOM_PLACEHOLDER as i32 != 0
+}
+
+/// The `snowflake_id.*` names the configuration (postgresql.conf,
+/// postgresql.auto.conf, `-c`) set, with their values as written.
+fn configured_placeholders() -> Vec<Configured> {
+    let mut configured = Vec::new();
+    for var in our_variables().into_iter().filter(|v| is_placeholder(v)) {
+        // SAFETY: the name is a valid C string (checked non-null above);
+        // GetConfigOption returns NULL or the placeholder's string value.
+        let name = unsafe { CStr::from_ptr(var.name) }.to_owned();
+        let value = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
+        if value.is_null() {
+            continue;
+        }
+        // SAFETY: non-null, a valid C string owned by the GUC record.
+        let value = unsafe { CStr::from_ptr(value) }.to_owned();
+        let origin = if var.sourcefile.is_null() {
+            match var.source {
+                pg_sys::GucSource::PGC_S_ARGV => "the server's command line".to_string(),
+                _ => "the server's configuration".to_string(),
+            }
+        } else {
+            // SAFETY: a valid C string owned by the GUC record.
+            let file = unsafe { CStr::from_ptr(var.sourcefile) }.to_string_lossy();
+            format!("file \"{file}\" line {}", var.sourceline)
+        };
+        configured.push(Configured {
+            name,
+            value,
+            source: var.source,
+            origin,
+        });
+    }
+    configured
+}
+
+/// Refuses to start when a configured value of a setting defined by now is
+/// one PostgreSQL rejects: it would only warn and run on the default (for
+/// example `layout = 'js-53'` running the classic layout), so this server
+/// would make IDs another way than written. Checked settings are removed
+/// from `configured`.
+fn refuse_invalid_values(configured: &mut Vec<Configured>) {
+    configured.retain(|c| {
+        // SAFETY: plain lookups of a setting by a valid C string name.
+        let flags = unsafe { pg_sys::GetConfigOptionFlags(c.name.as_ptr(), true) };
+        if flags & pg_sys::GUC_CUSTOM_PLACEHOLDER as i32 != 0 {
+            return true; // not defined (yet)
+        }
+        // Validate only (changeVal false), quietly: PostgreSQL already
+        // logged its own WARNING with the details when it reapplied the
+        // value; the error below says what to do.
+        // SAFETY: valid C strings; with changeVal false nothing changes.
+        let ok = unsafe {
+            pg_sys::set_config_option(
+                c.name.as_ptr(),
+                c.value.as_ptr(),
+                pg_sys::GucContext::PGC_POSTMASTER,
+                c.source,
+                pg_sys::GucAction::GUC_ACTION_SET,
+                false,
+                pg_sys::DEBUG5 as i32,
+                false,
+            )
+        };
+        if ok == 0 {
+            let name = c.name.to_string_lossy();
+            errors::bad_setting(
+                &name,
+                &c.value.to_string_lossy(),
+                &c.origin,
+                &accepted_values(&name),
+            );
+        }
+        false
+    });
+}
+
+/// Refuses to start when the configuration sets a `snowflake_id.*` name
+/// this library does not define: PostgreSQL would drop it with a WARNING,
+/// and a mistyped `worker_id = '0-3'` would leave the server claiming every
+/// worker id.
+fn refuse_unknown_names(configured: &[Configured]) {
+    let Some(unknown) = configured.first() else {
+        return;
+    };
+    let mut names: Vec<String> = our_variables()
+        .into_iter()
+        .filter(|v| !is_placeholder(v))
+        // SAFETY: our_variables only returns records with a non-null name.
+        .map(|v| {
+            unsafe { CStr::from_ptr(v.name) }
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    errors::unknown_setting(
+        &unknown.name.to_string_lossy(),
+        &unknown.origin,
+        &names.join(", "),
+    );
+}
+
+/// The values a setting accepts, for the error that refuses a bad one.
+fn accepted_values(name: &str) -> String {
+    let max_worker_id = LAYOUT.get().map_or(0, |l| l.max_worker_id());
+    match name.to_ascii_lowercase().as_str() {
+        "snowflake_id.layout" => "classic, sonyflake or js53".into(),
+        "snowflake_id.epoch" => {
+            "a UTC date (2024-01-01), a UTC date and time (2024-01-01 12:00:00), or Unix milliseconds".into()
+        }
+        "snowflake_id.time_unit_ms" => "-1 (from snowflake_id.layout) or 1 to 86400000".into(),
+        "snowflake_id.total_bits" => "-1 (from snowflake_id.layout) or 2 to 63".into(),
+        "snowflake_id.worker_bits" => format!(
+            "-1 (from snowflake_id.layout) or 0 to {}",
+            layout::MAX_WORKER_BITS
+        ),
+        "snowflake_id.sequence_bits" => format!(
+            "-1 (from snowflake_id.layout) or 1 to {}",
+            layout::MAX_SEQUENCE_BITS
+        ),
+        "snowflake_id.worker_ids" => format!(
+            "ids and ranges from 0 to {max_worker_id}, e.g. 0-511 or 0-15,32-47 (empty: all)"
+        ),
+        "snowflake_id.max_drift" => {
+            format!("0 to {MAX_DRIFT_LIMIT_MS} milliseconds, or with a unit: 500ms, 2s, 1min, 1h")
+        }
+        _ => "see the settings table in the README".into(),
+    }
 }
 
 /// The layout in use in this process.
@@ -252,6 +449,15 @@ pub fn registry_database() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// Whether the registry worker runs in this server: a registry database is
+/// named and this is not a binary-upgrade start (`pg_upgrade` needs the
+/// cluster to itself).
+pub fn registry_worker_enabled() -> bool {
+    // SAFETY: reading a flag PostgreSQL sets from the command line (-b)
+    // before it loads preload libraries.
+    registry_database().is_some() && !unsafe { pg_sys::IsBinaryUpgrade }
+}
+
 /// The preset's name, for reports.
 pub fn preset_name() -> &'static str {
     PRESET.get().values().name
@@ -272,13 +478,12 @@ fn compute_layout() -> Result<Layout, String> {
         .unwrap_or("");
     let epoch_ms =
         layout::parse_epoch(epoch_text).map_err(|e| format!("snowflake_id.epoch: {e}"))?;
-    Layout::new(
+    Layout::from_settings(
         epoch_ms,
         pick(&TIME_UNIT_MS, preset.unit_ms),
         pick(&TOTAL_BITS, preset.total_bits.into()) as u32,
         pick(&WORKER_BITS, preset.worker_bits.into()) as u32,
         pick(&SEQUENCE_BITS, preset.sequence_bits.into()) as u32,
-        crate::clock::unix_ms(),
     )
     .map_err(|e| e.to_string())
 }
@@ -309,8 +514,8 @@ unsafe extern "C-unwind" fn check_worker_ids(
     }
 }
 
-/// Check hook of `snowflake_id.epoch`: the text must parse and not lie in
-/// the future (the layout as a whole is checked when the library loads).
+/// Check hook of `snowflake_id.epoch`: the text must parse (the layout as a
+/// whole is checked when the library loads).
 #[pg_guard]
 unsafe extern "C-unwind" fn check_epoch(
     newval: *mut *mut c_char,
@@ -326,12 +531,9 @@ unsafe extern "C-unwind" fn check_epoch(
             CStr::from_ptr(*newval).to_string_lossy().into_owned()
         }
     };
-    let now_ms = crate::clock::unix_ms();
+    // Not compared with the clock: a clock set before the epoch must not
+    // stop the server; snowflake_nextval() refuses instead.
     match layout::parse_epoch(&text) {
-        Ok(epoch_ms) if epoch_ms > now_ms => {
-            let problem = layout::LayoutError::EpochInFuture { epoch_ms, now_ms };
-            reject("snowflake_id.epoch", &text, &problem.to_string(), source)
-        }
         Ok(_) => true,
         Err(detail) => reject("snowflake_id.epoch", &text, &detail, source),
     }
@@ -379,4 +581,119 @@ unsafe extern "C-unwind" fn check_sequence_bits(
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
     check_at_least("snowflake_id.sequence_bits", unsafe { *newval }, 1, source)
+}
+
+// ------------------------------------------------ snowflake_id.public_key
+
+/// `snowflake_id.public_key`: the keys of public IDs (see `public_id`).
+static PUBLIC_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// Bumped by the assign hook whenever `snowflake_id.public_key` changes in
+/// this process, so the SQL functions re-derive their round keys only then.
+static PUBLIC_KEY_VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Defines `snowflake_id.public_key`. Superuser-only and left out of
+/// `SHOW ALL`, `pg_settings` and postgresql.conf.sample; its show hook
+/// prints the keys' tags, never the keys, so no SQL reads the key back,
+/// not even a superuser's. A refused value is reported without echoing it.
+/// Called from [`init`], with or without preloading: a sighup setting can
+/// be defined at any time.
+fn define_public_key() {
+    // SAFETY: the hooks are #[pg_guard] functions with the signatures
+    // PostgreSQL expects; they read only the value given or the setting.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake_id.public_key",
+            c"Keys of public IDs: 32 hex digits each, comma-separated; the first makes tokens, all read them.",
+            c"Used by snowflake_to_public() and snowflake_from_public(). Generate a key with openssl rand -hex 16.",
+            &PUBLIC_KEY,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL | GucFlags::NO_RESET_ALL,
+            Some(check_public_key),
+            Some(assign_public_key),
+            Some(show_public_key),
+        );
+    }
+}
+
+/// At start, a configured `snowflake_id.public_key` that does not parse
+/// refuses the start as [`refuse_invalid_values`] does for the other
+/// settings, but without echoing the value. Removes it from `configured`.
+fn refuse_invalid_public_key(configured: &mut Vec<Configured>) {
+    configured.retain(|c| {
+        if !c
+            .name
+            .to_string_lossy()
+            .eq_ignore_ascii_case("snowflake_id.public_key")
+        {
+            return true;
+        }
+        if let Err(problem) = crate::public_id::parse_keys(&c.value.to_string_lossy()) {
+            errors::bad_public_key_setting(&c.origin, &problem.to_string());
+        }
+        false
+    });
+}
+
+fn public_key_text() -> String {
+    PUBLIC_KEY
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The keys of `snowflake_id.public_key` (empty when none is set). The check
+/// hook has already accepted the text.
+pub fn public_keys() -> Vec<crate::public_id::Key> {
+    crate::public_id::parse_keys(&public_key_text()).unwrap_or_default()
+}
+
+/// Changes whenever `snowflake_id.public_key` changes in this process.
+pub fn public_key_version() -> u64 {
+    PUBLIC_KEY_VERSION.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_public_key(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
+    // which is NULL or a NUL-terminated string.
+    let text = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return true;
+        }
+        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    };
+    match crate::public_id::parse_keys(&text) {
+        Ok(_) => true,
+        Err(problem) => {
+            errors::public_key_check_failed(&problem.to_string());
+            false
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_public_key(_newval: *const c_char, _extra: *mut c_void) {
+    PUBLIC_KEY_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn show_public_key() -> *const c_char {
+    let keys = public_keys();
+    let shown = if keys.is_empty() {
+        String::new()
+    } else {
+        let tags: Vec<String> = keys
+            .iter()
+            .map(|k| crate::public_id::tag_char(crate::public_id::key_tag(k)).to_string())
+            .collect();
+        format!("(hidden; {} key(s), tags {})", keys.len(), tags.join(" "))
+    };
+    let shown = CString::new(shown).unwrap_or_default();
+    // SAFETY: pstrdup copies the string into the current memory context,
+    // where PostgreSQL expects a show hook's result to live.
+    unsafe { pg_sys::pstrdup(shown.as_ptr()) }
 }

@@ -103,6 +103,8 @@ pub enum LayoutError {
     EpochInFuture { epoch_ms: i64, now_ms: i64 },
     /// The time field runs out too soon.
     TooShort { end_ms: i64, now_ms: i64 },
+    /// The time field lasts less than ten years from the epoch.
+    Lifetime { end_ms: i64, epoch_ms: i64 },
 }
 
 impl fmt::Display for LayoutError {
@@ -134,6 +136,12 @@ impl fmt::Display for LayoutError {
                 format_unix_ms(*end_ms),
                 format_unix_ms(*now_ms)
             ),
+            LayoutError::Lifetime { end_ms, epoch_ms } => write!(
+                f,
+                "the time field runs out at {}, less than 10 years after the epoch ({})",
+                format_unix_ms(*end_ms),
+                format_unix_ms(*epoch_ms)
+            ),
         }
     }
 }
@@ -153,7 +161,7 @@ pub struct Layout {
 impl Layout {
     /// Validates the settings. `now_ms` is the current Unix time, used to
     /// reject an epoch in the future and a layout that would run out within
-    /// ten years.
+    /// ten years: [`Layout::from_settings`] then [`Layout::time_problem`].
     pub fn new(
         epoch_ms: i64,
         unit_ms: i64,
@@ -161,6 +169,41 @@ impl Layout {
         worker_bits: u32,
         sequence_bits: u32,
         now_ms: i64,
+    ) -> Result<Layout, LayoutError> {
+        let layout = Layout::checked(epoch_ms, unit_ms, total_bits, worker_bits, sequence_bits)?;
+        match layout.time_problem(now_ms) {
+            Some(problem) => Err(problem),
+            None => Ok(layout),
+        }
+    }
+
+    /// Validates the settings without looking at the clock: the ranges, the
+    /// bits adding up, and a time field that lasts at least ten years from
+    /// the epoch. What the current time allows is [`Layout::time_problem`],
+    /// checked when IDs are made, so that a clock set wrong never stops the
+    /// server from starting.
+    pub fn from_settings(
+        epoch_ms: i64,
+        unit_ms: i64,
+        total_bits: u32,
+        worker_bits: u32,
+        sequence_bits: u32,
+    ) -> Result<Layout, LayoutError> {
+        let layout = Layout::checked(epoch_ms, unit_ms, total_bits, worker_bits, sequence_bits)?;
+        let end_ms = layout.end_unix_ms();
+        if end_ms < epoch_ms.saturating_add(MIN_LIFETIME_MS) {
+            return Err(LayoutError::Lifetime { end_ms, epoch_ms });
+        }
+        Ok(layout)
+    }
+
+    /// The ranges and the bits adding up.
+    fn checked(
+        epoch_ms: i64,
+        unit_ms: i64,
+        total_bits: u32,
+        worker_bits: u32,
+        sequence_bits: u32,
     ) -> Result<Layout, LayoutError> {
         let range = |name: &'static str, value: i64, lo: i64, hi: i64| {
             if (lo..=hi).contains(&value) {
@@ -189,21 +232,29 @@ impl Layout {
                 sequence: sequence_bits,
             });
         }
-        if epoch_ms > now_ms {
-            return Err(LayoutError::EpochInFuture { epoch_ms, now_ms });
-        }
-        let layout = Layout {
+        Ok(Layout {
             epoch_ms,
             unit_ms,
             total_bits,
             worker_bits,
             sequence_bits,
-        };
-        let end_ms = layout.end_unix_ms();
-        if end_ms < now_ms.saturating_add(MIN_LIFETIME_MS) {
-            return Err(LayoutError::TooShort { end_ms, now_ms });
+        })
+    }
+
+    /// Why this layout cannot make IDs at `now_ms`, if it cannot: the epoch
+    /// lies in the future, or the time field runs out within ten years.
+    pub fn time_problem(&self, now_ms: i64) -> Option<LayoutError> {
+        if self.epoch_ms > now_ms {
+            return Some(LayoutError::EpochInFuture {
+                epoch_ms: self.epoch_ms,
+                now_ms,
+            });
         }
-        Ok(layout)
+        let end_ms = self.end_unix_ms();
+        if end_ms < now_ms.saturating_add(MIN_LIFETIME_MS) {
+            return Some(LayoutError::TooShort { end_ms, now_ms });
+        }
+        None
     }
 
     pub fn time_bits(&self) -> u32 {
@@ -542,6 +593,34 @@ mod tests {
                 name: "worker_bits",
                 ..
             })
+        ));
+    }
+
+    #[test]
+    fn settings_are_checked_without_the_clock() {
+        // An epoch after "now" is a valid layout: only making IDs waits.
+        let future = Layout::from_settings(NOW + 1, 1, 63, 10, 12).unwrap();
+        assert!(matches!(
+            future.time_problem(NOW),
+            Some(LayoutError::EpochInFuture { .. })
+        ));
+        assert_eq!(future.time_problem(NOW + 1), None);
+        // Classic layout near its end: starts, but makes no IDs.
+        let classic = Layout::from_settings(DEFAULT_EPOCH_MS, 1, 63, 10, 12).unwrap();
+        assert_eq!(classic.time_problem(NOW), None);
+        let late = classic.end_unix_ms() - MIN_LIFETIME_MS + 1;
+        assert!(matches!(
+            classic.time_problem(late),
+            Some(LayoutError::TooShort { .. })
+        ));
+        // A time field that can never last ten years is refused outright.
+        assert!(matches!(
+            Layout::from_settings(DEFAULT_EPOCH_MS, 1, 52, 10, 12),
+            Err(LayoutError::Lifetime { .. })
+        ));
+        assert!(matches!(
+            Layout::from_settings(DEFAULT_EPOCH_MS, 1, 22, 10, 12),
+            Err(LayoutError::Bits { .. })
         ));
     }
 

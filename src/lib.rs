@@ -10,8 +10,10 @@
 //! - `reservation` the state file, the floor and WAL replay: no ID repeats
 //! - `wal`        WAL records of the reservation (a leaf `reservation` calls)
 //! - `claims`     worker id claims, one per backend, and the hot path
-//! - `registry_table` the background worker that keeps the registry table
+//! - `registry_worker` the background workers that keep the registry table, and its DDL
 //! - `api`        the SQL functions and views
+//! - `public_id`  the keyed, reversible text form of IDs (pure)
+//! - `public_sql` `snowflake_to_public()` / `snowflake_from_public()`
 //! - `errors`     every error raised, with SQLSTATE, detail and hint
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -22,8 +24,10 @@ mod errors;
 pub mod generator;
 mod gucs;
 pub mod layout;
+pub mod public_id;
+mod public_sql;
 pub mod ranges;
-mod registry_table;
+mod registry_worker;
 mod reservation;
 mod shmem;
 mod wal;
@@ -37,13 +41,36 @@ use pgrx::prelude::*;
 /// generators fail with SQLSTATE 55000 and a hint.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    no_rust_backtraces();
     // SAFETY: reading a flag PostgreSQL sets while loading preload libraries.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     gucs::init(preloading);
     if preloading {
         shmem::init(reservation::read_at_startup);
         reservation::init();
-        registry_table::init();
+        registry_worker::init();
+    }
+}
+
+/// Keeps Rust backtraces out of error reports. pgrx's panic hook captures
+/// one whenever a PostgreSQL error (a cancel, a statement_timeout) passes
+/// through Rust code, and appends it to the error's DETAIL when
+/// `RUST_BACKTRACE` or `RUST_LIB_BACKTRACE` is set in the server's
+/// environment; clients must see PostgreSQL's own message only. The
+/// standard library decides once per process, from the environment, on its
+/// first capture: make that first capture here, with captures switched off,
+/// then restore the environment for everything else the server runs.
+fn no_rust_backtraces() {
+    const VAR: &str = "RUST_LIB_BACKTRACE";
+    let saved = std::env::var_os(VAR);
+    // SAFETY (set_var/remove_var): _PG_init runs in the postmaster or a
+    // backend, both single-threaded, so nothing reads the environment
+    // concurrently.
+    std::env::set_var(VAR, "0");
+    let _ = std::backtrace::Backtrace::capture();
+    match saved {
+        Some(value) => std::env::set_var(VAR, value),
+        None => std::env::remove_var(VAR),
     }
 }
 

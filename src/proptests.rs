@@ -1161,6 +1161,7 @@ fn kind(r: &Result<Layout, LayoutError>) -> Result<Layout, &'static str> {
         Err(LayoutError::Bits { .. }) => Err("bits"),
         Err(LayoutError::EpochInFuture { .. }) => Err("future"),
         Err(LayoutError::TooShort { .. }) => Err("short"),
+        Err(LayoutError::Lifetime { .. }) => Err("lifetime"),
     }
 }
 

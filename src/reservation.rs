@@ -8,6 +8,11 @@
 //!   recovery replay it.
 //! - The floor: at startup, replay and after an accepted layout change,
 //!   every claim starts its generator above `Header::floor_ms`.
+//! - High-water marks found later ([`advance_past`]: the registry table read
+//!   at startup after `pg_upgrade`, rows a restore brings back, a DBA's
+//!   `snowflake_advance_past()`) raise the floor, the server's newest tick
+//!   (so generators that already run jump above them too) and the durable
+//!   reservation (so a restart keeps them).
 //!
 //! All changes happen under `Header::reserve_lock` (see `shmem`).
 
@@ -78,6 +83,20 @@ fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
         }
         clock::wait_ms(1);
     }
+}
+
+/// Makes every later ID of this server larger than every ID of `layout`
+/// made at or before `unix_ms` (any worker id): raises the floor to the end
+/// of that tick, the server's newest tick above it, and the durable
+/// reservation to it. A generator that is in the middle of an older tick
+/// moves above it at its next tick (at most one tick later).
+pub fn advance_past(header: &Header, unix_ms: i64, layout: &Layout) {
+    let tick = layout.tick_at(unix_ms);
+    let end_ms = layout.tick_start_unix_ms(tick) + layout.unit_ms - 1;
+    header.floor_ms.fetch_max(end_ms, AcqRel);
+    // IDs at `tick` exist for any worker id: continue one tick above it.
+    header.newest_tick.fetch_max(tick + 1, AcqRel);
+    reserve(header, end_ms, layout);
 }
 
 /// WAL replay of a primary's reservation: raises the floor in shared

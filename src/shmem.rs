@@ -25,6 +25,9 @@
 //! - `Header::newest_tick` is the server-wide newest ID tick: raised with
 //!   `fetch_max` only when a backend moves to a new tick, read relaxed, no
 //!   lock (see `generator`, rule 6).
+//! - `Header::registry_pending` is set at startup and only ever cleared
+//!   (Release), by the registry worker once the floor it read is in force;
+//!   claims read it (Acquire) before they start a generator.
 //! - Every field is an atomic, so concurrent readers never see undefined
 //!   behaviour, only (for reports) a value that is a moment old.
 //!
@@ -66,6 +69,11 @@ pub struct Header {
     pub floor_ms: AtomicI64,
     /// The tick of the newest ID issued on this server (any worker id).
     pub newest_tick: AtomicI64,
+    /// Set at startup while the registry worker has yet to read the
+    /// high-water marks of the registry table (carried over by pg_upgrade
+    /// or a restore): claims wait for it (see `claims`), so no ID is made
+    /// before every floor the server can find is in force.
+    pub registry_pending: AtomicBool,
     /// The layout recorded in the state file differs from the one in use.
     pub layout_changed: AtomicBool,
     /// The layout recorded in the state file at startup.
@@ -312,6 +320,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 reserved_until_ms: AtomicI64::new(floor_ms),
                 floor_ms: AtomicI64::new(floor_ms),
                 newest_tick: AtomicI64::new(-1),
+                registry_pending: AtomicBool::new(gucs::registry_worker_enabled()),
                 layout_changed: AtomicBool::new(recorded != layout),
                 recorded_layout: recorded,
             });

@@ -160,7 +160,6 @@ BAD_LAYOUTS = [
      "less than 10 years"),  # 17 time bits of ms
     ({"snowflake_id.total_bits": 45, "snowflake_id.worker_bits": 16,
       "snowflake_id.sequence_bits": 30}, "must leave at least 1 time bit"),
-    ({"snowflake_id.epoch": "2999-01-01"}, "is in the future"),
     ({"snowflake_id.epoch": "yesterday"}, '"yesterday" is not a UTC date'),
     ({"snowflake_id.total_bits": 40}, "less than 10 years"),
     ({"snowflake_id.layout": "js53", "snowflake_id.worker_bits": 16},

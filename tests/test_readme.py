@@ -7,6 +7,8 @@ and are not run here.
 import pathlib
 import re
 
+from conftest import wait_until
+
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -24,13 +26,21 @@ def test_readme_has_sql_snippets():
 def test_every_readme_sql_snippet_runs(cluster):
     with cluster.connect() as conn:
         for i, block in enumerate(sql_blocks()):
+            loaded = conn.execute("SELECT pg_conf_load_time()").fetchone()[0]
             try:
                 conn.execute(block)
             except Exception as e:  # noqa: BLE001 - report which block failed
                 raise AssertionError(f"README sql block {i + 1} failed: {e}\n{block}") from e
+            if "pg_reload_conf()" in block:
+                # The next block reads the reloaded settings, as a user's
+                # next statement would: wait until this backend has them.
+                wait_until(lambda: conn.execute("SELECT pg_conf_load_time()").fetchone()[0]
+                           > loaded, what="the reload to reach this session")
         # The snippets leave evidence that they did what they say.
         assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 2
         assert conn.execute(
             "SELECT bool_and(id > 1000000) FROM legacy WHERE note = 'new row'"
         ).fetchone()[0]
         assert conn.execute("SELECT count(*) FROM events_this_month").fetchone()[0] == 1
+        # The public ID the README shows for 12345 under its example key.
+        assert conn.execute("SELECT snowflake_to_public(12345)").fetchone()[0] == "5JSKRPW5Y4TSWA"

@@ -1,10 +1,12 @@
 """The worker registry table: kept by a background worker, durable across
 restarts, dumped with the database, and closed to ordinary roles."""
 
+import os
+
 import psycopg
 import pytest
 
-from conftest import wait_until
+from conftest import PG_BINDIR, wait_until
 
 
 def registry(cluster, dbname="postgres"):
@@ -67,7 +69,7 @@ def test_registry_rows_are_dumped_with_the_database(cluster, tmp_path):
     wait_until(lambda: cluster.scalar("SELECT count(*) FROM snowflake_worker_registry"))
     import subprocess
     dump = subprocess.run(
-        ["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_dump",
+        ["runuser", "-u", "postgres", "--", os.path.join(PG_BINDIR, "pg_dump"),
          "-h", cluster.dir, "-p", str(cluster.port), "-U", "postgres", "-d", "postgres",
          "--data-only", "-t", "snowflake_worker_registry"],
         capture_output=True, text=True, check=True)
@@ -82,3 +84,25 @@ def test_registry_worker_waits_for_the_extension(make_cluster):
         conn.execute("SELECT snowflake_nextval()")
         wait_until(lambda: c.scalar(
             "SELECT count(*) FROM snowflake_worker_registry WHERE application_name = 'late'"))
+
+
+def test_other_roles_sessions_show_what_pg_stat_activity_shows(cluster):
+    """Another role's live holder: who and which program, not when or how
+    much (like pg_stat_activity); the application name is the current one."""
+    for role in ("alice", "bob"):
+        cluster.sql(f"CREATE ROLE {role} LOGIN")
+    cluster.sql("CREATE ROLE watcher LOGIN IN ROLE pg_read_all_stats")
+    query = ("SELECT role, application_name, claimed_at IS NOT NULL,"
+             " ids_issued, last_id_time IS NOT NULL"
+             " FROM snowflake_workers WHERE pid = %s")
+    with cluster.connect(user="alice", application_name="at-claim") as a:
+        a.execute("SELECT snowflake_nextval()")
+        a.execute("SET application_name = 'renamed'")
+        pid = a.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with cluster.connect(user="bob") as b:
+            assert b.execute(query, (pid,)).fetchone() == \
+                ("alice", "renamed", False, None, False)
+        for user in ("alice", "watcher", "postgres"):
+            with cluster.connect(user=user) as conn:
+                assert conn.execute(query, (pid,)).fetchone() == \
+                    ("alice", "renamed", True, 1, True), user

@@ -7,6 +7,10 @@ Layout of tests/regress (the pg_regress convention):
   schedule           the tests, in order
   sql/<name>.sql     readable SQL, echoed into the output
   expected/<name>.out the expected output, reviewed line by line
+  expected/<name>_1.out  pg_regress's alternative for the same test, where
+                     PostgreSQL versions word an error differently (gucs_1:
+                     PostgreSQL 18 shows units in a range error, and reports
+                     a name under a reserved prefix as 42602)
 
 To regenerate the expected files after a deliberate change, run with
 SNOWFLAKE_REGRESS_UPDATE=1, then read every changed line of the new files

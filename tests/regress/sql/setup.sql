@@ -18,7 +18,8 @@ SELECT p.oid::regprocedure AS function, p.provolatile AS volatility,
  WHERE p.proname IN ('snowflake_nextval', 'snowflake_nextvals', 'snowflake_decode',
                      'snowflake_timestamp', 'snowflake_from_timestamp',
                      'snowflake_compose', 'snowflake_layout', 'snowflake_config',
-                     'snowflake_accept_layout')
+                     'snowflake_accept_layout', 'snowflake_to_public',
+                     'snowflake_from_public')
  ORDER BY p.proname;
 -- Executable by PUBLIC, except snowflake_accept_layout() (superusers only).
 SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute

@@ -1,0 +1,455 @@
+//! The registry worker: background workers that copy the worker-id slots
+//! from shared memory into the table `snowflake_worker_registry` of the
+//! database named by `snowflake_id.registry_database`, so that who held
+//! each id, and how far its IDs went, survives restarts and can be read
+//! with SQL. The table's DDL is here too, next to the upsert that must
+//! match it.
+//!
+//! Two processes:
+//! - the *launcher* (registered at start, connected to no database) checks
+//!   that the database exists. While it does not, it logs one error and
+//!   checks again with a growing pause (or at once on a reload), instead of
+//!   failing every few seconds; once it does, it starts
+//! - the *sync* worker (a dynamic worker connected to that database), which
+//!   keeps the table. It writes in its own transactions, so a user's
+//!   rollback never loses a row; a failed write is logged and retried, never
+//!   fatal; and it never blocks `snowflake_nextval()`: claims only bump a
+//!   counter that it polls once a second. When it exits (the database was
+//!   dropped, say), the launcher checks and starts it again.
+//!
+//! Both start once recovery has finished (standbys cannot write tables),
+//! reload the configuration on SIGHUP, and neither starts in binary-upgrade
+//! mode (`pg_upgrade` needs the new cluster to itself).
+
+use crate::gucs;
+use crate::shmem;
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
+    DynamicBackgroundWorker, SignalWakeFlags,
+};
+use pgrx::prelude::*;
+use pgrx::{PgLogLevel, PgSqlErrorCode, PgTryBuilder};
+use std::ffi::CStr;
+use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::time::{Duration, Instant};
+
+/// How often the sync worker looks for changes, and the launcher at its
+/// sync worker.
+const POLL: Duration = Duration::from_secs(1);
+/// How often it refreshes counters and high-water times when no claim or
+/// release happened.
+const REFRESH: Duration = Duration::from_secs(10);
+/// The launcher's first and longest pause while the database is missing.
+const FIRST_BACKOFF: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+const LAUNCHER: &str = "snowflake_id registry launcher";
+const SYNC: &str = "snowflake_id registry";
+
+// The table the sync worker keeps (created by `CREATE EXTENSION`). Dumped
+// with the database (pg_extension_config_dump): restoring the dump into
+// another database copies the rows too.
+extension_sql!(
+    r#"
+CREATE TABLE snowflake_worker_registry (
+    worker_id        int PRIMARY KEY,
+    pid              int,
+    database         name,
+    role             name,
+    application_name text,
+    claimed_at       timestamptz,
+    released_at      timestamptz,
+    claims           bigint NOT NULL DEFAULT 0,
+    ids_issued       bigint NOT NULL DEFAULT 0,
+    high_water       timestamptz,
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE snowflake_worker_registry IS
+  'Who held each worker id and when, and the time of the last ID made under it; kept by the snowflake_id registry worker in the database named by snowflake_id.registry_database.';
+REVOKE ALL ON snowflake_worker_registry FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('snowflake_worker_registry', '');
+"#,
+    name = "snowflake_worker_registry_table"
+);
+
+// Rows a restore brings back (pg_restore, COPY, INSERT) carry the
+// high-water marks of the server they came from: every later ID of this
+// server goes above them at once, with no manual step. The registry
+// worker's own upserts go through here too (a no-op: their marks are this
+// server's own). pg_upgrade copies the table's files instead of inserting:
+// the worker reads the table when the server starts (`read_high_water`).
+extension_sql!(
+    r#"
+CREATE FUNCTION snowflake_registry_high_water() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    hw timestamptz;
+BEGIN
+    SELECT max(high_water) INTO hw FROM new_rows;
+    IF hw IS NOT NULL THEN
+        BEGIN
+            PERFORM @extschema@.snowflake_advance_past(@extschema@.snowflake_from_timestamp(hw));
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'snowflake_id: new IDs of this server may not be above the restored registry''s high-water mark %: %', hw, SQLERRM
+                USING HINT = 'Run SELECT snowflake_advance_past(max(id)) on the restored tables as a superuser, in a server that preloads snowflake_id.';
+        END;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_registry_high_water() IS
+  'Trigger on snowflake_worker_registry: restored rows raise this server''s floor above their high-water marks.';
+REVOKE EXECUTE ON FUNCTION snowflake_registry_high_water() FROM PUBLIC;
+CREATE TRIGGER snowflake_registry_high_water
+    AFTER INSERT ON snowflake_worker_registry
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_registry_high_water();
+"#,
+    name = "snowflake_worker_registry_trigger",
+    requires = [
+        "snowflake_worker_registry_table",
+        api::snowflake_advance_past,
+        api::snowflake_from_timestamp
+    ]
+);
+
+/// Copies every slot into the table; `%s` is the extension's schema.
+const UPSERT: &str = r#"
+INSERT INTO %s.snowflake_worker_registry AS r
+       (worker_id, pid, database, role, application_name, claimed_at, released_at,
+        claims, ids_issued, high_water, updated_at)
+SELECT w.worker_id, w.pid, d.datname, o.rolname, w.application_name, w.claimed_at,
+       w.released_at, w.claims, w.ids_issued, w.last_id_time, now()
+  FROM %s.snowflake_worker_status() w
+  LEFT JOIN pg_database d ON d.oid = w.database_oid
+  LEFT JOIN pg_roles o ON o.oid = w.role_oid
+ON CONFLICT (worker_id) DO UPDATE SET
+       pid = EXCLUDED.pid, database = EXCLUDED.database, role = EXCLUDED.role,
+       application_name = EXCLUDED.application_name, claimed_at = EXCLUDED.claimed_at,
+       released_at = EXCLUDED.released_at, claims = EXCLUDED.claims,
+       ids_issued = EXCLUDED.ids_issued,
+       high_water = greatest(r.high_water, EXCLUDED.high_water), updated_at = now()
+ WHERE (r.pid, r.claimed_at, r.released_at, r.ids_issued)
+       IS DISTINCT FROM (EXCLUDED.pid, EXCLUDED.claimed_at, EXCLUDED.released_at, EXCLUDED.ids_issued)
+"#;
+
+/// Registers the launcher. Called from `_PG_init` while preloading.
+pub fn init() {
+    if !gucs::registry_worker_enabled() {
+        return;
+    }
+    BackgroundWorkerBuilder::new(LAUNCHER)
+        .set_type(LAUNCHER)
+        .set_library("snowflake_id")
+        .set_function("snowflake_id_registry_launcher")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(10)))
+        .load();
+}
+
+/// Reloads the configuration if a SIGHUP arrived.
+fn reload_on_sighup() {
+    if BackgroundWorker::sighup_received() {
+        reload_config();
+    }
+}
+
+fn reload_config() {
+    // SAFETY: a plain call, as PostgreSQL's own processes make on SIGHUP.
+    unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+}
+
+/// Whether a database of that name exists. Read from the shared catalog
+/// pg_database with a plain scan: the launcher is connected to no database,
+/// so neither the syscache nor pg_database's indexes are available.
+fn database_exists(name: &str) -> bool {
+    BackgroundWorker::transaction(|| {
+        let mut found = false;
+        // SAFETY: a catalog scan inside a transaction, as PostgreSQL's
+        // autovacuum launcher makes it; each tuple is a pg_database row.
+        unsafe {
+            let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+            let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, lock);
+            let scan = pg_sys::systable_beginscan(
+                rel,
+                pg_sys::InvalidOid,
+                false,
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+            );
+            loop {
+                let tuple = pg_sys::systable_getnext(scan);
+                if tuple.is_null() {
+                    break;
+                }
+                let row = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
+                let datname = CStr::from_ptr((*row).datname.data.as_ptr());
+                if datname.to_bytes() == name.as_bytes() {
+                    found = true;
+                    break;
+                }
+            }
+            pg_sys::systable_endscan(scan);
+            pg_sys::table_close(rel, lock);
+        }
+        found
+    })
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    let mut backoff = FIRST_BACKOFF;
+    let mut missing_reported = false;
+    loop {
+        reload_on_sighup();
+        let Some(database) = gucs::registry_database() else {
+            return;
+        };
+        if !database_exists(&database) {
+            // No registry table to read: claims need not wait for it.
+            registry_read(None);
+            if !missing_reported {
+                pg_sys::panic::ErrorReport::new(
+                    PgSqlErrorCode::ERRCODE_INVALID_CATALOG_NAME,
+                    format!("snowflake_id registry: database \"{database}\" does not exist"),
+                    "snowflake_id",
+                )
+                .set_detail("snowflake_id.registry_database names the database whose snowflake_worker_registry table the registry worker keeps; until it exists no registry is kept (IDs are made as usual).")
+                .set_hint("Create the database and run CREATE EXTENSION snowflake_id in it, or set snowflake_id.registry_database to an existing database (or to '' for no registry worker) and restart. The worker checks again every few minutes, and at once on a reload.")
+                .report(PgLogLevel::WARNING);
+                missing_reported = true;
+            }
+            if !BackgroundWorker::wait_latch(Some(backoff)) {
+                return;
+            }
+            // A reload (SIGHUP sets the latch) checks again at once.
+            if BackgroundWorker::sighup_received() {
+                reload_config();
+            } else {
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            continue;
+        }
+        if missing_reported {
+            pgrx::log!("snowflake_id registry: database \"{database}\" exists now");
+            missing_reported = false;
+        }
+        backoff = FIRST_BACKOFF;
+        let worker = BackgroundWorkerBuilder::new(SYNC)
+            .set_type(SYNC)
+            .set_library("snowflake_id")
+            .set_function("snowflake_id_registry_main")
+            .enable_spi_access()
+            .set_start_time(BgWorkerStartTime::RecoveryFinished)
+            .set_restart_time(None)
+            // SAFETY: reading this process's pid.
+            .set_notify_pid(unsafe { pg_sys::MyProcPid })
+            .load_dynamic();
+        let Ok(worker) = worker else {
+            registry_read(None);
+            pgrx::warning!(
+                "snowflake_id registry: could not start the registry worker: no free background worker slot (raise max_worker_processes)"
+            );
+            if !BackgroundWorker::wait_latch(Some(MAX_BACKOFF)) {
+                return;
+            }
+            continue;
+        };
+        if !watch(&worker) {
+            let _ = worker.terminate();
+            return;
+        }
+    }
+}
+
+/// Waits while the sync worker runs; false when this launcher must exit.
+fn watch(worker: &DynamicBackgroundWorker) -> bool {
+    loop {
+        if !BackgroundWorker::wait_latch(Some(POLL)) {
+            return false;
+        }
+        reload_on_sighup();
+        match worker.pid() {
+            Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted) => {}
+            Err(BackgroundWorkerStatus::PostmasterDied) => return false,
+            Err(_) => {
+                // Stopped: check the database again before a new start.
+                return BackgroundWorker::wait_latch(Some(FIRST_BACKOFF));
+            }
+        }
+    }
+}
+
+fn caught_message(e: &pg_sys::panic::CaughtError) -> String {
+    match e {
+        pg_sys::panic::CaughtError::PostgresError(r)
+        | pg_sys::panic::CaughtError::ErrorReport(r)
+        | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
+    }
+}
+
+/// What a sync pass found.
+enum Sync {
+    Done,
+    NoExtension,
+    Failed,
+}
+
+/// Copies the slots into the table, in a transaction of its own. A failed
+/// write (a changed table, a lock timeout...) is logged and rolled back;
+/// the next pass tries again.
+fn sync_once() -> Sync {
+    PgTryBuilder::new(|| BackgroundWorker::transaction(sync))
+        .catch_others(|e| {
+            let message = caught_message(&e);
+            // SAFETY: back to a clean state after an error, as PostgreSQL's
+            // own background processes do.
+            unsafe { pg_sys::AbortOutOfAnyTransaction() };
+            pgrx::warning!(
+                "snowflake_id registry: could not update snowflake_worker_registry: {message}"
+            );
+            Sync::Failed
+        })
+        .execute()
+}
+
+fn sync() -> Sync {
+    let schema = Spi::get_one::<String>(
+        "SELECT quote_ident(n.nspname) FROM pg_extension e
+           JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'snowflake_id'",
+    );
+    let Ok(Some(schema)) = schema else {
+        return Sync::NoExtension;
+    };
+    match Spi::run(&UPSERT.replace("%s", &schema)) {
+        Ok(()) => {
+            pgrx::debug1!("snowflake_id registry: snowflake_worker_registry is up to date");
+            Sync::Done
+        }
+        Err(e) => {
+            pgrx::warning!(
+                "snowflake_id registry: could not update snowflake_worker_registry: {e}"
+            );
+            Sync::Failed
+        }
+    }
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let Some(database) = gucs::registry_database() else {
+        return;
+    };
+    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    let Some(header) = shmem::header() else {
+        return;
+    };
+    if header.registry_pending.load(Relaxed) {
+        registry_read(read_high_water_once());
+    }
+    let mut synced_changes = None;
+    let mut synced_at = Instant::now();
+    let mut missing_reported = false;
+    while BackgroundWorker::wait_latch(Some(POLL)) {
+        reload_on_sighup();
+        let changes = activity(header);
+        if synced_changes == Some(changes) && synced_at.elapsed() < REFRESH {
+            continue;
+        }
+        match sync_once() {
+            Sync::Done => {
+                synced_changes = Some(changes);
+                missing_reported = false;
+            }
+            // Try again after REFRESH (or the next claim), not every POLL.
+            Sync::Failed => synced_changes = Some(changes),
+            Sync::NoExtension if !missing_reported => {
+                pgrx::log!(
+                    "snowflake_id registry: database \"{database}\" has no snowflake_id extension yet; \
+                     the registry table is kept once CREATE EXTENSION snowflake_id runs there"
+                );
+                missing_reported = true;
+            }
+            Sync::NoExtension => {}
+        }
+        synced_at = Instant::now();
+    }
+    // Shutting down (SIGTERM): one last copy, so that the table's
+    // high-water marks cover the IDs made since the last pass. pg_upgrade
+    // and a dump taken after a clean shutdown then carry every ID's time.
+    if matches!(sync_once(), Sync::Failed) {
+        pgrx::log!(
+            "snowflake_id registry: no final update of snowflake_worker_registry at shutdown"
+        );
+    }
+}
+
+/// What has happened to the slots: claims and releases, and IDs made. The
+/// table is copied when it changes (at most once a POLL), so its
+/// high-water marks lag the IDs made by about a second.
+fn activity(header: &shmem::Header) -> u64 {
+    header
+        .slots()
+        .iter()
+        .fold(header.changes.load(Relaxed), |sum, slot| {
+            sum.wrapping_add(slot.ids_issued.load(Relaxed))
+        })
+}
+
+/// Lets claims go once the registry's high-water marks are in force (or
+/// there are none to read), logging what was found.
+fn registry_read(high_water_ms: Option<i64>) {
+    let Some(header) = shmem::header() else {
+        return;
+    };
+    if let Some(ms) = high_water_ms {
+        let layout = gucs::layout();
+        crate::reservation::advance_past(header, ms, layout);
+        pgrx::log!(
+            "snowflake_id registry: new IDs start above the registry's high-water mark {}",
+            crate::layout::format_unix_ms(ms)
+        );
+    }
+    header.registry_pending.store(false, Release);
+}
+
+/// The newest high-water mark (Unix ms) in the registry table, read once at
+/// startup: after pg_upgrade it may be the only record of the IDs made by
+/// the old cluster. `None` when there is no table or no mark; a failed
+/// read is logged (claims then rely on the state file and WAL alone).
+fn read_high_water_once() -> Option<i64> {
+    PgTryBuilder::new(|| {
+        BackgroundWorker::transaction(|| {
+            let schema = Spi::get_one::<String>(
+                "SELECT quote_ident(n.nspname) FROM pg_extension e
+                   JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'snowflake_id'",
+            );
+            let Ok(Some(schema)) = schema else {
+                return None;
+            };
+            Spi::get_one::<i64>(&format!(
+                "SELECT (extract(epoch FROM max(high_water)) * 1000)::int8
+                   FROM {schema}.snowflake_worker_registry"
+            ))
+            .ok()
+            .flatten()
+        })
+    })
+    .catch_others(|e| {
+        // SAFETY: back to a clean state after an error, as in sync_once.
+        unsafe { pg_sys::AbortOutOfAnyTransaction() };
+        pgrx::warning!(
+            "snowflake_id registry: could not read the high-water marks of snowflake_worker_registry: {}",
+            caught_message(&e)
+        );
+        None
+    })
+    .execute()
+}
