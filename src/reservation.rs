@@ -114,6 +114,14 @@ pub fn advance_past(header: &Header, unix_ms: i64, layout: &Layout) {
 /// Records after the last restartpoint are replayed again after a crash,
 /// so the floor is rebuilt from the file plus that WAL. `reserved_until_ms`
 /// (what the hot path trusts as durable) moves only with the file.
+///
+/// Known window: the write for a restartpoint happens at the first record
+/// after it began. If a standby crashes after a restartpoint completed and
+/// before any later reservation record arrived (the primary made no IDs in
+/// between), the file lacks the records replayed since the previous write;
+/// they are at least a checkpoint old, so a promoted standby repeats IDs
+/// only if its clock is that far behind. PostgreSQL has no checkpoint hook
+/// for extensions that would close it.
 fn replay(until_ms: i64) {
     let Some(header) = shmem::header() else {
         return;
