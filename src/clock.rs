@@ -17,6 +17,7 @@ pub fn unix_ms() -> i64 {
 /// The name of the wait event shown in `pg_stat_activity.wait_event` while
 /// a backend waits for the clock (PostgreSQL 17+; 15 and 16 show
 /// `Extension`).
+#[cfg(not(any(feature = "pg15", feature = "pg16")))]
 pub const WAIT_EVENT_NAME: &std::ffi::CStr = c"SnowflakeClock";
 
 /// This process's id of the wait event, registered on first use.

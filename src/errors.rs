@@ -336,6 +336,19 @@ pub fn behind_server(behind_ms: i64, max_drift_ms: i64) -> ! {
     )
 }
 
+/// XX001: the state file was written by a newer build of snowflake_id, in a
+/// format this build does not know.
+pub fn state_file_too_new(path: &str, version: u32, known: u32) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!(
+            "snowflake_id state file \"{path}\" has format version {version}, newer than this build reads (up to {known})"
+        ),
+        Some("It was written by a newer snowflake_id; reading it with this build could misread how far IDs were reserved.".into()),
+        Some("Install the newer snowflake_id build that wrote it, or restore the file from a backup made with this build.".into()),
+    )
+}
+
 /// 55000: the registry worker has not read the registry table's
 /// high-water marks yet, so a first claim cannot know the floor.
 pub fn registry_not_read(waited_ms: i64) -> ! {

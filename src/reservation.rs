@@ -16,12 +16,15 @@
 //!
 //! All changes happen under `Header::reserve_lock` (see `shmem`).
 
+use crate::clock;
 use crate::errors;
 use crate::gucs;
 use crate::layout::Layout;
 use crate::shmem::{self, Header};
 use crate::wal;
+use pgrx::pg_sys;
 use serde::{Deserialize, Serialize};
+use std::ffi::CStr;
 use std::sync::atomic::Ordering::*;
 
 /// How far beyond the newest ID the state file reserves time, in ms: the
@@ -44,7 +47,7 @@ struct StateFile {
 
 /// Registers WAL replay. Called from `_PG_init` while preloading.
 pub fn init() {
-    wal::init(replay);
+    wal::init(replay, persist_replayed);
 }
 
 /// Makes sure the state file reserves at least up to `unix_ms`, writing
@@ -56,16 +59,30 @@ pub fn reserve(header: &Header, unix_ms: i64, layout: &Layout) {
     }
 }
 
+/// Extends the reservation. The state file's fsync and the WAL flush run
+/// under `reserve_lock`, but no backend waits for that lock
+/// uninterruptibly: others try it without waiting and otherwise sleep on
+/// their latch for 1 ms (cancel, timeouts and postmaster death are served),
+/// and most find the reservation extended when they wake.
 #[cold]
 fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
-    let _guard = header.reserve_lock();
-    if unix_ms <= header.reserved_until_ms.load(Acquire) {
-        return;
+    loop {
+        if unix_ms <= header.reserved_until_ms.load(Acquire) {
+            return;
+        }
+        if let Some(_guard) = header.try_reserve_lock() {
+            if unix_ms <= header.reserved_until_ms.load(Acquire) {
+                return;
+            }
+            // Covers a floor raised by replay (hot standby) as well.
+            let until = (unix_ms + RESERVE_MS).max(header.floor_ms.load(Acquire));
+            write_state_file(layout, until);
+            wal::log_reservation(until);
+            header.reserved_until_ms.store(until, Release);
+            return;
+        }
+        clock::wait_ms(1);
     }
-    let until = unix_ms + RESERVE_MS;
-    write_state_file(layout, until);
-    wal::log_reservation(until);
-    header.reserved_until_ms.store(until, Release);
 }
 
 /// Makes every later ID of this server larger than every ID of `layout`
@@ -82,65 +99,167 @@ pub fn advance_past(header: &Header, unix_ms: i64, layout: &Layout) {
     reserve(header, end_ms, layout);
 }
 
-/// WAL replay of a primary's reservation: raises the floor and the
-/// reservation to `until_ms`, writing the state file when it grows.
+/// WAL replay of a primary's reservation: raises the floor in shared
+/// memory only. Writing the state file (an fsync) for every record would
+/// cost a standby catching up on a day of WAL ~345,000 fsyncs. Instead it
+/// is written
+/// - when a restartpoint has begun since the last write (checked at each
+///   record): a restartpoint removes the WAL before its redo pointer, and
+///   the records replayed before it began are then in the file;
+/// - when replay ends: end of recovery (promotion, end of crash recovery)
+///   and exit of the startup process (a standby's shutdown);
+/// - by any claim on a hot standby: its first ID is above the floor, and
+///   extending the reservation writes the floor with it.
+///
+/// Records after the last restartpoint are replayed again after a crash,
+/// so the floor is rebuilt from the file plus that WAL. `reserved_until_ms`
+/// (what the hot path trusts as durable) moves only with the file.
+///
+/// Known window: the write for a restartpoint happens at the first record
+/// after it began. If a standby crashes after a restartpoint completed and
+/// before any later reservation record arrived (the primary made no IDs in
+/// between), the file lacks the records replayed since the previous write;
+/// they are at least a checkpoint old, so a promoted standby repeats IDs
+/// only if its clock is that far behind. PostgreSQL has no checkpoint hook
+/// for extensions that would close it.
 fn replay(until_ms: i64) {
     let Some(header) = shmem::header() else {
         return;
     };
-    let _guard = header.reserve_lock();
     header.floor_ms.fetch_max(until_ms, AcqRel);
-    if until_ms > header.reserved_until_ms.load(Acquire) {
+    thread_local! {
+        static PERSISTED_AT_REDO: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    let redo = wal::redo_pointer();
+    if PERSISTED_AT_REDO.get() != redo {
+        persist_replayed();
+        PERSISTED_AT_REDO.set(redo);
+    }
+}
+
+/// Writes the replayed floor to the state file when it is above what the
+/// file holds.
+fn persist_replayed() {
+    let Some(header) = shmem::header() else {
+        return;
+    };
+    let _guard = header.reserve_lock();
+    let floor = header.floor_ms.load(Acquire);
+    if floor > header.reserved_until_ms.load(Acquire) {
         let layout = if header.layout_changed.load(Acquire) {
             header.recorded_layout
         } else {
             *gucs::layout()
         };
-        write_state_file(&layout, until_ms);
-        header.reserved_until_ms.store(until_ms, Release);
+        write_state_file(&layout, floor);
+        header.reserved_until_ms.store(floor, Release);
     }
 }
 
 /// Reads the state file at server start: returns the reservation floor
 /// (Unix ms; `i64::MIN` when there is no file) and the recorded layout
-/// (`layout` itself when nothing is recorded).
+/// (`layout` itself when nothing is recorded). Runs once, in the
+/// postmaster, before any backend exists, so plain file access is used.
 pub fn read_at_startup(layout: &Layout) -> (i64, Layout) {
     match std::fs::read_to_string(STATE_FILE) {
-        Ok(text) => match serde_json::from_str::<StateFile>(&text) {
+        Ok(text) => match parse_state_file(&text) {
             Ok(state) => (state.reserved_until_ms, state.layout),
+            Err(StateFileError::TooNew(version)) => {
+                errors::state_file_too_new(STATE_FILE, version, STATE_FILE_VERSION)
+            }
             // Without the file we cannot know how far IDs went, or which
             // layout made them: refuse rather than guess.
-            Err(e) => errors::state_file_unreadable(STATE_FILE, &e.to_string()),
+            Err(StateFileError::Unreadable(problem)) => {
+                errors::state_file_unreadable(STATE_FILE, &problem)
+            }
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (i64::MIN, *layout),
         Err(e) => errors::state_file("read", STATE_FILE, e),
     }
 }
 
-/// Writes the state file durably (temporary file, fsync, rename, fsync of
-/// the directory).
+#[derive(Debug, PartialEq)]
+enum StateFileError {
+    /// Written by a newer build, in a format this one does not know.
+    TooNew(u32),
+    Unreadable(String),
+}
+
+/// Parses the state file, checking its format version first: every version
+/// up to [`STATE_FILE_VERSION`] is read (fields added by later versions get
+/// serde defaults), a later one is refused.
+fn parse_state_file(text: &str) -> Result<StateFile, StateFileError> {
+    #[derive(Deserialize)]
+    struct Version {
+        version: u32,
+    }
+    let unreadable = |e: serde_json::Error| StateFileError::Unreadable(e.to_string());
+    let Version { version } = serde_json::from_str(text).map_err(unreadable)?;
+    if version > STATE_FILE_VERSION {
+        return Err(StateFileError::TooNew(version));
+    }
+    if version == 0 {
+        return Err(StateFileError::Unreadable("format version 0".into()));
+    }
+    serde_json::from_str(text).map_err(unreadable)
+}
+
+/// The temporary file the state file is written to before it is renamed.
+const STATE_FILE_TMP: &CStr = c"snowflake_id.state.tmp";
+const STATE_FILE_C: &CStr = c"snowflake_id.state";
+
+/// Writes the state file durably, the way PostgreSQL writes its own small
+/// files: a temporary file opened through PostgreSQL's fd accounting
+/// (`OpenTransientFile`), then `durable_rename`, which fsyncs the file,
+/// renames it and fsyncs the directory, under PostgreSQL's fsync-failure
+/// policy (`data_sync_retry`: a failed fsync is a PANIC by default). Each
+/// error names the file that failed.
 fn write_state_file(layout: &Layout, reserved_until_ms: i64) {
     use std::io::Write;
+    use std::os::fd::FromRawFd;
     let state = StateFile {
         version: STATE_FILE_VERSION,
         layout: *layout,
         reserved_until_ms,
     };
-    let tmp = format!("{STATE_FILE}.tmp");
     let text = match serde_json::to_string(&state) {
         Ok(text) => text,
         Err(e) => errors::internal(&format!("could not encode the state file: {e}")),
     };
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, STATE_FILE)?;
-        std::fs::File::open(".")?.sync_all()
-    })();
-    if let Err(e) = result {
-        errors::state_file("write", STATE_FILE, e);
+    let tmp_name = "snowflake_id.state.tmp";
+    // SAFETY: opening a file by a static C name through PostgreSQL's fd
+    // accounting; the descriptor is closed below on every path.
+    let fd = unsafe {
+        pg_sys::OpenTransientFile(
+            STATE_FILE_TMP.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | pg_sys::PG_BINARY as i32,
+        )
+    };
+    if fd < 0 {
+        errors::state_file("create", tmp_name, std::io::Error::last_os_error());
     }
+    // SAFETY: `fd` is an open descriptor we own; ManuallyDrop keeps `File`
+    // from closing it, CloseTransientFile does (and updates the accounting).
+    let mut file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    let written = file.write_all(text.as_bytes());
+    // SAFETY: closing the transient file opened above.
+    let closed = unsafe { pg_sys::CloseTransientFile(fd) };
+    if let Err(e) = written {
+        errors::state_file("write", tmp_name, e);
+    }
+    if closed != 0 {
+        errors::state_file("close", tmp_name, std::io::Error::last_os_error());
+    }
+    // SAFETY: static C names; durable_rename reports its own errors (naming
+    // both files) at ERROR, or PANIC for a failed fsync as data_sync_retry
+    // requires.
+    unsafe {
+        pg_sys::durable_rename(
+            STATE_FILE_TMP.as_ptr(),
+            STATE_FILE_C.as_ptr(),
+            pg_sys::PGERROR as i32,
+        )
+    };
 }
 
 /// Adopts `layout` after the server started with a layout other than the
@@ -176,4 +295,23 @@ pub enum AcceptError {
     CannotRise,
     /// New IDs would only get above the old ones at this Unix ms.
     NotUntil(i64),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_file_versions_up_to_this_build_are_read_later_ones_refused() {
+        // Exactly what 0.1.0 writes (format version 1).
+        let v1 = r#"{"version":1,"layout":{"epoch_ms":1704067200000,"unit_ms":1,"total_bits":63,"worker_bits":10,"sequence_bits":12},"reserved_until_ms":1795305600250}"#;
+        let state = parse_state_file(v1).unwrap();
+        assert_eq!(state.reserved_until_ms, 1_795_305_600_250);
+        let future = v1.replace(r#""version":1"#, r#""version":99"#);
+        assert_eq!(parse_state_file(&future), Err(StateFileError::TooNew(99)));
+        assert!(matches!(
+            parse_state_file("{}"),
+            Err(StateFileError::Unreadable(_))
+        ));
+    }
 }

@@ -16,10 +16,12 @@
 //!   acquire order the old holder's last writes before the new holder reads.
 //!   [`Slot::transfer`] is the one place that maps them to a generator.
 //! - `Header::reserve_lock` (the second LWLock) serialises changing the
-//!   reservation (`reserved_until_ms`, `floor_ms`, the state file, the
-//!   layout flags). `reserved_until_ms` only grows, and only after the state
-//!   file holding the new value is durable; the hot path reads it without a
-//!   lock.
+//!   reservation (`reserved_until_ms`, the state file, the layout flags).
+//!   `reserved_until_ms` only grows, and only after the state file holding
+//!   the new value is durable; the hot path reads it without a lock.
+//!   Backends extending the reservation take it only conditionally and
+//!   otherwise sleep on their latch, so none waits uninterruptibly while
+//!   another fsyncs. `floor_ms` only grows (`fetch_max`, no lock).
 //! - `Header::newest_tick` is the server-wide newest ID tick: raised with
 //!   `fetch_max` only when a backend moves to a new tick, read relaxed, no
 //!   lock (see `generator`, rule 6).
@@ -200,6 +202,15 @@ impl Header {
     /// Takes the reservation lock (exclusive).
     pub fn reserve_lock(&self) -> LockGuard {
         LockGuard::acquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE)
+    }
+
+    /// Takes the reservation lock (exclusive) if it is free now.
+    pub fn try_reserve_lock(&self) -> Option<LockGuard> {
+        // SAFETY: our tranche's lock, in shared memory for the server's life.
+        let got = unsafe {
+            pg_sys::LWLockConditionalAcquire(self.reserve_lock, pg_sys::LWLockMode::LW_EXCLUSIVE)
+        };
+        got.then_some(LockGuard(self.reserve_lock))
     }
 }
 

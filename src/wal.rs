@@ -24,24 +24,62 @@ const XLOG_SNOWFLAKE_RESERVE: u8 = 0x00;
 
 /// What replay does with a reservation record's Unix ms.
 static mut ON_REDO: Option<fn(i64)> = None;
+/// What replay does when it stops: at the end of recovery, and when the
+/// startup process exits (a standby shutting down).
+static mut ON_REDO_END: Option<fn()> = None;
 
-/// Registers the resource manager; `on_redo` receives each replayed
-/// reservation. Called from `_PG_init` while preloading.
-pub fn init(on_redo: fn(i64)) {
+/// Registers the resource manager. `on_redo` receives each replayed
+/// reservation; `on_redo_end` runs when replay ends (end of recovery or
+/// exit of the startup process). Called from `_PG_init` while preloading.
+pub fn init(on_redo: fn(i64), on_redo_end: fn()) {
     let rmgr = Box::leak(Box::new(pg_sys::RmgrData {
         rm_name: RMGR_NAME.as_ptr(),
         rm_redo: Some(redo),
         rm_desc: Some(desc),
         rm_identify: Some(identify),
+        rm_startup: Some(redo_startup),
+        rm_cleanup: Some(redo_cleanup),
         ..Default::default()
     }));
     // SAFETY: called while loading shared_preload_libraries, as PostgreSQL
-    // requires; the RmgrData lives for the life of the process, and ON_REDO
-    // is written once here, before any record can be replayed.
+    // requires; the RmgrData lives for the life of the process, and the
+    // callbacks are written once here, before any record can be replayed.
     unsafe {
         ON_REDO = Some(on_redo);
+        ON_REDO_END = Some(on_redo_end);
         pg_sys::RegisterCustomRmgr(RMGR_ID, rmgr)
     };
+}
+
+/// The redo pointer of the newest checkpoint or restartpoint: it moves when
+/// a restartpoint begins on a standby.
+pub fn redo_pointer() -> u64 {
+    // SAFETY: reads a value in shared memory under its spinlock.
+    unsafe { pg_sys::GetRedoRecPtr() }
+}
+
+fn redo_end() {
+    // SAFETY: written once in _PG_init, before replay starts.
+    if let Some(on_end) = unsafe { ON_REDO_END } {
+        on_end();
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn redo_startup() {
+    // SAFETY: registering a #[pg_guard] callback with no argument, in the
+    // startup process, which runs redo.
+    unsafe { pg_sys::before_shmem_exit(Some(redo_exit), pg_sys::Datum::from(0)) };
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn redo_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    redo_end();
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn redo_cleanup() {
+    redo_end();
 }
 
 /// Writes and flushes a reservation record. Does nothing during recovery
@@ -81,6 +119,24 @@ unsafe fn record_until(record: *mut pg_sys::XLogReaderState) -> Option<i64> {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
+    // Like PostgreSQL's own resource managers: an unknown record type means
+    // WAL this build cannot replay correctly, so stop.
+    // SAFETY: PostgreSQL calls redo with a decoded record.
+    let info = unsafe {
+        let decoded = (*record).record;
+        if decoded.is_null() {
+            0
+        } else {
+            (*decoded).header.xl_info & !(pg_sys::XLR_INFO_MASK as u8)
+        }
+    };
+    if info != XLOG_SNOWFLAKE_RESERVE {
+        pgrx::ereport!(
+            pgrx::PgLogLevel::PANIC,
+            pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("snowflake_id redo: unknown op code {info}")
+        );
+    }
     // SAFETY: PostgreSQL calls redo with a record of our resource manager.
     let Some(until_ms) = (unsafe { record_until(record) }) else {
         pgrx::error!("snowflake_id: malformed reservation record in WAL");

@@ -118,29 +118,31 @@ def test_fresh_claim_waits_for_the_clock_to_pass_the_floor(make_cluster):
         json.dump(state, f)
     c.start()
     with c.connect() as conn:
-        # Put the server's clock 600 ms before the floor.
-        clock.set((floor_ms - 600) / 1000 - time.time())
+        # Put the server's clock 800 ms before the floor (less than the 1 s
+        # a fresh claim waits), and check it is still well behind it.
+        clock.set((floor_ms - 800) / 1000 - time.time())
         server_ms = time.time() * 1000 + server_skew(conn) * 1000
-        assert -900 < server_ms - floor_ms < -300, server_ms - floor_ms
+        assert server_ms - floor_ms < -200, server_ms - floor_ms
         started = time.monotonic()
         first = conn.execute("SELECT snowflake_nextval()").fetchone()[0]
         waited = time.monotonic() - started
     assert ms_of(first) > floor_ms, (ms_of(first), floor_ms)
     assert first > earlier
-    assert 0.2 < waited < 3, waited
+    assert 0.05 < waited < 3, waited
 
 
 def test_lowering_max_drift_names_borrowed_ticks_not_the_clock(make_cluster):
-    """IDs ran 2 s ahead of a correct clock by borrowing ticks (js53: 64 IDs
-    per ms); then max_drift is lowered to 0. The error says the IDs ran
-    ahead by borrowing, not that the clock is behind."""
-    c, clock = faked(make_cluster, **{"snowflake_id.layout": "js53",
-                                      "snowflake_id.max_drift": "2s"})
+    """IDs ran about 3 s ahead of a correct clock by borrowing ticks
+    (sonyflake: 256 IDs per 10 ms, so 100,000 IDs need 3.9 s of ticks);
+    then max_drift is lowered to 0. The error says the IDs ran ahead by
+    borrowing, not that the clock is behind."""
+    c, clock = faked(make_cluster, **{"snowflake_id.layout": "sonyflake",
+                                      "snowflake_id.max_drift": "3s"})
     with c.connect() as conn:
-        conn.execute("SELECT count(*) FROM snowflake_nextvals(300000)")
+        conn.execute("SELECT count(*) FROM snowflake_nextvals(100000)")
         drift = c.scalar("SELECT current_drift_ms FROM snowflake_workers "
                          "WHERE pid IS NOT NULL")
-        assert drift > 1000, drift
+        assert drift > 1500, drift
         conn.execute("ALTER SYSTEM SET snowflake_id.max_drift = 0")
         conn.execute("SELECT pg_reload_conf()")
         wait_until(lambda: conn.execute("SHOW snowflake_id.max_drift").fetchone()[0] == "0",
