@@ -67,7 +67,7 @@ _pg_wheel_for() {
 DEB_PACKAGES=(
     postgresql-15 postgresql-server-dev-15
     libclang-dev clang pkg-config libssl-dev
-    build-essential sudo faketime unzip
+    build-essential sudo faketime unzip strace
 )
 
 export DEBIAN_FRONTEND=noninteractive

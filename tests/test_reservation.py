@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import re
 import subprocess
 import time
@@ -125,8 +126,11 @@ def test_standby_replay_does_not_write_the_state_file_per_record(make_cluster):
                                "-o", out, "-p", str(startup)],
                               stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: os.path.exists(out) and os.path.getsize(out) >= 0, what="strace")
-        time.sleep(0.5)  # strace attaches
+        # strace says "Process N attached" on stderr once it traces.
+        ready, _, _ = select.select([tracer.stderr], [], [], 30)
+        assert ready, "strace did not attach within 30 s"
+        attached = tracer.stderr.readline().decode(errors="replace")
+        assert "attached" in attached, attached
         s.sql("SELECT pg_wal_replay_resume()")
         wait_until(lambda: s.scalar(
             "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", str(lsn)),
