@@ -48,6 +48,8 @@ struct Claim {
     fresh_floor: Option<i64>,
     /// `state.clock_backward` when the last ID was issued.
     backward_at_issue: u64,
+    /// The slot's `lease_epoch` when claimed.
+    epoch: u64,
 }
 
 thread_local! {
@@ -86,17 +88,27 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
     CLAIM.with_borrow_mut(|claim| {
         let claim = match claim {
             Some(claim) => claim,
-            None => claim.insert(claim_worker(header)),
+            None => claim.insert(claim_worker(header, i64::MIN)),
         };
         let mut clock = WallClock {
             newest_tick: Some(&header.newest_tick),
         };
+        // The lease bound (see `lease`): no ID above the slot's limit, and
+        // none from a claim the lease worker has since re-leased.
+        let mut limit = claim.slot.limit_tick.load(Relaxed);
+        let mut current = claim.slot.lease_epoch.load(Relaxed) == claim.epoch;
         let mut i = 0;
         while i < n {
             match claim
                 .state
                 .next_id(layout, claim.worker_id, max_drift_ms, &mut clock)
             {
+                Ok(_) if claim.state.last_tick > limit || !current => {
+                    claim.move_to_another_id(header);
+                    limit = claim.slot.limit_tick.load(Relaxed);
+                    current = claim.slot.lease_epoch.load(Relaxed) == claim.epoch;
+                    continue;
+                }
                 Ok(id) => {
                     emit(id);
                     i += 1;
@@ -127,6 +139,19 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
 const FLOOR_WAIT_MS: i64 = 1000;
 
 impl Claim {
+    /// This claim's lease ended (expired, revoked or given again): hands
+    /// the worker id back and claims another usable one, whose IDs go on
+    /// above every ID this backend made (each backend's IDs increase).
+    #[cold]
+    fn move_to_another_id(&mut self, header: &'static Header) {
+        self.publish();
+        let above = self.state.last_tick;
+        if let Some((worker_id, slot)) = HELD.take() {
+            release_slot(header, worker_id, slot);
+        }
+        *self = claim_worker(header, above);
+    }
+
     /// The generator refused with `err`: waits when the only cause is the
     /// floor of a claim that has issued nothing and the wait is short
     /// (returns, to retry); otherwise raises the error naming the actual
@@ -172,19 +197,71 @@ pub fn my_worker_id() -> Option<u32> {
     CLAIM.with_borrow(|claim| claim.as_ref().map(|c| c.worker_id))
 }
 
-fn claim_worker(header: &'static Header) -> Claim {
+/// Claims a worker id whose IDs will all be above tick `above` (and above
+/// every floor), waiting for the lease worker when leases are in use and
+/// no leased id is usable yet.
+fn claim_worker(header: &'static Header, above: i64) -> Claim {
     if header.layout_changed.load(Acquire) {
         errors::layout_changed(&header.recorded_layout.differences(gucs::layout()));
     }
     if header.registry_pending.load(Acquire) {
         wait_for_registry(header);
     }
-    let (ranges, text) = gucs::worker_ranges();
     // Before anything is held, so that an error here cannot leak a slot.
     register_exit_callback();
+    let mut waited_ms = 0;
+    loop {
+        if let Some(claim) = try_claim(header, above) {
+            return claim;
+        }
+        wait_for_lease(header, &mut waited_ms);
+    }
+}
+
+/// How long a claim waits for the lease worker to lease a usable block, in
+/// ms, unless it already knows the registry is unreachable.
+const LEASE_WAIT_MS: i64 = 30_000;
+
+/// No leased id is usable: wakes the lease worker and waits a little, or
+/// raises 55000 naming the registry once waiting cannot help.
+#[cold]
+fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
+    let lease = &header.lease;
+    let latch = lease.latch.load(Acquire);
+    if !latch.is_null() {
+        // SAFETY: the lease worker's process latch, in shared memory; it
+        // clears the pointer before it exits, and setting a latch its
+        // next owner did not expect only wakes that process once.
+        unsafe { pg_sys::SetLatch(latch) };
+    }
+    let unreachable_since = lease.unreachable_since_ms.load(Acquire);
+    let decided = lease.mode.load(Acquire) != shmem::MODE_UNDECIDED;
+    let give_up = *waited_ms >= LEASE_WAIT_MS
+        || (decided && unreachable_since != 0 && lease.blocks_held.load(Acquire) == 0);
+    if give_up {
+        errors::no_lease(
+            &lease.registry.get(),
+            (unreachable_since != 0).then(|| crate::clock::unix_ms() - unreachable_since),
+            lease.deadline_ms.load(Acquire),
+            &lease.problem.get(),
+            *waited_ms,
+        );
+    }
+    crate::clock::wait_ms(10);
+    *waited_ms += 10;
+}
+
+/// One attempt: the least recently released free, usable id in range.
+fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
+    let (ranges, text) = gucs::worker_ranges();
     let slots = header.slots();
     let _guard = header.lock(true);
-    let is_free = |id: &u32| slots[*id as usize].holder_pid.load(Relaxed) == 0;
+    // Usable: leased (or no leases in use) and below its lease's limit.
+    let usable = |id: u32| {
+        let slot = &slots[id as usize];
+        slot.last_tick.load(Relaxed) < slot.limit_tick.load(Relaxed)
+    };
+    let is_free = |id: &u32| slots[*id as usize].holder_pid.load(Relaxed) == 0 && usable(*id);
     let order = |id: u32| (slots[id as usize].release_order.load(Relaxed), id);
     // The least recently released free id, in one pass. A holder releases
     // its advisory lock before it clears holder_pid, and SQL cannot take
@@ -201,6 +278,9 @@ fn claim_worker(header: &'static Header) -> Claim {
         None => None,
     };
     let Some(worker_id) = worker_id else {
+        if header.lease.mode.load(Acquire) != shmem::MODE_LOCAL {
+            return None;
+        }
         let held = ranges.iter().filter(|id| !is_free(id)).count() as u64;
         errors::workers_exhausted(&text, ranges.len(), held)
     };
@@ -239,13 +319,18 @@ fn claim_worker(header: &'static Header) -> Claim {
     // issued (restart, crash, promotion, layout change).
     let floor_ms = header.floor_ms.load(Acquire);
     let raised = state.raise_floor(layout.tick_at(floor_ms), layout);
-    Claim {
+    // Above the lease's floor (earlier holders of the block elsewhere) and
+    // above this backend's own last ID when it moves from another id.
+    state.raise_floor(slot.floor_tick.load(Relaxed), layout);
+    state.raise_floor(above, layout);
+    Some(Claim {
         worker_id,
         slot,
         backward_at_issue: state.clock_backward,
         state,
         fresh_floor: raised.then_some(floor_ms),
-    }
+        epoch: slot.lease_epoch.load(Relaxed),
+    })
 }
 
 /// How long a first claim after startup waits for the registry worker to
@@ -361,6 +446,11 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
             }
         }
     });
+    release_slot(header, worker_id, slot);
+}
+
+/// Gives a worker id back (at exit, or when its lease ended).
+fn release_slot(header: &Header, worker_id: u32, slot: &Slot) {
     // The advisory lock goes first: once holder_pid is 0, a claim must
     // find the id's lock free (PostgreSQL would release it only later, in
     // its own exit callback).

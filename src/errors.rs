@@ -426,3 +426,51 @@ pub fn old_extension_version(function: &str, version: &str) -> ! {
         Some("Run ALTER EXTENSION snowflake_id UPDATE in this database.".into()),
     )
 }
+
+/// 55000: leases are in use and this server holds no usable worker id: the
+/// registry is unreachable (for `unreachable_ms`), or no block was leased
+/// within `waited_ms`.
+pub fn no_lease(
+    registry: &str,
+    unreachable_ms: Option<i64>,
+    deadline_ms: i64,
+    problem: &str,
+    waited_ms: i64,
+) -> ! {
+    let registry = if registry.is_empty() {
+        "(not known yet)".to_string()
+    } else {
+        registry.to_string()
+    };
+    let (message, mut detail) = match unreachable_ms {
+        Some(ms) => (
+            format!(
+                "snowflake_id: no worker id is leased: the registry {registry} has been unreachable for {} s",
+                ms / 1000
+            ),
+            if deadline_ms > 0 {
+                format!(
+                    "This server's leases ran out at {}.",
+                    format_unix_ms(deadline_ms)
+                )
+            } else {
+                "This server holds no lease from it.".to_string()
+            },
+        ),
+        None => (
+            format!(
+                "snowflake_id: no worker id is leased from the registry {registry} after waiting {waited_ms} ms"
+            ),
+            "Every block this server may lease is held by other servers, or the lease worker has not leased one yet.".to_string(),
+        ),
+    };
+    if !problem.is_empty() {
+        detail.push_str(&format!(" Last problem: {problem}"));
+    }
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        message,
+        Some(detail),
+        Some("Check that the registry server is running and reachable from this server with the connection string in snowflake_id.registry (or the Citus coordinator), and look for \"snowflake_id lease\" in this server's log. IDs resume by themselves once a lease is granted.".into()),
+    )
+}

@@ -44,6 +44,11 @@ static MAX_DRIFT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 const MAX_DRIFT_LIMIT_MS: i32 = 3_600_000;
 static REGISTRY_DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static LEASE_TIME_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
+/// The shortest and longest `snowflake_id.lease_time`, in milliseconds.
+const LEASE_TIME_MIN_MS: i32 = 2_000;
+const LEASE_TIME_MAX_MS: i32 = 86_400_000;
 
 /// The layout in use, computed once per process by [`init`].
 static LAYOUT: OnceLock<Layout> = OnceLock::new();
@@ -220,6 +225,25 @@ pub fn init(preloading: bool) {
         &REGISTRY_DATABASE,
         layout_context(),
         GucFlags::default(),
+    );
+
+    GucRegistry::define_string_guc(
+        c"snowflake_id.registry",
+        c"Connection string of the server that leases worker ids to this one (empty: this server's own worker_ids, or the Citus coordinator).",
+        c"A libpq key=value string or URI naming a database where the snowflake_id extension is created; it may name this server. Only superusers can see it.",
+        &REGISTRY,
+        layout_context(),
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_int_guc(
+        c"snowflake_id.lease_time",
+        c"How long a lease of worker ids from the registry lasts without a renewal.",
+        c"A server keeps making IDs from the blocks it holds for this long when the registry is unreachable; a block of a server that vanished goes to another after it (plus a grace period).",
+        &LEASE_TIME_MS,
+        LEASE_TIME_MIN_MS,
+        LEASE_TIME_MAX_MS,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
 
     define_public_key();
@@ -456,6 +480,43 @@ pub fn registry_worker_enabled() -> bool {
     // SAFETY: reading a flag PostgreSQL sets from the command line (-b)
     // before it loads preload libraries.
     registry_database().is_some() && !unsafe { pg_sys::IsBinaryUpgrade }
+}
+
+/// `snowflake_id.registry`, trimmed, or `None` when empty.
+pub fn registry() -> Option<String> {
+    REGISTRY
+        .get()
+        .map(|s| s.to_string_lossy().trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// `snowflake_id.lease_time` in milliseconds.
+pub fn lease_time_ms() -> i64 {
+    i64::from(LEASE_TIME_MS.get())
+}
+
+/// Whether Citus is listed before us in `shared_preload_libraries`.
+pub fn citus_preloaded() -> bool {
+    // SAFETY: reading PostgreSQL's GUC variable, NULL or a C string.
+    let list = unsafe {
+        let p = pg_sys::shared_preload_libraries_string;
+        if p.is_null() {
+            return false;
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    };
+    list.split(',')
+        .map(|l| l.trim().trim_matches('"'))
+        .any(|l| l == "citus" || l.ends_with("/citus") || l.starts_with("citus."))
+}
+
+/// Whether worker ids come from a registry's leases (or may, once the
+/// lease worker has looked at Citus's metadata), rather than from this
+/// server's `worker_ids` alone. Not in binary-upgrade mode.
+pub fn leases_enabled() -> bool {
+    // SAFETY: reading a flag PostgreSQL sets from the command line (-b)
+    // before it loads preload libraries.
+    (registry().is_some() || citus_preloaded()) && !unsafe { pg_sys::IsBinaryUpgrade }
 }
 
 /// The preset's name, for reports.

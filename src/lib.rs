@@ -11,6 +11,8 @@
 //! - `wal`        WAL records of the reservation (a leaf `reservation` calls)
 //! - `claims`     worker id claims, one per backend, and the hot path
 //! - `registry_worker` the background workers that keep the registry table, and its DDL
+//! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument (pure)
+//! - `lease_worker` the background worker that leases from the registry; `leases.sql` the registry's side
 //! - `api`        the SQL functions and views
 //! - `public_id`  the keyed, reversible text form of IDs (pure)
 //! - `public_sql` `snowflake_to_public()` / `snowflake_from_public()`
@@ -25,6 +27,8 @@ mod errors;
 pub mod generator;
 mod gucs;
 pub mod layout;
+pub mod lease;
+mod lease_worker;
 pub mod public_id;
 mod public_sql;
 pub mod ranges;
@@ -51,6 +55,7 @@ pub extern "C-unwind" fn _PG_init() {
         shmem::init(reservation::read_at_startup);
         reservation::init();
         registry_worker::init();
+        lease_worker::init();
     }
 }
 

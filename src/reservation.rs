@@ -215,8 +215,6 @@ const STATE_FILE_C: &CStr = c"snowflake_id.state";
 /// policy (`data_sync_retry`: a failed fsync is a PANIC by default). Each
 /// error names the file that failed.
 fn write_state_file(layout: &Layout, reserved_until_ms: i64) {
-    use std::io::Write;
-    use std::os::fd::FromRawFd;
     let state = StateFile {
         version: STATE_FILE_VERSION,
         layout: *layout,
@@ -226,12 +224,21 @@ fn write_state_file(layout: &Layout, reserved_until_ms: i64) {
         Ok(text) => text,
         Err(e) => errors::internal(&format!("could not encode the state file: {e}")),
     };
-    let tmp_name = "snowflake_id.state.tmp";
-    // SAFETY: opening a file by a static C name through PostgreSQL's fd
+    write_durably(STATE_FILE_TMP, STATE_FILE_C, &text);
+}
+
+/// Writes `text` to the data-directory file `name` durably, through the
+/// temporary file `tmp` (see [`write_state_file`]). Errors are raised.
+pub fn write_durably(tmp: &CStr, name: &CStr, text: &str) {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    let tmp_name = tmp.to_string_lossy();
+    let tmp_name = tmp_name.as_ref();
+    // SAFETY: opening a file by a C name through PostgreSQL's fd
     // accounting; the descriptor is closed below on every path.
     let fd = unsafe {
         pg_sys::OpenTransientFile(
-            STATE_FILE_TMP.as_ptr(),
+            tmp.as_ptr(),
             libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | pg_sys::PG_BINARY as i32,
         )
     };
@@ -250,16 +257,10 @@ fn write_state_file(layout: &Layout, reserved_until_ms: i64) {
     if closed != 0 {
         errors::state_file("close", tmp_name, std::io::Error::last_os_error());
     }
-    // SAFETY: static C names; durable_rename reports its own errors (naming
+    // SAFETY: C names; durable_rename reports its own errors (naming
     // both files) at ERROR, or PANIC for a failed fsync as data_sync_retry
     // requires.
-    unsafe {
-        pg_sys::durable_rename(
-            STATE_FILE_TMP.as_ptr(),
-            STATE_FILE_C.as_ptr(),
-            pg_sys::PGERROR as i32,
-        )
-    };
+    unsafe { pg_sys::durable_rename(tmp.as_ptr(), name.as_ptr(), pg_sys::PGERROR as i32) };
 }
 
 /// Adopts `layout` after the server started with a layout other than the

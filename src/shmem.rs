@@ -28,6 +28,11 @@
 //! - `Header::registry_pending` is set at startup and only ever cleared
 //!   (Release), by the registry worker once the floor it read is in force;
 //!   claims read it (Acquire) before they start a generator.
+//! - `Header::lease` is written by the lease worker only (see
+//!   `lease_worker`); backends read it. A slot's `limit_tick` and
+//!   `lease_epoch` are written by the lease worker under `lock`
+//!   (exclusive) when it activates or revokes a block, and raised without
+//!   the lock on renewals (`fetch_max`); the hot path reads them relaxed.
 //! - Every field is an atomic, so concurrent readers never see undefined
 //!   behaviour, only (for reports) a value that is a moment old.
 //!
@@ -78,6 +83,71 @@ pub struct Header {
     pub layout_changed: AtomicBool,
     /// The layout recorded in the state file at startup.
     pub recorded_layout: Layout,
+    /// Fleet leases: mode, registry, blocks held (see `lease_worker`).
+    pub lease: LeaseState,
+}
+
+/// Where this server's worker ids come from.
+pub const MODE_LOCAL: u8 = 0;
+/// Not known yet: the lease worker is reading Citus's metadata.
+pub const MODE_UNDECIDED: u8 = 1;
+/// Leased from `snowflake_id.registry`.
+pub const MODE_REGISTRY: u8 = 2;
+/// Leased from the Citus coordinator.
+pub const MODE_CITUS: u8 = 3;
+
+/// A slot's `limit_tick` when it may not be used (no lease).
+pub const NO_LEASE: i64 = -1;
+
+/// What the lease worker publishes for backends and reports.
+#[repr(C)]
+pub struct LeaseState {
+    pub mode: AtomicU8,
+    /// Unix ms since which the registry has been unreachable (0: it is not).
+    pub unreachable_since_ms: AtomicI64,
+    /// Blocks held and usable now.
+    pub blocks_held: AtomicU32,
+    /// The earliest deadline of a held block, as Unix ms (0: none).
+    pub deadline_ms: AtomicI64,
+    /// Bumped whenever the lease worker changes a slot's lease.
+    pub changes: AtomicU64,
+    /// The lease worker's latch, set by claims that find no usable id.
+    pub latch: AtomicPtr<pg_sys::Latch>,
+    /// The registry, for messages (host, port, database; no password).
+    pub registry: ShmText<160>,
+    /// This data directory's node id.
+    pub node_id: ShmText<40>,
+    /// The last problem with the registry, for messages.
+    pub problem: ShmText<256>,
+}
+
+/// A short text in shared memory: NUL-padded bytes, each an atomic, so a
+/// reader sees at worst a mix of an old and a new value.
+#[repr(C)]
+pub struct ShmText<const N: usize>([AtomicU8; N]);
+
+impl<const N: usize> ShmText<N> {
+    /// Stores `text`, cut to `N - 1` bytes (at a character boundary).
+    pub fn set(&self, text: &str) {
+        let mut end = text.len().min(N - 1);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let bytes = &text.as_bytes()[..end];
+        for (i, byte) in self.0.iter().enumerate() {
+            byte.store(bytes.get(i).copied().unwrap_or(0), Relaxed);
+        }
+    }
+
+    pub fn get(&self) -> String {
+        let bytes: Vec<u8> = self
+            .0
+            .iter()
+            .map(|b| b.load(Relaxed))
+            .take_while(|&b| b != 0)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
 }
 
 /// The shared state of one worker id.
@@ -101,6 +171,16 @@ pub struct Slot {
     pub sequence_exhausted: AtomicU64,
     pub clock_backward: AtomicU64,
     pub max_drift: AtomicI64,
+    // Lease fields: written by the lease worker (see the header).
+    /// The highest tick an ID of this worker id may have ([`NO_LEASE`]:
+    /// none; `i64::MAX` without leases).
+    pub limit_tick: AtomicI64,
+    /// Bumped each time the lease worker gives this id a new lease; a
+    /// claim made under another epoch must claim again.
+    pub lease_epoch: AtomicU64,
+    /// Every claim starts its generator above this tick: the floor of the
+    /// block's lease (the highest ID time of its earlier holders).
+    pub floor_tick: AtomicI64,
 }
 
 /// Which way [`Slot::transfer`] copies.
@@ -323,13 +403,28 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 registry_pending: AtomicBool::new(gucs::registry_worker_enabled()),
                 layout_changed: AtomicBool::new(recorded != layout),
                 recorded_layout: recorded,
+                // All zeros, then set below.
+                lease: std::mem::zeroed(),
             });
+            let mode = if gucs::leases_enabled() {
+                MODE_UNDECIDED
+            } else {
+                MODE_LOCAL
+            };
+            (*header).lease.mode.store(mode, Relaxed);
             // All-zero bytes are a valid value for every (atomic) field.
             let first = header.add(1) as *mut Slot;
             std::ptr::write_bytes(first, 0, nslots as usize);
             let mut fresh = GeneratorState::new(&layout);
+            let limit = if mode == MODE_LOCAL {
+                i64::MAX
+            } else {
+                NO_LEASE
+            };
             for i in 0..nslots as usize {
                 (*first.add(i)).transfer(&mut fresh, Direction::ToSlot);
+                (*first.add(i)).limit_tick.store(limit, Relaxed);
+                (*first.add(i)).floor_tick.store(i64::MIN, Relaxed);
             }
         }
     }

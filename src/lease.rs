@@ -1,0 +1,337 @@
+//! Fleet leases, the pure rules: block geometry, what a renewal grants,
+//! when a holder must stop, and which blocks to lease or give back. No
+//! PostgreSQL calls; `lease_worker` is the glue, `leases.sql` the registry.
+//!
+//! # Why IDs never repeat across a hand-over
+//!
+//! A block of worker ids is leased by one holder (a data directory) at a
+//! time, from the registry server. Every lease row carries a *mark*: the
+//! highest ID time any holder of the block may have issued.
+//!
+//! 1. A holder makes an ID from a block only when the ID's time is at or
+//!    below a mark the registry has already *committed* for that block
+//!    (the holder asks for the new mark in a renewal and raises its local
+//!    bound only once the registry confirmed it). The bound is checked on
+//!    every ID against the ID's own time, not against any clock.
+//! 2. The registry only raises a block's mark while the block stays with
+//!    the same holder (`greatest(...)`); a holder that gives a block back
+//!    lowers it to the newest ID time it actually issued there, after it
+//!    stopped issuing from it.
+//! 3. Whoever leases the block next starts every generator of it above the
+//!    mark it read when it took the block (`floor`).
+//!
+//! So the old holder's IDs are at or below the mark and the new holder's
+//! are above it: disjoint, whatever the two servers' clocks say, even when
+//! they disagree by more than the lease time, and even when the old holder
+//! never learns that it lost the block. Clocks only decide *when* things
+//! happen: the holder asks for a mark of `deadline + max_drift` (its own
+//! wall clock when the renewal was sent, plus the lease time, plus the
+//! drift its generators may borrow) and stops using the block at its
+//! deadline by its own monotonic clock, measured from the moment the
+//! renewal was sent; the registry hands a block over only after the
+//! expiry plus a grace period by its own clock, which, with sane clock
+//! *rates*, is after the old holder stopped. The one assumption is about
+//! rates; an offset between clocks only makes a new holder start further
+//! ahead (it waits until the floor is within `max_drift` of its clock
+//! before it uses the block, see [`Plan::activate`]).
+
+use crate::ranges::WorkerRanges;
+
+/// How many blocks a layout's worker ids are cut into (at most).
+pub const BLOCKS_PER_LAYOUT: u32 = 64;
+
+/// Ids per block for a layout whose largest worker id is `max_worker_id`.
+pub fn block_size(max_worker_id: u32) -> u32 {
+    let ids = u64::from(max_worker_id) + 1;
+    (ids / u64::from(BLOCKS_PER_LAYOUT)).max(1) as u32
+}
+
+/// The block of a worker id.
+pub fn block_of(worker_id: u32, size: u32) -> u32 {
+    worker_id / size
+}
+
+/// The worker ids of `block` (inclusive).
+pub fn block_ids(block: u32, size: u32, max_worker_id: u32) -> (u32, u32) {
+    let first = block.saturating_mul(size);
+    (first, first.saturating_add(size - 1).min(max_worker_id))
+}
+
+/// The blocks holding at least one id of `ranges`, in increasing order.
+pub fn allowed_blocks(ranges: &WorkerRanges, size: u32) -> Vec<u32> {
+    let mut blocks: Vec<u32> = ranges.iter().map(|id| block_of(id, size)).collect();
+    blocks.dedup();
+    blocks
+}
+
+/// The time settings of leases, all in ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// How long a lease lasts after a renewal is sent.
+    pub lease_ms: i64,
+    /// How often the holder renews.
+    pub renew_every_ms: i64,
+    /// How long after the expiry (registry clock) a block may go to another.
+    pub grace_ms: i64,
+    /// How long a block's ids must all have been free before it is given back.
+    pub idle_ms: i64,
+}
+
+impl Timing {
+    pub fn new(lease_ms: i64) -> Timing {
+        Timing {
+            lease_ms,
+            renew_every_ms: (lease_ms / 10).clamp(100, 5_000),
+            grace_ms: (lease_ms / 5).max(1_000),
+            idle_ms: (lease_ms / 2).max(10_000),
+        }
+    }
+}
+
+/// What a renewal (or lease) sent at these clock readings grants once the
+/// registry confirms it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The holder's monotonic ms after which it must not use the block.
+    pub deadline_mono_ms: i64,
+    /// The mark asked for: the highest ID time (Unix ms) it may issue.
+    pub high_ms: i64,
+}
+
+pub fn grant(sent_mono_ms: i64, sent_wall_ms: i64, timing: &Timing, max_drift_ms: i64) -> Grant {
+    Grant {
+        deadline_mono_ms: sent_mono_ms.saturating_add(timing.lease_ms),
+        high_ms: sent_wall_ms
+            .saturating_add(timing.lease_ms)
+            .saturating_add(max_drift_ms),
+    }
+}
+
+/// A block this server holds, as the lease worker tracks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub block: u32,
+    /// Every ID of this block must be above this Unix ms (the mark it had
+    /// when this server leased it).
+    pub floor_ms: i64,
+    /// The confirmed mark: no ID of this block above this Unix ms.
+    pub high_ms: i64,
+    /// Monotonic ms after which the block must not be used.
+    pub deadline_mono_ms: i64,
+    /// Whether sessions may use it now.
+    pub active: bool,
+    /// Since when (monotonic ms) none of its ids has had a session.
+    pub idle_since_mono_ms: Option<i64>,
+}
+
+/// How a block's ids are used right now (from shared memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub block: u32,
+    /// Ids of the block that this server may use (in `worker_ids`).
+    pub ids: u32,
+    /// Of those, ids with at least one session.
+    pub busy: u32,
+}
+
+/// What the lease worker should do now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Blocks past their deadline: stop using them now.
+    pub expire: Vec<u32>,
+    /// Blocks whose floor is now within `max_drift` of the clock.
+    pub activate: Vec<u32>,
+    /// Idle blocks to give back.
+    pub release: Vec<u32>,
+    /// How many more blocks to lease.
+    pub acquire: u32,
+}
+
+/// Decides the next steps from the held blocks and their usage.
+pub fn plan(
+    held: &[Held],
+    usage: &[Usage],
+    now_mono_ms: i64,
+    now_wall_ms: i64,
+    timing: &Timing,
+    max_drift_ms: i64,
+    block_size: u32,
+) -> Plan {
+    let mut plan = Plan::default();
+    let use_of = |block: u32| usage.iter().find(|u| u.block == block).copied();
+    let low_water = (block_size / 4).max(1);
+    let mut free = 0u32;
+    let mut pending = 0u32;
+    let mut live: Vec<&Held> = Vec::new();
+    for h in held {
+        if now_mono_ms >= h.deadline_mono_ms {
+            plan.expire.push(h.block);
+            continue;
+        }
+        let u = use_of(h.block).unwrap_or(Usage {
+            block: h.block,
+            ids: 0,
+            busy: 0,
+        });
+        if h.active {
+            free += u.ids - u.busy.min(u.ids);
+            live.push(h);
+        } else if h.floor_ms.saturating_sub(max_drift_ms) <= now_wall_ms {
+            plan.activate.push(h.block);
+            free += u.ids;
+        } else {
+            pending += u.ids;
+        }
+    }
+    if free + pending < low_water {
+        plan.acquire = 1;
+    }
+    // Give back idle blocks while enough free ids remain without them.
+    // The last block is kept: a server that made IDs will make more.
+    let mut kept = live.len() + plan.activate.len();
+    for h in live {
+        let Some(since) = h.idle_since_mono_ms else {
+            continue;
+        };
+        let ids = use_of(h.block).map_or(0, |u| u.ids);
+        if kept > 1
+            && now_mono_ms - since >= timing.idle_ms
+            && free.saturating_sub(ids) >= low_water
+        {
+            plan.release.push(h.block);
+            free -= ids;
+            kept -= 1;
+        }
+    }
+    plan
+}
+
+/// The mark to record when giving a block back: the end of the newest
+/// tick issued from it, never below the floor it was leased with.
+pub fn release_mark(floor_ms: i64, newest_tick_end_ms: Option<i64>) -> i64 {
+    newest_tick_end_ms.map_or(floor_ms, |t| t.max(floor_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: i64 = 1_795_305_600_000;
+
+    fn held(block: u32, deadline: i64, active: bool, idle: Option<i64>) -> Held {
+        Held {
+            block,
+            floor_ms: T0,
+            high_ms: T0 + 700_000,
+            deadline_mono_ms: deadline,
+            active,
+            idle_since_mono_ms: idle,
+        }
+    }
+
+    #[test]
+    fn blocks_cut_the_worker_ids_into_at_most_64() {
+        assert_eq!(block_size(1023), 16);
+        assert_eq!(block_size(15), 1);
+        assert_eq!(block_size(0), 1);
+        assert_eq!(block_ids(3, 16, 1023), (48, 63));
+        assert_eq!(block_ids(0, 1, 0), (0, 0));
+        let ranges = WorkerRanges::parse("0-3,17,40-47", 1023).unwrap();
+        assert_eq!(allowed_blocks(&ranges, 16), vec![0, 1, 2]);
+        assert_eq!(allowed_blocks(&WorkerRanges::all(1023), 16).len(), 64);
+    }
+
+    #[test]
+    fn a_grant_is_measured_from_the_moment_the_renewal_was_sent() {
+        let t = Timing::new(600_000);
+        assert_eq!(t.renew_every_ms, 5_000);
+        assert_eq!(t.grace_ms, 120_000);
+        let g = grant(50, T0, &t, 60_000);
+        assert_eq!(g.deadline_mono_ms, 600_050);
+        assert_eq!(g.high_ms, T0 + 660_000);
+        let short = Timing::new(4_000);
+        assert_eq!(short.renew_every_ms, 400);
+        assert_eq!(short.grace_ms, 1_000);
+    }
+
+    #[test]
+    fn no_block_leases_one_and_a_busy_server_leases_more() {
+        let t = Timing::new(600_000);
+        let p = plan(&[], &[], 0, T0, &t, 60_000, 16);
+        assert_eq!(p.acquire, 1);
+        let h = [held(0, 1_000, true, None)];
+        let busy = [Usage {
+            block: 0,
+            ids: 16,
+            busy: 14,
+        }];
+        assert_eq!(plan(&h, &busy, 0, T0, &t, 60_000, 16).acquire, 0);
+        let busier = [Usage {
+            block: 0,
+            ids: 16,
+            busy: 13 + 2,
+        }];
+        assert_eq!(plan(&h, &busier, 0, T0, &t, 60_000, 16).acquire, 1);
+    }
+
+    #[test]
+    fn a_block_past_its_deadline_is_expired_and_replaced() {
+        let t = Timing::new(600_000);
+        let h = [held(0, 1_000, true, None)];
+        let p = plan(&h, &[], 1_000, T0, &t, 60_000, 16);
+        assert_eq!(p.expire, vec![0]);
+        assert_eq!(p.acquire, 1);
+        let p = plan(&h, &[], 999, T0, &t, 60_000, 16);
+        assert!(p.expire.is_empty());
+    }
+
+    #[test]
+    fn a_block_whose_floor_is_far_ahead_waits_until_within_max_drift() {
+        let t = Timing::new(600_000);
+        let mut h = held(0, 10_000_000, false, None);
+        h.floor_ms = T0 + 90_000;
+        let u = [Usage {
+            block: 0,
+            ids: 16,
+            busy: 0,
+        }];
+        let p = plan(&[h], &u, 0, T0, &t, 60_000, 16);
+        assert!(p.activate.is_empty());
+        assert_eq!(p.acquire, 0, "a pending block counts as supply");
+        let p = plan(&[h], &u, 0, T0 + 30_000, &t, 60_000, 16);
+        assert_eq!(p.activate, vec![0]);
+    }
+
+    #[test]
+    fn idle_blocks_go_back_but_the_last_one_stays() {
+        let t = Timing::new(600_000);
+        let u = [
+            Usage {
+                block: 0,
+                ids: 16,
+                busy: 0,
+            },
+            Usage {
+                block: 1,
+                ids: 16,
+                busy: 0,
+            },
+        ];
+        let h = [
+            held(0, i64::MAX, true, Some(0)),
+            held(1, i64::MAX, true, Some(0)),
+        ];
+        let early = plan(&h, &u, t.idle_ms - 1, T0, &t, 60_000, 16);
+        assert!(early.release.is_empty());
+        let late = plan(&h, &u, t.idle_ms, T0, &t, 60_000, 16);
+        assert_eq!(late.release, vec![0]);
+        assert_eq!(late.acquire, 0);
+    }
+
+    #[test]
+    fn the_release_mark_never_goes_below_the_floor() {
+        assert_eq!(release_mark(T0, None), T0);
+        assert_eq!(release_mark(T0, Some(T0 - 5)), T0);
+        assert_eq!(release_mark(T0, Some(T0 + 5)), T0 + 5);
+    }
+}

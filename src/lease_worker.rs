@@ -1,0 +1,898 @@
+//! The lease worker: the background worker that leases blocks of worker ids
+//! for this server from the fleet's registry (`snowflake_id.registry`, or
+//! the Citus coordinator), renews them, gives idle ones back, and tells
+//! backends which ids they may use. The rules and the safety argument are
+//! in `lease`; the registry's side (table, view, functions) in
+//! `leases.sql`, created with the extension.
+//!
+//! - It runs when `snowflake_id.registry` is set, or when Citus is
+//!   preloaded (then it reads Citus's `pg_dist_node` in
+//!   `snowflake_id.registry_database` every second: a node in a cluster
+//!   leases from the coordinator, a node on its own uses its `worker_ids`).
+//! - It talks to the registry over an ordinary client connection (the
+//!   `postgres` crate: a maintained, pure-Rust client, so the extension
+//!   needs no libpq of its own), with timeouts, one call per renewal.
+//!   Backends never wait on the registry: they read the slots' limits.
+//! - Each slot's `limit_tick` is the confirmed mark of its block (or
+//!   `NO_LEASE`); activating or revoking a block happens under the slot
+//!   table's lock and bumps the slots' `lease_epoch`, so a backend whose
+//!   block changed hands moves to another id (see `claims`).
+//! - Identity: a random node id in the file `snowflake_id.leases` (with the
+//!   blocks held and their deadlines, written durably at each change, so a
+//!   restart while the registry is down reuses them). A copy of the data
+//!   directory finds its node id's session lock taken on the registry by
+//!   the running original, takes a new id and leases afresh.
+//! - Problems are logged once, when they start and when they end, and
+//!   retried every renewal interval.
+
+use crate::clock;
+use crate::gucs;
+use crate::layout::{format_unix_ms, Layout};
+use crate::lease::{self, Held, Timing, Usage};
+use crate::reservation;
+use crate::shmem::{self, Header, MODE_CITUS, MODE_LOCAL, MODE_REGISTRY, NO_LEASE};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
+use pgrx::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::ffi::CStr;
+use std::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
+use std::time::{Duration, Instant};
+
+pgrx::extension_sql_file!("leases.sql", name = "leases");
+
+const NAME: &str = "snowflake_id lease";
+const LEASE_FILE: &str = "snowflake_id.leases";
+const LEASE_FILE_C: &CStr = c"snowflake_id.leases";
+const LEASE_FILE_TMP: &CStr = c"snowflake_id.leases.tmp";
+const LEASE_FILE_VERSION: u32 = 1;
+/// How often a Citus node looks at the cluster's metadata.
+const CITUS_POLL_MS: i64 = 1_000;
+
+/// Registers the worker. Called from `_PG_init` while preloading.
+pub fn init() {
+    if !gucs::leases_enabled() {
+        return;
+    }
+    BackgroundWorkerBuilder::new(NAME)
+        .set_type(NAME)
+        .set_library("snowflake_id")
+        .set_function("snowflake_id_lease_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+}
+
+/// `snowflake_id.leases`: this data directory's node id and its leases.
+#[derive(Serialize, Deserialize, Default)]
+struct LeaseFile {
+    version: u32,
+    node_id: String,
+    #[serde(default)]
+    blocks: Vec<SavedBlock>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy)]
+struct SavedBlock {
+    block: u32,
+    floor_ms: i64,
+    high_ms: i64,
+    deadline_unix_ms: i64,
+}
+
+/// Where leases come from.
+#[derive(Clone, PartialEq, Eq)]
+struct Target {
+    conninfo: String,
+    /// For messages: no password.
+    display: String,
+    mode: u8,
+}
+
+struct Worker {
+    header: &'static Header,
+    layout: Layout,
+    block_size: u32,
+    node_id: String,
+    name: String,
+    started: Instant,
+    target: Option<Target>,
+    client: Option<postgres::Client>,
+    /// The extension's schema on the registry, quoted.
+    schema: String,
+    held: Vec<Held>,
+    last_renew_mono: i64,
+    next_connect_mono: i64,
+    next_citus_mono: i64,
+    problem: Option<String>,
+    saved: String,
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let citus = gucs::registry().is_none();
+    let database = if citus {
+        gucs::registry_database()
+    } else {
+        None
+    };
+    BackgroundWorker::connect_worker_to_spi(database.as_deref(), None);
+    let Some(header) = shmem::header() else {
+        return;
+    };
+    // SAFETY: MyLatch is this process's latch, valid while it runs; the
+    // pointer is cleared below before the process exits normally, and a
+    // crash resets shared memory.
+    header
+        .lease
+        .latch
+        .store(unsafe { pg_sys::MyLatch }, Release);
+    let mut worker = Worker::new(header);
+    if citus && database.is_none() {
+        worker.set_problem(
+            "Citus is preloaded but snowflake_id.registry_database is empty, so its metadata cannot be read: set snowflake_id.registry".into(),
+        );
+    }
+    loop {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: a plain call, as PostgreSQL's own processes make on SIGHUP.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        worker.step(citus && database.is_some());
+        let wait = worker.wait_ms();
+        if !BackgroundWorker::wait_latch(Some(Duration::from_millis(wait as u64))) {
+            break;
+        }
+    }
+    header.lease.latch.store(std::ptr::null_mut(), Release);
+}
+
+impl Worker {
+    fn new(header: &'static Header) -> Worker {
+        let layout = *gucs::layout();
+        let file = read_lease_file();
+        let node_id = if file.node_id.is_empty() {
+            new_node_id()
+        } else {
+            file.node_id.clone()
+        };
+        header.lease.node_id.set(&node_id);
+        let mut worker = Worker {
+            header,
+            layout,
+            block_size: lease::block_size(layout.max_worker_id()),
+            node_id,
+            name: node_name(),
+            started: Instant::now(),
+            target: None,
+            client: None,
+            schema: String::new(),
+            held: Vec::new(),
+            last_renew_mono: i64::MIN,
+            next_connect_mono: 0,
+            next_citus_mono: 0,
+            problem: None,
+            saved: String::new(),
+        };
+        if let Some(registry) = gucs::registry() {
+            worker.set_target(Some(Target {
+                display: redact(&registry),
+                conninfo: registry,
+                mode: MODE_REGISTRY,
+            }));
+        }
+        // Leases saved by the last life of this data directory: usable
+        // until their deadlines even if the registry is unreachable now.
+        let now_wall = clock::unix_ms();
+        let now_mono = worker.mono_ms();
+        for saved in file.blocks {
+            if saved.deadline_unix_ms > now_wall {
+                worker.held.push(Held {
+                    block: saved.block,
+                    floor_ms: saved.floor_ms,
+                    high_ms: saved.high_ms,
+                    deadline_mono_ms: now_mono + (saved.deadline_unix_ms - now_wall),
+                    active: false,
+                    idle_since_mono_ms: None,
+                });
+            }
+        }
+        worker.persist();
+        worker
+    }
+
+    fn mono_ms(&self) -> i64 {
+        self.started.elapsed().as_millis() as i64
+    }
+
+    fn timing(&self) -> Timing {
+        Timing::new(gucs::lease_time_ms())
+    }
+
+    /// How long to sleep: until the next renewal, deadline or poll.
+    fn wait_ms(&self) -> i64 {
+        let now = self.mono_ms();
+        let mut wait = self.timing().renew_every_ms.min(CITUS_POLL_MS);
+        for h in &self.held {
+            wait = wait.min(h.deadline_mono_ms - now);
+        }
+        wait.clamp(10, 5_000)
+    }
+
+    fn set_problem(&mut self, problem: String) {
+        if self.problem.as_deref() != Some(problem.as_str()) {
+            pgrx::warning!("snowflake_id lease: {problem}");
+        }
+        self.header.lease.problem.set(&problem);
+        self.problem = Some(problem);
+    }
+
+    fn clear_problem(&mut self) {
+        if self.problem.take().is_some() {
+            pgrx::log!(
+                "snowflake_id lease: the registry {} is reachable again",
+                self.display()
+            );
+        }
+        self.header.lease.problem.set("");
+    }
+
+    fn display(&self) -> String {
+        self.target
+            .as_ref()
+            .map_or_else(String::new, |t| t.display.clone())
+    }
+
+    fn unreachable(&mut self, problem: String) {
+        let lease = &self.header.lease;
+        if lease.unreachable_since_ms.load(Relaxed) == 0 {
+            lease.unreachable_since_ms.store(clock::unix_ms(), Release);
+        }
+        self.client = None;
+        self.next_connect_mono = self.mono_ms() + self.timing().renew_every_ms.max(1_000);
+        self.set_problem(problem);
+    }
+
+    /// Switches to `target` (`None`: this server's own worker_ids).
+    fn set_target(&mut self, target: Option<Target>) {
+        if self.target == target && self.header.lease.mode.load(Relaxed) != shmem::MODE_UNDECIDED {
+            return;
+        }
+        // Another registry: nothing held from the old one is used again.
+        for block in self.held.iter().map(|h| h.block).collect::<Vec<_>>() {
+            self.revoke(block);
+        }
+        self.held.clear();
+        self.client = None;
+        self.next_connect_mono = 0;
+        let lease = &self.header.lease;
+        match &target {
+            Some(t) => {
+                lease.registry.set(&t.display);
+                if lease.mode.load(Relaxed) == MODE_LOCAL {
+                    self.set_all_limits(NO_LEASE);
+                }
+                lease.mode.store(t.mode, Release);
+                pgrx::log!("snowflake_id lease: leasing worker ids from {}", t.display);
+            }
+            None => {
+                lease.registry.set("");
+                self.set_all_limits(i64::MAX);
+                lease.mode.store(MODE_LOCAL, Release);
+            }
+        }
+        self.target = target;
+        self.persist();
+    }
+
+    fn set_all_limits(&self, limit: i64) {
+        let _guard = self.header.lock(true);
+        for slot in self.header.slots() {
+            slot.limit_tick.store(limit, Relaxed);
+            slot.lease_epoch.fetch_add(1, Relaxed);
+        }
+        self.header.lease.changes.fetch_add(1, Relaxed);
+    }
+
+    fn step(&mut self, citus: bool) {
+        if citus && self.mono_ms() >= self.next_citus_mono {
+            self.next_citus_mono = self.mono_ms() + CITUS_POLL_MS;
+            match citus_target() {
+                Ok(target) => {
+                    if self
+                        .problem
+                        .as_deref()
+                        .is_some_and(|p| p.starts_with("Citus"))
+                    {
+                        self.clear_problem();
+                    }
+                    self.set_target(target)
+                }
+                Err(problem) => self.set_problem(problem),
+            }
+        }
+        if self.target.is_none() {
+            return;
+        }
+        if self.client.is_none() && self.mono_ms() >= self.next_connect_mono {
+            self.connect();
+        }
+        let timing = self.timing();
+        let max_drift_ms = gucs::max_drift_ms();
+        let usage = self.usage();
+        let now_mono = self.mono_ms();
+        let plan = lease::plan(
+            &self.held,
+            &usage,
+            now_mono,
+            clock::unix_ms(),
+            &timing,
+            max_drift_ms,
+            self.block_size,
+        );
+        for block in &plan.expire {
+            pgrx::log!(
+                "snowflake_id lease: the lease of block {block} ran out before a renewal; its worker ids are no longer used here"
+            );
+            self.revoke(*block);
+        }
+        self.held.retain(|h| !plan.expire.contains(&h.block));
+        for block in &plan.activate {
+            self.activate(*block);
+        }
+        if self.client.is_some() {
+            if !self.held.is_empty()
+                && now_mono.saturating_sub(self.last_renew_mono) >= timing.renew_every_ms
+            {
+                self.renew(&timing, max_drift_ms);
+            }
+            for block in &plan.release {
+                self.release(*block);
+            }
+            if plan.acquire > 0 {
+                self.acquire(plan.acquire, &timing, max_drift_ms);
+            }
+        }
+        self.publish();
+        self.persist();
+    }
+
+    /// Connects, introduces this node and finds the extension's schema.
+    fn connect(&mut self) {
+        let Some(target) = self.target.clone() else {
+            return;
+        };
+        let mut config: postgres::Config = match target.conninfo.parse() {
+            Ok(config) => config,
+            Err(e) => {
+                self.unreachable(format!("invalid connection string for the registry: {e}"));
+                return;
+            }
+        };
+        config
+            .application_name("snowflake_id lease")
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_user_timeout(Duration::from_secs(10))
+            .keepalives_idle(Duration::from_secs(10))
+            .options("-c statement_timeout=10s -c lock_timeout=5s");
+        let mut client = match config.connect(postgres::NoTls) {
+            Ok(client) => client,
+            Err(e) => {
+                self.unreachable(format!("could not connect to {}: {e}", target.display));
+                return;
+            }
+        };
+        let schema = client.query_opt(
+            "SELECT quote_ident(n.nspname), \
+                    to_regprocedure(quote_ident(n.nspname) || '.snowflake_lease_hello(text)') IS NOT NULL \
+               FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
+              WHERE e.extname = 'snowflake_id'",
+            &[],
+        );
+        match schema {
+            Ok(Some(row)) if row.get::<_, bool>(1) => self.schema = row.get(0),
+            Ok(Some(_)) => {
+                self.unreachable(format!(
+                    "the snowflake_id extension at {} predates leases: run ALTER EXTENSION snowflake_id UPDATE there",
+                    target.display
+                ));
+                return;
+            }
+            Ok(None) => {
+                self.unreachable(format!(
+                    "{} has no snowflake_id extension: run CREATE EXTENSION snowflake_id in that database",
+                    target.display
+                ));
+                return;
+            }
+            Err(e) => {
+                self.unreachable(format!("{}: {e}", target.display));
+                return;
+            }
+        }
+        // The node id's session lock: taken by a live session means a copy
+        // of this data directory (or its original) is running.
+        for attempt in 0..2 {
+            let hello = client.query_one(
+                &format!("SELECT {}.snowflake_lease_hello($1)", self.schema),
+                &[&self.node_id],
+            );
+            match hello {
+                Ok(row) if row.get::<_, bool>(0) => break,
+                Ok(_) if attempt == 0 => {
+                    let old = std::mem::replace(&mut self.node_id, new_node_id());
+                    pgrx::log!(
+                        "snowflake_id lease: node id {old} is in use by another running server (this data directory is a copy of it, or it of this one): this server is now node {} and leases its own worker ids",
+                        self.node_id
+                    );
+                    self.header.lease.node_id.set(&self.node_id);
+                    for block in self.held.iter().map(|h| h.block).collect::<Vec<_>>() {
+                        self.revoke(block);
+                    }
+                    self.held.clear();
+                    self.persist();
+                }
+                Ok(_) => {
+                    self.unreachable("the registry refused a fresh node id".into());
+                    return;
+                }
+                Err(e) => {
+                    self.unreachable(format!("{}: {e}", target.display));
+                    return;
+                }
+            }
+        }
+        self.client = Some(client);
+        self.header.lease.unreachable_since_ms.store(0, Release);
+        self.clear_problem();
+        // Renew at once: adopts the leases held before a restart or an
+        // outage, and drops those handed to another server since.
+        self.last_renew_mono = i64::MIN;
+    }
+
+    /// How many ids of each held block this server may use, and how many
+    /// have sessions; also tracks since when each block is idle.
+    fn usage(&mut self) -> Vec<Usage> {
+        let (ranges, _) = gucs::worker_ranges();
+        let slots = self.header.slots();
+        let now = self.mono_ms();
+        let max = self.layout.max_worker_id();
+        let mut out = Vec::with_capacity(self.held.len());
+        let _guard = self.header.lock(false);
+        for h in &mut self.held {
+            let (first, last) = lease::block_ids(h.block, self.block_size, max);
+            let mut u = Usage {
+                block: h.block,
+                ids: 0,
+                busy: 0,
+            };
+            for id in (first..=last).filter(|id| ranges.contains(*id)) {
+                u.ids += 1;
+                if slots[id as usize].holder_pid.load(Relaxed) != 0 {
+                    u.busy += 1;
+                }
+            }
+            if u.busy > 0 || !h.active {
+                h.idle_since_mono_ms = None;
+            } else if h.idle_since_mono_ms.is_none() {
+                h.idle_since_mono_ms = Some(now);
+            }
+            out.push(u);
+        }
+        out
+    }
+
+    fn block_slots(&self, block: u32) -> &'static [shmem::Slot] {
+        let (first, last) = lease::block_ids(block, self.block_size, self.layout.max_worker_id());
+        &self.header.slots()[first as usize..=last as usize]
+    }
+
+    /// Lets sessions use a held block: its floor and limit into the slots.
+    fn activate(&mut self, block: u32) {
+        let Some(h) = self.held.iter_mut().find(|h| h.block == block) else {
+            return;
+        };
+        h.active = true;
+        let (floor, limit) = (
+            self.layout.tick_at(h.floor_ms),
+            self.layout.tick_at(h.high_ms),
+        );
+        let slots = self.block_slots(block);
+        let _guard = self.header.lock(true);
+        for slot in slots {
+            slot.floor_tick.fetch_max(floor, Relaxed);
+            slot.limit_tick.store(limit, Relaxed);
+            slot.lease_epoch.fetch_add(1, Relaxed);
+        }
+        self.header.lease.changes.fetch_add(1, Relaxed);
+    }
+
+    /// Stops sessions from using a block (expired, handed over, released).
+    fn revoke(&self, block: u32) {
+        let slots = self.block_slots(block);
+        let _guard = self.header.lock(true);
+        for slot in slots {
+            slot.limit_tick.store(NO_LEASE, Relaxed);
+            slot.lease_epoch.fetch_add(1, Relaxed);
+        }
+        self.header.lease.changes.fetch_add(1, Relaxed);
+    }
+
+    fn renew(&mut self, timing: &Timing, max_drift_ms: i64) {
+        let blocks: Vec<i32> = self.held.iter().map(|h| h.block as i32).collect();
+        let sent_mono = self.mono_ms();
+        let grant = lease::grant(sent_mono, clock::unix_ms(), timing, max_drift_ms);
+        let sql = format!(
+            "SELECT block, floor_ms FROM {}.snowflake_lease_renew($1, $2, $3, $4, $5)",
+            self.schema
+        );
+        let Some(client) = self.client.as_mut() else {
+            return;
+        };
+        let result = client.query(
+            &sql,
+            &[
+                &self.node_id,
+                &blocks,
+                &timing.lease_ms,
+                &timing.grace_ms,
+                &grant.high_ms,
+            ],
+        );
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(e) => {
+                let display = self.display();
+                self.unreachable(format!("renewing the leases at {display} failed: {e}"));
+                return;
+            }
+        };
+        self.last_renew_mono = sent_mono;
+        let kept: Vec<u32> = rows.iter().map(|r| r.get::<_, i32>(0) as u32).collect();
+        let lost: Vec<u32> = self
+            .held
+            .iter()
+            .map(|h| h.block)
+            .filter(|b| !kept.contains(b))
+            .collect();
+        for block in &lost {
+            pgrx::log!(
+                "snowflake_id lease: block {block} is no longer leased to this server (its lease expired at the registry); its worker ids are no longer used here"
+            );
+            self.revoke(*block);
+        }
+        self.held.retain(|h| !lost.contains(&h.block));
+        let limit = self.layout.tick_at(grant.high_ms);
+        for h in &mut self.held {
+            h.high_ms = h.high_ms.max(grant.high_ms);
+            h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
+        }
+        for h in self.held.iter().filter(|h| h.active) {
+            for slot in self.block_slots(h.block) {
+                slot.limit_tick.fetch_max(limit, AcqRel);
+            }
+        }
+    }
+
+    fn acquire(&mut self, want: u32, timing: &Timing, max_drift_ms: i64) {
+        let (ranges, _) = gucs::worker_ranges();
+        let allowed: Vec<i32> = lease::allowed_blocks(&ranges, self.block_size)
+            .into_iter()
+            .map(|b| b as i32)
+            .collect();
+        let sent_mono = self.mono_ms();
+        let grant = lease::grant(sent_mono, clock::unix_ms(), timing, max_drift_ms);
+        let sql = format!(
+            "SELECT block, floor_ms FROM {}.snowflake_lease_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            self.schema
+        );
+        let layout_text = layout_text(&self.layout);
+        let Some(client) = self.client.as_mut() else {
+            return;
+        };
+        let result = client.query(
+            &sql,
+            &[
+                &self.node_id,
+                &self.name,
+                &layout_text,
+                &(self.block_size as i32),
+                &(self.layout.max_worker_id() as i32),
+                &allowed,
+                &(want as i32),
+                &timing.lease_ms,
+                &timing.grace_ms,
+                &grant.high_ms,
+            ],
+        );
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(e) => {
+                let problem = e
+                    .as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_string());
+                if e.as_db_error().is_some() {
+                    // The registry answered: reachable, but refused.
+                    self.set_problem(format!(
+                        "the registry {} refused a lease: {problem}",
+                        self.display()
+                    ));
+                } else {
+                    let display = self.display();
+                    self.unreachable(format!("leasing from {display} failed: {problem}"));
+                }
+                return;
+            }
+        };
+        if rows.is_empty() && self.held.is_empty() {
+            self.set_problem(format!(
+                "the registry {} has no free block of worker ids for this server (snowflake_id.worker_ids limits which it may lease)",
+                self.display()
+            ));
+        }
+        let now_wall = clock::unix_ms();
+        for row in rows {
+            let block = row.get::<_, i32>(0) as u32;
+            let floor_ms: i64 = row.get(1);
+            pgrx::log!(
+                "snowflake_id lease: leased block {block} from {}; its IDs start above {}",
+                self.display(),
+                format_unix_ms(floor_ms)
+            );
+            self.held.push(Held {
+                block,
+                floor_ms,
+                high_ms: grant.high_ms,
+                deadline_mono_ms: grant.deadline_mono_ms,
+                active: false,
+                idle_since_mono_ms: None,
+            });
+            if floor_ms.saturating_sub(max_drift_ms) <= now_wall {
+                self.activate(block);
+            }
+        }
+    }
+
+    /// Gives an idle block back, if still idle under the slot table's lock.
+    fn release(&mut self, block: u32) {
+        let Some(h) = self.held.iter().find(|h| h.block == block).copied() else {
+            return;
+        };
+        let slots = self.block_slots(block);
+        let newest = {
+            let _guard = self.header.lock(true);
+            if slots.iter().any(|s| s.holder_pid.load(Relaxed) != 0) {
+                return;
+            }
+            for slot in slots {
+                slot.limit_tick.store(NO_LEASE, Relaxed);
+                slot.lease_epoch.fetch_add(1, Relaxed);
+            }
+            slots.iter().map(|s| s.last_tick.load(Relaxed)).max()
+        };
+        self.held.retain(|h| h.block != block);
+        let mark = lease::release_mark(
+            h.floor_ms,
+            newest
+                .filter(|&t| t >= 0)
+                .map(|t| self.layout.tick_start_unix_ms(t)),
+        );
+        let sql = format!("SELECT {}.snowflake_lease_release($1, $2, $3)", self.schema);
+        if let Some(client) = self.client.as_mut() {
+            // On failure the block simply expires at the registry, with the
+            // higher mark of its last renewal.
+            if client
+                .query_one(&sql, &[&self.node_id, &(block as i32), &mark])
+                .is_ok()
+            {
+                pgrx::log!("snowflake_id lease: gave idle block {block} back");
+            }
+        }
+    }
+
+    /// Publishes what backends and `snowflake_config()` report.
+    fn publish(&self) {
+        let lease = &self.header.lease;
+        let active: Vec<&Held> = self.held.iter().filter(|h| h.active).collect();
+        lease.blocks_held.store(active.len() as u32, Release);
+        let now_mono = self.mono_ms();
+        let deadline = active
+            .iter()
+            .map(|h| h.deadline_mono_ms)
+            .min()
+            .map_or(0, |d| clock::unix_ms() + (d - now_mono));
+        lease.deadline_ms.store(deadline, Release);
+    }
+
+    /// Saves the node id and the leases, when they changed.
+    fn persist(&mut self) {
+        let now_mono = self.mono_ms();
+        let now_wall = clock::unix_ms();
+        let file = LeaseFile {
+            version: LEASE_FILE_VERSION,
+            node_id: self.node_id.clone(),
+            blocks: self
+                .held
+                .iter()
+                .map(|h| SavedBlock {
+                    block: h.block,
+                    floor_ms: h.floor_ms,
+                    high_ms: h.high_ms,
+                    // Rounded to the renewal interval so that an unchanged
+                    // set of leases is not rewritten at every step.
+                    deadline_unix_ms: now_wall + (h.deadline_mono_ms - now_mono),
+                })
+                .collect(),
+        };
+        let mut key = file.node_id.clone();
+        for b in &file.blocks {
+            key.push_str(&format!(" {}:{}:{}", b.block, b.high_ms, b.floor_ms));
+        }
+        if key == self.saved {
+            return;
+        }
+        let text = match serde_json::to_string(&file) {
+            Ok(text) => text,
+            Err(_) => return,
+        };
+        reservation::write_durably(LEASE_FILE_TMP, LEASE_FILE_C, &text);
+        self.saved = key;
+    }
+}
+
+fn read_lease_file() -> LeaseFile {
+    match std::fs::read_to_string(LEASE_FILE) {
+        Ok(text) => match serde_json::from_str::<LeaseFile>(&text) {
+            Ok(file) if file.version <= LEASE_FILE_VERSION => file,
+            _ => {
+                pgrx::warning!(
+                    "snowflake_id lease: \"{LEASE_FILE}\" is unreadable or from a newer version; this server takes a new node id and leases afresh"
+                );
+                LeaseFile::default()
+            }
+        },
+        Err(_) => LeaseFile::default(),
+    }
+}
+
+/// 32 random hex digits.
+fn new_node_id() -> String {
+    let mut bytes = [0u8; 16];
+    // SAFETY: fills the buffer we own, of the length given.
+    let ok = unsafe { pg_sys::pg_strong_random(bytes.as_mut_ptr().cast(), bytes.len()) };
+    if !ok {
+        // Not secret, only unique: the time and pid are a fallback.
+        let seed = (clock::unix_ms() as u128) << 32 | u128::from(std::process::id());
+        bytes = seed.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// This server's name in the registry: `cluster_name`, or host:port.
+fn node_name() -> String {
+    // SAFETY: reading PostgreSQL's GUC variables and the port number.
+    let (cluster, port) = unsafe {
+        let p = pg_sys::cluster_name;
+        let cluster = if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        };
+        (cluster, pg_sys::PostPortNumber)
+    };
+    if !cluster.is_empty() {
+        return cluster;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let host = if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "localhost".into()
+    };
+    format!("{host}:{port}")
+}
+
+/// The layout as the registry compares it between servers.
+fn layout_text(layout: &Layout) -> String {
+    format!(
+        "{} total bits, {} worker bits, {} sequence bits, {} ms per tick, epoch {}",
+        layout.total_bits,
+        layout.worker_bits,
+        layout.sequence_bits,
+        layout.unit_ms,
+        format_unix_ms(layout.epoch_ms)
+    )
+}
+
+/// A connection string without its password, for messages.
+fn redact(conninfo: &str) -> String {
+    match conninfo.parse::<postgres::Config>() {
+        Ok(config) => {
+            let hosts: Vec<String> = config
+                .get_hosts()
+                .iter()
+                .map(|h| match h {
+                    postgres::config::Host::Tcp(name) => name.clone(),
+                    postgres::config::Host::Unix(path) => path.display().to_string(),
+                })
+                .collect();
+            let ports: Vec<String> = config.get_ports().iter().map(|p| p.to_string()).collect();
+            format!(
+                "\"host={} port={} dbname={}\"",
+                hosts.join(","),
+                if ports.is_empty() {
+                    "5432".into()
+                } else {
+                    ports.join(",")
+                },
+                config.get_dbname().unwrap_or("(user name)")
+            )
+        }
+        Err(_) => "(an invalid connection string)".into(),
+    }
+}
+
+/// The coordinator of the Citus cluster this node belongs to (from
+/// `pg_dist_node`), `None` when it belongs to none, or why it cannot tell.
+fn citus_target() -> Result<Option<Target>, String> {
+    let database = gucs::registry_database().unwrap_or_default();
+    let found = BackgroundWorker::transaction(|| {
+        Spi::connect(
+            |client| -> Result<Option<(String, i32, i64, String)>, pgrx::spi::Error> {
+                let has_citus = !client
+                    .select(
+                        "SELECT 1 FROM pg_extension WHERE extname = 'citus'",
+                        None,
+                        &[],
+                    )?
+                    .is_empty();
+                if !has_citus {
+                    return Ok(None);
+                }
+                let rows = client.select(
+                "SELECT (SELECT count(*) FROM pg_dist_node WHERE noderole = 'primary'), \
+                        c.nodename::text, c.nodeport, (SELECT rolname::text FROM pg_roles WHERE oid = 10) \
+                   FROM (SELECT 1) one \
+                   LEFT JOIN LATERAL (SELECT nodename, nodeport FROM pg_dist_node \
+                                       WHERE groupid = 0 AND noderole = 'primary' LIMIT 1) c ON true",
+                None,
+                &[],
+            )?;
+                let Some(row) = rows.into_iter().next() else {
+                    return Ok(None);
+                };
+                let count: i64 = row.get(1)?.unwrap_or(0);
+                let host: Option<String> = row.get(2)?;
+                let port: Option<i32> = row.get(3)?;
+                let user: String = row.get(4)?.unwrap_or_else(|| "postgres".into());
+                Ok(Some((
+                    host.unwrap_or_default(),
+                    port.unwrap_or(0),
+                    count,
+                    user,
+                )))
+            },
+        )
+    });
+    match found {
+        Err(e) => Err(format!("Citus metadata could not be read: {e}")),
+        Ok(None) => Ok(None),
+        Ok(Some((_, _, 0, _))) => Ok(None),
+        Ok(Some((host, _, _, _))) if host.is_empty() => Err(
+            "Citus metadata has nodes but no coordinator: run SELECT citus_set_coordinator_host('<host>', <port>) on the coordinator, or set snowflake_id.registry"
+                .into(),
+        ),
+        Ok(Some((host, port, _, user))) => Ok(Some(Target {
+            conninfo: format!("host='{host}' port={port} dbname='{database}' user='{user}'"),
+            display: format!("\"Citus coordinator {host}:{port} dbname={database}\""),
+            mode: MODE_CITUS,
+        })),
+    }
+}
