@@ -233,9 +233,15 @@ fn snowflake_config() -> TableIterator<
         name!(worker_ids_free, Option<i64>),
         name!(my_worker_id, Option<i32>),
         name!(max_drift_ms, i64),
+        name!(mode, String),
+        name!(registry, Option<String>),
+        name!(blocks_held, Option<i32>),
+        name!(lease_deadline, Option<TimestampWithTimeZone>),
+        name!(registry_unreachable_since, Option<TimestampWithTimeZone>),
+        name!(node_id, Option<String>),
     ),
 > {
-    if crate::shmem::header().is_none() {
+    let Some(header) = crate::shmem::header() else {
         // Without preloading there is nothing to count: say so in the row.
         return TableIterator::once((
             "not preloaded".to_string(),
@@ -244,9 +250,30 @@ fn snowflake_config() -> TableIterator<
             None,
             None,
             gucs::max_drift_ms(),
+            "not preloaded".to_string(),
+            None,
+            None,
+            None,
+            None,
+            None,
         ));
-    }
+    };
     let (text, total, held) = claims::range_usage();
+    let lease = &header.lease;
+    let mode = match lease.mode.load(Relaxed) {
+        crate::shmem::MODE_LOCAL => "local",
+        crate::shmem::MODE_REGISTRY => "registry",
+        crate::shmem::MODE_CITUS => "citus",
+        _ => "starting",
+    };
+    let leased = mode != "local";
+    let at = |unix_ms: i64| {
+        (unix_ms > 0)
+            .then(|| TimestampWithTimeZone::try_from((unix_ms - PG_EPOCH_UNIX_MS) * 1000).ok())
+            .flatten()
+    };
+    let registry = lease.registry.get();
+    let node_id = lease.node_id.get();
     TableIterator::once((
         if text.is_empty() {
             format!("0-{}", gucs::layout().max_worker_id())
@@ -258,6 +285,12 @@ fn snowflake_config() -> TableIterator<
         Some(total.saturating_sub(held) as i64),
         claims::my_worker_id().map(|w| w as i32),
         gucs::max_drift_ms(),
+        mode.to_string(),
+        (!registry.is_empty()).then_some(registry),
+        leased.then(|| lease.blocks_held.load(Relaxed) as i32),
+        at(lease.deadline_ms.load(Relaxed)),
+        at(lease.unreachable_since_ms.load(Relaxed)),
+        (!node_id.is_empty()).then_some(node_id),
     ))
 }
 

@@ -59,6 +59,9 @@ thread_local! {
     /// (e.g. pg_terminate_backend while `generate` sleeps) exits without
     /// unwinding the frame that borrowed it.
     static HELD: Cell<Option<(u32, &'static Slot)>> = const { Cell::new(None) };
+    /// The tick of the last ID made under a claim this backend gave up
+    /// when its lease ended: later claims start above it.
+    static MOVED_ABOVE: Cell<i64> = const { Cell::new(i64::MIN) };
 }
 
 impl Claim {
@@ -85,10 +88,10 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
     let header = require_shared(function);
     let layout = gucs::layout();
     let max_drift_ms = gucs::max_drift_ms();
-    CLAIM.with_borrow_mut(|claim| {
-        let claim = match claim {
+    CLAIM.with_borrow_mut(|held| {
+        let mut claim = match held {
             Some(claim) => claim,
-            None => claim.insert(claim_worker(header, i64::MIN)),
+            None => held.insert(claim_worker(header, MOVED_ABOVE.get())),
         };
         let mut clock = WallClock {
             newest_tick: Some(&header.newest_tick),
@@ -104,7 +107,7 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
                 .next_id(layout, claim.worker_id, max_drift_ms, &mut clock)
             {
                 Ok(_) if claim.state.last_tick > limit || !current => {
-                    claim.move_to_another_id(header);
+                    claim = move_to_another_id(header, held);
                     limit = claim.slot.limit_tick.load(Relaxed);
                     current = claim.slot.lease_epoch.load(Relaxed) == claim.epoch;
                     continue;
@@ -131,6 +134,22 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
     });
 }
 
+/// This backend's claim's lease ended (expired, revoked or given again):
+/// hands the worker id back and claims another usable one, whose IDs go on
+/// above every ID this backend made (each backend's IDs increase, also
+/// when the new claim fails and a later call claims again).
+#[cold]
+fn move_to_another_id<'a>(header: &'static Header, held: &'a mut Option<Claim>) -> &'a mut Claim {
+    if let Some(mut old) = held.take() {
+        old.publish();
+        MOVED_ABOVE.set(MOVED_ABOVE.get().max(old.state.last_tick));
+        if let Some((worker_id, slot)) = HELD.take() {
+            release_slot(header, worker_id, slot);
+        }
+    }
+    held.insert(claim_worker(header, MOVED_ABOVE.get()))
+}
+
 /// How long a claim that has issued nothing waits for the clock to pass
 /// the reservation floor instead of failing, in ms. The floor is at most
 /// `reservation::RESERVE_MS` ahead of the last ID made before a restart or
@@ -139,19 +158,6 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
 const FLOOR_WAIT_MS: i64 = 1000;
 
 impl Claim {
-    /// This claim's lease ended (expired, revoked or given again): hands
-    /// the worker id back and claims another usable one, whose IDs go on
-    /// above every ID this backend made (each backend's IDs increase).
-    #[cold]
-    fn move_to_another_id(&mut self, header: &'static Header) {
-        self.publish();
-        let above = self.state.last_tick;
-        if let Some((worker_id, slot)) = HELD.take() {
-            release_slot(header, worker_id, slot);
-        }
-        *self = claim_worker(header, above);
-    }
-
     /// The generator refused with `err`: waits when the only cause is the
     /// floor of a claim that has issued nothing and the wait is short
     /// (returns, to retry); otherwise raises the error naming the actual

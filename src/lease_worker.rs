@@ -382,7 +382,11 @@ impl Worker {
         let mut client = match config.connect(postgres::NoTls) {
             Ok(client) => client,
             Err(e) => {
-                self.unreachable(format!("could not connect to {}: {e}", target.display));
+                self.unreachable(format!(
+                    "could not connect to {}: {}",
+                    target.display,
+                    describe(&e)
+                ));
                 return;
             }
         };
@@ -410,7 +414,7 @@ impl Worker {
                 return;
             }
             Err(e) => {
-                self.unreachable(format!("{}: {e}", target.display));
+                self.unreachable(format!("{}: {}", target.display, describe(&e)));
                 return;
             }
         }
@@ -441,7 +445,7 @@ impl Worker {
                     return;
                 }
                 Err(e) => {
-                    self.unreachable(format!("{}: {e}", target.display));
+                    self.unreachable(format!("{}: {}", target.display, describe(&e)));
                     return;
                 }
             }
@@ -547,7 +551,10 @@ impl Worker {
             Ok(rows) => rows,
             Err(e) => {
                 let display = self.display();
-                self.unreachable(format!("renewing the leases at {display} failed: {e}"));
+                self.unreachable(format!(
+                    "renewing the leases at {display} failed: {}",
+                    describe(&e)
+                ));
                 return;
             }
         };
@@ -612,9 +619,7 @@ impl Worker {
         let rows = match result {
             Ok(rows) => rows,
             Err(e) => {
-                let problem = e
-                    .as_db_error()
-                    .map_or_else(|| e.to_string(), |d| d.message().to_string());
+                let problem = describe(&e);
                 if e.as_db_error().is_some() {
                     // The registry answered: reachable, but refused.
                     self.set_problem(format!(
@@ -700,12 +705,13 @@ impl Worker {
         let active: Vec<&Held> = self.held.iter().filter(|h| h.active).collect();
         lease.blocks_held.store(active.len() as u32, Release);
         let now_mono = self.mono_ms();
-        let deadline = active
-            .iter()
-            .map(|h| h.deadline_mono_ms)
-            .min()
-            .map_or(0, |d| clock::unix_ms() + (d - now_mono));
-        lease.deadline_ms.store(deadline, Release);
+        // With nothing held, the last deadline stays: messages say when
+        // the leases ran out.
+        if let Some(d) = active.iter().map(|h| h.deadline_mono_ms).min() {
+            lease
+                .deadline_ms
+                .store(clock::unix_ms() + (d - now_mono), Release);
+        }
     }
 
     /// Saves the node id and the leases, when they changed.
@@ -741,6 +747,18 @@ impl Worker {
         };
         reservation::write_durably(LEASE_FILE_TMP, LEASE_FILE_C, &text);
         self.saved = key;
+    }
+}
+
+/// A client error with its cause ("error connecting to server: Connection
+/// refused"), or the server's message when the registry answered.
+fn describe(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return db.message().to_string();
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
     }
 }
 

@@ -1,0 +1,282 @@
+"""Fleet leases: servers lease blocks of worker ids from a registry server
+(`snowflake_id.registry`), on real servers. The registry's clock rules are
+in src/leases.sql, the holder's in src/lease.rs and src/lease_worker.rs.
+
+Lease times are short here (6 s; renewals every 600 ms) so that expiries
+happen within a test; every wait is a wait_until on a condition, with
+bounds far above the lease arithmetic."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from conftest import wait_until
+from test_clocks import LIBFAKETIME, FakeClock, server_skew
+
+LEASE = "6s"
+LEASE_S = 6.0
+GRACE_S = 1.2  # lease::Timing: max(lease / 5, 1 s)
+
+
+def registry_server(make_cluster, **settings):
+    r = make_cluster(settings=settings)
+    r.create_extension()
+    return r
+
+
+def holder(make_cluster, registry, start=True, env=None, **settings):
+    s = {"snowflake_id.registry": registry.conninfo(),
+         "snowflake_id.lease_time": LEASE, **settings}
+    c = make_cluster(settings=s, start=False)
+    if start:
+        c.start(env=env)
+        c.create_extension()
+    return c
+
+
+def config(c) -> dict:
+    with c.connect() as conn:
+        cur = conn.execute("SELECT * FROM snowflake_config()")
+        return dict(zip([d.name for d in cur.description], cur.fetchone()))
+
+
+def worker_of(c, id_: int) -> int:
+    return c.scalar("SELECT snowflake_worker_id(%s)", id_)
+
+
+def ids(conn, n: int) -> list[int]:
+    return [r[0] for r in conn.execute(
+        "SELECT snowflake_nextval() FROM generate_series(1, %s)", (n,)).fetchall()]
+
+
+def leases(r) -> list[tuple]:
+    return r.sql("SELECT block, holder_node, holder_name, live, floor, expires_at"
+                 " FROM snowflake_leases WHERE leased ORDER BY block")
+
+
+def test_two_servers_lease_disjoint_blocks_without_configuration(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    b = holder(make_cluster, r)
+    # The first call right after start waits for the first lease.
+    with a.connect() as ca, b.connect() as cb:
+        got_a, got_b = ids(ca, 2000), ids(cb, 2000)
+    assert len(set(got_a) | set(got_b)) == 4000
+    assert got_a == sorted(got_a) and got_b == sorted(got_b)
+    wa = {worker_of(a, i) for i in got_a[:1] + got_a[-1:]}
+    wb = {worker_of(b, i) for i in got_b[:1] + got_b[-1:]}
+    assert not wa & wb, (wa, wb)
+    ca_, cb_ = config(a), config(b)
+    assert ca_["mode"] == "registry" and cb_["mode"] == "registry"
+    assert ca_["blocks_held"] >= 1 and cb_["blocks_held"] >= 1
+    assert ca_["node_id"] != cb_["node_id"]
+    assert "dbname=postgres" in ca_["registry"]
+    # The registry's view: one block each, held by live sessions, with
+    # each holder's node id; blocks are 16 ids in the classic layout.
+    rows = leases(r)
+    holders = {row[1] for row in rows}
+    assert holders == {ca_["node_id"], cb_["node_id"]}, rows
+    assert all(row[3] for row in rows), rows
+    blocks_a = {row[0] for row in rows if row[1] == ca_["node_id"]}
+    assert {w // 16 for w in wa} <= blocks_a
+    # The holder's session on the registry is visible by name.
+    assert r.scalar("SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name = 'snowflake_id lease'") == 2
+
+
+def test_registry_setting_is_hidden_from_other_roles(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    a.sql("CREATE ROLE app LOGIN")
+    with a.connect(user="app") as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SHOW snowflake_id.registry")
+        assert conn.execute(
+            "SELECT count(*) FROM pg_settings WHERE name = 'snowflake_id.registry'"
+        ).fetchone()[0] == 0
+        # Generating IDs needs no privilege on the registry.
+        assert conn.execute("SELECT snowflake_nextval()").fetchone()[0] > 0
+    # On the registry, the lease functions are not for PUBLIC.
+    r.sql("CREATE ROLE app LOGIN")
+    with r.connect(user="app") as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT snowflake_lease_hello('x')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM snowflake_leases")
+
+
+def test_registry_down_holders_go_on_until_the_deadline_then_55000_then_resume(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    made = []
+    with a.connect() as conn:
+        made += ids(conn, 100)
+        wait_until(lambda: config(a)["lease_deadline"] is not None, timeout=30,
+                   what="a lease deadline")
+        r.stop()
+        stopped = time.monotonic()
+        err = None
+        while time.monotonic() - stopped < LEASE_S + 30:
+            try:
+                made += ids(conn, 10)
+            except psycopg.errors.ObjectNotInPrerequisiteState as e:
+                err = e
+                break
+            time.sleep(0.1)
+        failed_after = time.monotonic() - stopped
+        assert err is not None, "IDs were still made long after every lease ran out"
+        # Renewals run every 600 ms, so the last deadline was at least
+        # LEASE_S - 0.6 s after the stop; the error came after it.
+        assert failed_after >= LEASE_S - 1.0, failed_after
+        msg = err.diag.message_primary
+        assert "registry" in msg and "unreachable for" in msg, msg
+        assert "dbname=postgres" in msg, msg
+        assert err.diag.context is None or "password" not in (err.diag.context or "")
+        assert "leases ran out at" in (err.diag.message_detail or ""), err.diag.message_detail
+        assert "snowflake_id.registry" in err.diag.message_hint
+        cfg = config(a)
+        assert cfg["registry_unreachable_since"] is not None
+        assert cfg["blocks_held"] == 0
+        # Back: IDs resume by themselves, above every earlier one.
+        r.start()
+        wait_until(lambda: _can_make_id(conn), timeout=60, what="IDs after the registry returned")
+        after = ids(conn, 100)
+    assert min(after) > max(made)
+    assert len(set(made) | set(after)) == len(made) + len(after)
+    assert config(a)["registry_unreachable_since"] is None
+    log = a.log()
+    assert log.count("could not connect to") <= 2, "the outage was logged at every retry"
+    assert "is reachable again" in log
+
+
+def _can_make_id(conn) -> bool:
+    try:
+        conn.execute("SELECT snowflake_nextval()")
+        return True
+    except psycopg.errors.ObjectNotInPrerequisiteState:
+        return False
+
+
+def test_restart_while_the_registry_is_down_reuses_the_leases_held(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "60s"})
+    with a.connect() as conn:
+        before = ids(conn, 100)
+    node = config(a)["node_id"]
+    block = worker_of(a, before[0]) // 16
+    r.stop()
+    a.restart()
+    with a.connect() as conn:
+        after = ids(conn, 100)
+    assert min(after) > max(before)
+    cfg = config(a)
+    assert cfg["node_id"] == node
+    assert cfg["registry_unreachable_since"] is not None
+    assert worker_of(a, after[0]) // 16 == block, "a block the server did not hold was used"
+    r.start()
+
+
+def test_holder_cut_off_keeps_its_blocks_until_its_deadline_then_hands_over_above(make_cluster):
+    """A's registry session is terminated and A cannot log in again: its
+    block (the only one both may use) goes to B only after A's lease
+    expired plus the grace period, and B's IDs are all above A's."""
+    r = registry_server(make_cluster)
+    r.sql("CREATE ROLE lease_a LOGIN SUPERUSER")
+    one_block = {"snowflake_id.worker_ids": "0-15"}
+    a = make_cluster(settings={
+        "snowflake_id.registry": r.conninfo(user="lease_a"),
+        "snowflake_id.lease_time": LEASE, **one_block})
+    a.create_extension()
+    with a.connect() as conn:
+        made_a = ids(conn, 500)
+        r.sql("ALTER ROLE lease_a NOLOGIN")
+        r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+              " WHERE application_name = 'snowflake_id lease' AND usename = 'lease_a'")
+        cut = time.monotonic()
+        b = holder(make_cluster, r, **one_block)
+        node_a = config(a)["node_id"]
+        # Until A's deadline, A goes on and the block stays A's.
+        with b.connect() as cb:
+            while time.monotonic() - cut < LEASE_S - 1.5:
+                made_a += ids(conn, 10)
+                holders = {row[1] for row in leases(r)}
+                assert holders == {node_a}, holders
+                time.sleep(0.2)
+            # Then A stops (its own deadline) ...
+            wait_until(lambda: not _can_make_id(conn), timeout=30,
+                       what="A stopping at its deadline")
+            # ... and B gets the block, above every ID of A.
+            wait_until(lambda: _can_make_id(cb), timeout=60, what="B leasing A's block")
+            handed = time.monotonic() - cut
+            made_b = ids(cb, 500)
+    assert handed >= LEASE_S, handed
+    assert min(made_b) > max(made_a)
+    assert {worker_of(b, made_b[0]) // 16} == {0}
+    assert {row[1] for row in leases(r)} == {config(b)["node_id"]}
+
+
+@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed")
+def test_hand_over_to_a_server_whose_clock_is_5s_behind(make_cluster):
+    r = registry_server(make_cluster)
+    one_block = {"snowflake_id.worker_ids": "0-15"}
+    a = holder(make_cluster, r, **one_block)
+    with a.connect() as conn:
+        made_a = ids(conn, 2000)
+    a.stop()
+    b = holder(make_cluster, r, start=False, **one_block)
+    clock = FakeClock(b.dir)
+    clock.set("-5")
+    b.start(env=clock.env())
+    b.create_extension()
+    with b.connect() as conn:
+        assert -6 < server_skew(conn) < -4
+        # B waits for A's lease to expire (plus grace) and for its own
+        # clock to come within max_drift of A's mark.
+        wait_until(lambda: _can_make_id(conn), timeout=90, what="B leasing A's block")
+        made_b = ids(conn, 2000)
+    assert min(made_b) > max(made_a), (min(made_b), max(made_a))
+    assert {worker_of(b, made_b[0]) // 16} == {0}
+
+
+def test_copied_data_directory_takes_a_new_node_id_and_its_own_blocks(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"wal_level": "replica"})
+    with a.connect() as conn:
+        made_a = ids(conn, 200)
+        node_a = config(a)["node_id"]
+        copy = make_cluster(basebackup_from=a, start=False, settings={
+            "snowflake_id.registry": r.conninfo(), "snowflake_id.lease_time": LEASE})
+        # An independent server, not a standby: as a restored backup.
+        import os
+        os.remove(os.path.join(copy.datadir, "standby.signal"))
+        copy.start()
+        with copy.connect() as cc:
+            made_c = ids(cc, 200)
+        made_a += ids(conn, 200)
+    cfg = config(copy)
+    assert cfg["node_id"] != node_a
+    wa = {worker_of(a, i) // 16 for i in made_a}
+    wc = {worker_of(copy, i) // 16 for i in made_c}
+    assert not wa & wc, (wa, wc)
+    assert len(set(made_a) | set(made_c)) == len(made_a) + len(made_c)
+    assert "is in use by another running server" in copy.log()
+    assert {row[1] for row in leases(r)} == {node_a, cfg["node_id"]}
+
+
+def test_a_session_moves_when_its_block_is_gone(make_cluster):
+    """A session that holds an id of a block that ran out moves to another
+    leased id, and its IDs keep increasing."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    with a.connect() as conn:
+        first = ids(conn, 10)
+        r.stop()
+        wait_until(lambda: not _can_make_id(conn), timeout=LEASE_S + 30,
+                   what="the lease running out")
+        r.start()
+        wait_until(lambda: _can_make_id(conn), timeout=60, what="a new lease")
+        later = ids(conn, 10)
+    assert later == sorted(later) and min(later) > max(first)
