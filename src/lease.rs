@@ -260,16 +260,17 @@ mod tests {
         let p = plan(&[], &[], 0, T0, &t, 60_000, 16);
         assert_eq!(p.acquire, 1);
         let h = [held(0, 1_000, true, None)];
+        // Low water: a quarter of a block free.
         let busy = [Usage {
             block: 0,
             ids: 16,
-            busy: 14,
+            busy: 12,
         }];
         assert_eq!(plan(&h, &busy, 0, T0, &t, 60_000, 16).acquire, 0);
         let busier = [Usage {
             block: 0,
             ids: 16,
-            busy: 13 + 2,
+            busy: 13,
         }];
         assert_eq!(plan(&h, &busier, 0, T0, &t, 60_000, 16).acquire, 1);
     }
