@@ -281,3 +281,39 @@ def test_a_session_moves_when_its_block_is_gone(make_cluster):
         wait_until(lambda: _can_make_id(conn), timeout=60, what="a new lease")
         later = ids(conn, 10)
     assert later == sorted(later) and min(later) > max(first)
+
+
+def test_ids_flow_to_where_the_sessions_are(make_cluster):
+    """A busy server leases a second block and gives it back once idle;
+    another server leases it at once, above every ID made under it."""
+    r = registry_server(make_cluster)
+    two_blocks = {"snowflake_id.worker_ids": "0-31"}
+    a = holder(make_cluster, r, **two_blocks)
+    conns = [a.connect() for _ in range(14)]
+    try:
+        made = [ids(c, 5) for c in conns]
+        # 14 of 16 ids busy: fewer than a quarter free, so a second block.
+        wait_until(lambda: config(a)["blocks_held"] == 2, timeout=30,
+                   what="A leasing a second block")
+        more = [a.connect() for _ in range(4)]
+        made += [ids(c, 5) for c in more]
+        conns += more
+    finally:
+        for c in conns:
+            c.close()
+    node_a = config(a)["node_id"]
+    # Idle for half the lease time (at least 10 s): one block goes back.
+    wait_until(lambda: config(a)["blocks_held"] == 1, timeout=60,
+               what="A giving an idle block back")
+    assert "gave idle block" in a.log()
+    free = [row for row in r.sql("SELECT block, floor FROM snowflake_leases"
+                                 " WHERE NOT leased")]
+    assert len(free) == 1, free
+    b = holder(make_cluster, r, **two_blocks)
+    with b.connect() as cb:
+        made_b = ids(cb, 100)   # no wait for A's lease time: it was given back
+    assert worker_of(b, made_b[0]) // 16 == free[0][0]
+    from_block = [i for batch in made for i in batch
+                  if worker_of(a, i) // 16 == free[0][0]]
+    assert from_block and min(made_b) > max(from_block)
+    assert {row[1] for row in leases(r)} == {node_a, config(b)["node_id"]}
