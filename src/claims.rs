@@ -232,6 +232,10 @@ const LEASE_WAIT_MS: i64 = 30_000;
 /// raises 55000 naming the registry once waiting cannot help.
 #[cold]
 fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
+    // SAFETY: a plain read of PostgreSQL's recovery state.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        errors::no_lease_on_standby();
+    }
     let lease = &header.lease;
     let latch = lease.latch.load(Acquire);
     if !latch.is_null() {

@@ -474,3 +474,13 @@ pub fn no_lease(
         Some("Check that the registry server is running and reachable from this server with the connection string in snowflake_id.registry (or the Citus coordinator), and look for \"snowflake_id lease\" in this server's log. IDs resume by themselves once a lease is granted.".into()),
     )
 }
+
+/// 55000: a hot standby of a fleet that leases worker ids makes no IDs.
+pub fn no_lease_on_standby() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "snowflake_id: a standby makes no IDs when worker ids are leased from a registry".into(),
+        Some("Leases are taken by the lease worker, which starts when the server is promoted.".into()),
+        Some("Make IDs on the primary, or promote this server. To make IDs on a hot standby, give it its own snowflake_id.worker_ids and no snowflake_id.registry.".into()),
+    )
+}
