@@ -26,6 +26,9 @@ CREATE TABLE snowflake_lease_blocks (
 COMMENT ON TABLE snowflake_lease_blocks IS
   'Blocks of worker ids leased to the servers of a fleet (snowflake_id.registry names this database): holder, expiry by this server''s clock, and the highest ID time any holder may have issued.';
 REVOKE ALL ON snowflake_lease_blocks FROM PUBLIC;
+-- The marks are what keeps IDs apart across hand-overs: the table travels
+-- with pg_dump of the registry's database.
+SELECT pg_catalog.pg_extension_config_dump('snowflake_lease_blocks', '');
 
 -- Every lease, with whether the holder's registry session is alive: each
 -- holder keeps a session-level advisory lock (class 1936613751, the block

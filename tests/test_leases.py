@@ -317,3 +317,30 @@ def test_ids_flow_to_where_the_sessions_are(make_cluster):
                   if worker_of(a, i) // 16 == free[0][0]]
     assert from_block and min(made_b) > max(from_block)
     assert {row[1] for row in leases(r)} == {node_a, config(b)["node_id"]}
+
+
+def test_a_standby_refuses_then_leases_its_own_blocks_once_promoted(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"wal_level": "replica"})
+    with a.connect() as conn:
+        made_a = ids(conn, 200)
+    node_a = config(a)["node_id"]
+    s = make_cluster(basebackup_from=a, settings={
+        "snowflake_id.registry": r.conninfo(), "snowflake_id.lease_time": LEASE})
+    with s.connect() as conn:
+        t = time.monotonic()
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+            conn.execute("SELECT snowflake_nextval()")
+        assert time.monotonic() - t < 5, "the standby waited for a lease"
+        assert "standby" in e.value.diag.message_primary
+    s.promote()
+    with s.connect() as conn:
+        made_s = ids(conn, 200)
+    with a.connect() as conn:
+        made_a += ids(conn, 200)
+    assert config(s)["node_id"] != node_a
+    assert min(made_s) > max(made_a[:200]), "the promoted server is below the primary's floor"
+    ws = {worker_of(s, i) // 16 for i in made_s}
+    wa = {worker_of(a, i) // 16 for i in made_a}
+    assert not ws & wa, (ws, wa)
+    assert len(set(made_a) | set(made_s)) == len(made_a) + len(made_s)
