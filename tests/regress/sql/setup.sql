@@ -20,8 +20,9 @@ SELECT p.oid::regprocedure AS function, p.provolatile AS volatility,
                      'snowflake_compose', 'snowflake_layout', 'snowflake_config',
                      'snowflake_accept_layout', 'snowflake_to_public',
                      'snowflake_from_public')
- ORDER BY p.proname;
--- Executable by PUBLIC, except snowflake_accept_layout() (superusers only).
+ ORDER BY p.proname, p.oid::regprocedure::text COLLATE "C";
+-- Executable by PUBLIC, except snowflake_accept_layout() (superusers only)
+-- and the registry's lease functions (the lease workers' role only).
 SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
   FROM pg_proc p
  WHERE p.proname LIKE 'snowflake\_%' AND p.proname <> 'snowflake_worker_status'
