@@ -1,34 +1,40 @@
-//! Worker ids: each backend claims one on its first `snowflake_nextval()`,
-//! keeps it until it exits, and runs its own generator on it.
+//! Worker ids: each backend claims one on its first `snowflake_nextval()`
+//! and keeps it until it exits. Several backends may share one worker id:
+//! its generator position is one word in shared memory advanced by
+//! compare-and-swap (see `generator` and `shmem`), so a backend alone on an
+//! id is merely uncontended.
 //!
-//! A claim is exclusive in two ways:
-//! - the slot's `holder_pid` in shared memory, set under the slot table's
-//!   LWLock and cleared by an exit callback; shared memory is reset if a
-//!   backend crashes, so a claim can never outlive its holder;
-//! - a session-level advisory lock on a server-wide key (database 0, classid
-//!   [`ADVISORY_CLASSID`], objid = worker id, objsubid [`ADVISORY_OBJSUBID`]),
-//!   so `pg_locks` shows who holds which id. SQL's `pg_advisory_*` functions
-//!   cannot produce this key, so no role can forge or steal a claim.
+//! Which id a claim takes: the free id (no session holds it) released
+//! longest ago, so a freshly released id is reused last; when no id of the
+//! range is free, the held id with the fewest sessions (ties: the one
+//! claimed least recently, then the lowest). So IDs never run out: 53400
+//! remains only when no id of the range can be taken at all (some other
+//! code holding a claim lock in a conflicting mode; SQL cannot).
+//!
+//! A claim shows in two places:
+//! - the slot's `sessions` count (and `holder_pid` .. of the most recent
+//!   claim) in shared memory, set under the slot table's LWLock and undone
+//!   by an exit callback; shared memory is reset if a backend crashes, so a
+//!   claim can never outlive its holder;
+//! - a session-level advisory lock in ShareLock mode on a server-wide key
+//!   (database 0, classid [`ADVISORY_CLASSID`], objid = worker id, objsubid
+//!   [`ADVISORY_OBJSUBID`]), so `pg_locks` shows every session holding each
+//!   id, sharers included. SQL's `pg_advisory_*` functions cannot produce
+//!   this key, so no role can forge or block a claim.
 //!   `pg_advisory_unlock_all()` and `DISCARD ALL` (a pooler's reset) drop
 //!   the lock, not the claim: the slot stays held until the backend exits,
 //!   and a pre-commit callback takes the lock again when the transaction
 //!   that dropped it commits (one lookup in the backend's local lock table
 //!   per commit, nothing per ID).
 //!
-//! Release order at exit: the advisory lock first, then `holder_pid`. A
-//! slot whose `holder_pid` is 0 therefore never has its lock taken, and a
-//! free id is always claimable.
-//!
-//! The free id picked is the one released longest ago, so a freshly released
-//! id is reused last.
-
+//! Release order at exit: the advisory lock first, then the slot's count.
 use crate::clock::WallClock;
 use crate::errors;
-use crate::generator::{Clock, GenError, GeneratorState};
+use crate::generator::{floor_word, unpack, Clock, GenError, GeneratorState};
 use crate::gucs;
 use crate::layout::Layout;
 use crate::reservation;
-use crate::shmem::{self, Direction, Header, Slot};
+use crate::shmem::{self, Header, Slot};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -37,12 +43,19 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed};
 pub const ADVISORY_CLASSID: u32 = 0x534E_4F57;
 /// `pg_locks.objsubid` of claim locks (SQL's advisory locks use 1 and 2).
 pub const ADVISORY_OBJSUBID: u16 = 3;
+/// Every session holding a worker id, alone or sharing it, holds its claim
+/// lock in this mode (`pg_locks.mode` 'ShareLock').
+const CLAIM_LOCK_MODE: pg_sys::LOCKMODE = pg_sys::ShareLock as pg_sys::LOCKMODE;
 
 /// This backend's claim.
 struct Claim {
     worker_id: u32,
     slot: &'static Slot,
+    /// This backend's generator: its view of the slot's position, its clock
+    /// observations and its counters.
     state: GeneratorState,
+    /// `state`'s counters as last added to the slot's.
+    published: GeneratorState,
     /// The reservation floor (Unix ms) this claim started above, until it
     /// issues its first ID.
     fresh_floor: Option<i64>,
@@ -60,10 +73,10 @@ thread_local! {
 }
 
 impl Claim {
-    /// Publishes the generator state to the slot (for reports and for the
-    /// next holder).
+    /// Adds this backend's new counts to the slot's (for reports).
+    #[inline]
     fn publish(&mut self) {
-        self.slot.transfer(&mut self.state, Direction::ToSlot);
+        self.slot.publish_counters(&self.state, &mut self.published);
     }
 }
 
@@ -93,10 +106,13 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
         };
         let mut i = 0;
         while i < n {
-            match claim
-                .state
-                .next_id(layout, claim.worker_id, max_drift_ms, &mut clock)
-            {
+            match claim.state.next_shared(
+                layout,
+                claim.worker_id,
+                max_drift_ms,
+                &mut clock,
+                claim.slot,
+            ) {
                 Ok(id) => {
                     emit(id);
                     i += 1;
@@ -184,25 +200,15 @@ fn claim_worker(header: &'static Header) -> Claim {
     register_exit_callback();
     let slots = header.slots();
     let _guard = header.lock(true);
-    let is_free = |id: &u32| slots[*id as usize].holder_pid.load(Relaxed) == 0;
-    let order = |id: u32| (slots[id as usize].release_order.load(Relaxed), id);
-    // The least recently released free id, in one pass. A holder releases
-    // its advisory lock before it clears holder_pid, and SQL cannot take
-    // this key, so the lock of a free id is free; the sort of all free ids
-    // is only a fallback should some other C code hold one.
-    let best = ranges.iter().filter(is_free).min_by_key(|&id| order(id));
-    let worker_id = match best {
-        Some(id) if try_advisory_lock(id) => Some(id),
-        Some(_) => {
-            let mut free: Vec<u32> = ranges.iter().filter(is_free).collect();
-            free.sort_unstable_by_key(|&id| order(id));
-            free.into_iter().skip(1).find(|&id| try_advisory_lock(id))
+    let (worker_id, shared) = match pick_worker(slots, &ranges) {
+        Some(pick) => pick,
+        None => {
+            let held = ranges
+                .iter()
+                .filter(|&id| slots[id as usize].sessions.load(Relaxed) > 0)
+                .count() as u64;
+            errors::workers_exhausted(&text, ranges.len(), held)
         }
-        None => None,
-    };
-    let Some(worker_id) = worker_id else {
-        let held = ranges.iter().filter(|id| !is_free(id)).count() as u64;
-        errors::workers_exhausted(&text, ranges.len(), held)
     };
     let slot = &slots[worker_id as usize];
     // SAFETY: reading backend-global identifiers and the clock.
@@ -214,6 +220,10 @@ fn claim_worker(header: &'static Header) -> Claim {
             pg_sys::GetCurrentTimestamp(),
         )
     };
+    slot.sessions.fetch_add(1, Relaxed);
+    if shared {
+        slot.shared_claims.fetch_add(1, Relaxed);
+    }
     slot.holder_pid.store(pid, Relaxed);
     slot.holder_db.store(db.to_u32(), Relaxed);
     slot.holder_role.store(role.to_u32(), Relaxed);
@@ -233,19 +243,54 @@ fn claim_worker(header: &'static Header) -> Claim {
     header.changes.fetch_add(1, Relaxed);
     HELD.set(Some((worker_id, slot)));
     let layout = gucs::layout();
-    let mut state = GeneratorState::new(layout);
-    slot.transfer(&mut state, Direction::FromSlot);
     // Start above every ID an earlier life of this data directory may have
-    // issued (restart, crash, promotion, layout change).
+    // issued (restart, crash, promotion, layout change). The position only
+    // grows, so this is a fetch_max even while sharers issue IDs.
     let floor_ms = header.floor_ms.load(Acquire);
-    let raised = state.raise_floor(layout.tick_at(floor_ms), layout);
+    let floor = floor_word(layout, layout.tick_at(floor_ms));
+    let before = slot.position.fetch_max(floor, Relaxed);
+    let mut state = GeneratorState::new(layout);
+    state.set_word(layout, before.max(floor));
     Claim {
         worker_id,
         slot,
         backward_at_issue: state.clock_backward,
+        published: state,
         state,
-        fresh_floor: raised.then_some(floor_ms),
+        fresh_floor: (floor > before).then_some(floor_ms),
     }
+}
+
+/// The worker id a claim takes, and whether it is shared: the free id
+/// released longest ago, else the held id with the fewest sessions (ties:
+/// claimed least recently, then the lowest id). `None` only when the claim
+/// lock of every id is held in a conflicting mode (SQL cannot take it).
+/// Called with the slot table's lock held exclusive.
+fn pick_worker(slots: &[Slot], ranges: &crate::ranges::WorkerRanges) -> Option<(u32, bool)> {
+    // The ids this server may use now: the one place to filter candidates.
+    let candidates = || ranges.iter();
+    // Free ids first, the least recently released first; then held ids,
+    // the fewest sessions first, then the least recently claimed.
+    let order = |id: &u32| {
+        let slot = &slots[*id as usize];
+        match slot.sessions.load(Relaxed) {
+            0 => (false, slot.release_order.load(Relaxed), 0, *id),
+            n => (true, u64::from(n), slot.claimed_at.load(Relaxed), *id),
+        }
+    };
+    // The best id in one pass. A holder releases its advisory lock before
+    // it leaves the slot, sharers take it in ShareLock mode, and SQL cannot
+    // take this key, so its lock is free to take; the sort of all ids is
+    // only a fallback should some other C code hold one.
+    let best = candidates().min_by_key(order)?;
+    let pick = if try_advisory_lock(best) {
+        best
+    } else {
+        let mut all: Vec<u32> = candidates().filter(|&id| id != best).collect();
+        all.sort_unstable_by_key(order);
+        all.into_iter().find(|&id| try_advisory_lock(id))?
+    };
+    Some((pick, slots[pick as usize].sessions.load(Relaxed) > 0))
 }
 
 /// How long a first claim after startup waits for the registry worker to
@@ -285,7 +330,7 @@ fn try_advisory_lock(worker_id: u32) -> bool {
     let tag = claim_locktag(worker_id);
     // SAFETY: a session-level, non-waiting lock on a valid tag; the lock
     // manager releases it when the backend exits.
-    let result = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, true, true) };
+    let result = unsafe { pg_sys::LockAcquire(&tag, CLAIM_LOCK_MODE, true, true) };
     result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
@@ -295,9 +340,9 @@ fn holds_advisory_lock(worker_id: u32) -> bool {
     // SAFETY: a lookup in this backend's local lock table.
     unsafe {
         #[cfg(any(feature = "pg15", feature = "pg16"))]
-        let held = pg_sys::LockHeldByMe(&tag, pg_sys::ExclusiveLock as _);
+        let held = pg_sys::LockHeldByMe(&tag, CLAIM_LOCK_MODE);
         #[cfg(not(any(feature = "pg15", feature = "pg16")))]
-        let held = pg_sys::LockHeldByMe(&tag, pg_sys::ExclusiveLock as _, false);
+        let held = pg_sys::LockHeldByMe(&tag, CLAIM_LOCK_MODE, false);
         held
     }
 }
@@ -306,7 +351,7 @@ fn release_advisory_lock(worker_id: u32) {
     if holds_advisory_lock(worker_id) {
         let tag = claim_locktag(worker_id);
         // SAFETY: releasing a session lock this backend holds.
-        unsafe { pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as _, true) };
+        unsafe { pg_sys::LockRelease(&tag, CLAIM_LOCK_MODE, true) };
     }
 }
 
@@ -326,7 +371,8 @@ fn register_exit_callback() {
 
 /// Takes the claim lock again when the committing transaction dropped it
 /// (`DISCARD ALL`, `pg_advisory_unlock_all()`), so that `pg_locks` shows
-/// every holder. The slot stayed ours, so nobody else can hold the lock.
+/// every holder. The slot stayed ours, and every holder takes the lock in
+/// the same shared mode, so it is free to take.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn retake_lock_at_commit(
     event: pg_sys::XactEvent::Type,
@@ -361,18 +407,26 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
             }
         }
     });
-    // The advisory lock goes first: once holder_pid is 0, a claim must
+    // The advisory lock goes first: once the slot is free, a claim must
     // find the id's lock free (PostgreSQL would release it only later, in
     // its own exit callback).
     release_advisory_lock(worker_id);
     // A FATAL error does not unwind either, so the lock may still be ours.
     let _guard = (!header.lock_held_by_me()).then(|| header.lock(true));
-    // SAFETY: reading the clock.
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    let order = header.release_counter.fetch_add(1, Relaxed) + 1;
-    slot.released_at.store(now, Relaxed);
-    slot.release_order.store(order, Relaxed);
-    slot.holder_pid.store(0, Relaxed);
+    // SAFETY: reading backend-global identifiers and the clock.
+    let (pid, now) = unsafe { (pg_sys::MyProcPid, pg_sys::GetCurrentTimestamp()) };
+    let left = slot.sessions.load(Relaxed).saturating_sub(1);
+    slot.sessions.store(left, Relaxed);
+    if slot.holder_pid.load(Relaxed) == pid {
+        // The row no longer names a holder (other sharers may remain).
+        slot.holder_pid.store(0, Relaxed);
+    }
+    if left == 0 {
+        let order = header.release_counter.fetch_add(1, Relaxed) + 1;
+        slot.released_at.store(now, Relaxed);
+        slot.release_order.store(order, Relaxed);
+        slot.holder_pid.store(0, Relaxed);
+    }
     header.changes.fetch_add(1, Relaxed);
 }
 
@@ -386,6 +440,10 @@ pub struct WorkerRow {
     pub claimed_at: Option<i64>,
     pub released_at: Option<i64>,
     pub claims: u64,
+    /// Sessions holding the id now.
+    pub sessions: u32,
+    /// Claims that shared the id because no id was free.
+    pub shared_claims: u64,
     pub ids_issued: u64,
     pub last_tick: i64,
     pub current_drift: i64,
@@ -413,22 +471,28 @@ pub fn worker_rows() -> Vec<WorkerRow> {
     let mut rows = Vec::new();
     for (id, slot) in header.slots().iter().enumerate() {
         let pid = slot.holder_pid.load(Relaxed);
+        let sessions = slot.sessions.load(Relaxed);
         let claims = slot.claims.load(Relaxed);
-        if pid == 0 && claims == 0 {
+        if sessions == 0 && claims == 0 {
             continue;
         }
-        let held = pid != 0;
-        let last_tick = slot.last_tick.load(Relaxed);
+        let held = sessions > 0;
+        // The most recent claim, while its session still holds the id; of
+        // an id nobody holds, the last claim (for the privileged).
+        let named = (held && pid != 0) || (!held && see_past);
+        let (last_tick, _) = unpack(layout, slot.position.load(Relaxed));
         rows.push(WorkerRow {
             worker_id: id as u32,
-            pid: held.then_some(pid),
-            database_oid: (held || see_past).then(|| slot.holder_db.load(Relaxed)),
-            role_oid: (held || see_past).then(|| slot.holder_role.load(Relaxed)),
-            application_name: (held || see_past).then(|| slot.application_name()),
+            pid: (held && pid != 0).then_some(pid),
+            database_oid: named.then(|| slot.holder_db.load(Relaxed)),
+            role_oid: named.then(|| slot.holder_role.load(Relaxed)),
+            application_name: named.then(|| slot.application_name()),
             claimed_at: Some(slot.claimed_at.load(Relaxed)),
             released_at: (!held && slot.release_order.load(Relaxed) > 0)
                 .then(|| slot.released_at.load(Relaxed)),
             claims,
+            sessions,
+            shared_claims: slot.shared_claims.load(Relaxed),
             ids_issued: slot.ids_issued.load(Relaxed),
             last_tick,
             current_drift: (last_tick - now_tick).max(0),
@@ -448,7 +512,7 @@ pub fn range_usage() -> (String, u64, u64) {
     let slots = header.slots();
     let held = ranges
         .iter()
-        .filter(|&id| slots[id as usize].holder_pid.load(Relaxed) != 0)
+        .filter(|&id| slots[id as usize].sessions.load(Relaxed) > 0)
         .count() as u64;
     (text, ranges.len(), held)
 }
