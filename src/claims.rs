@@ -34,7 +34,7 @@ use crate::generator::{floor_word, unpack, Clock, GenError, GeneratorState};
 use crate::gucs;
 use crate::layout::Layout;
 use crate::reservation;
-use crate::shmem::{self, Header, Slot};
+use crate::shmem::{self, Header, Holder, Slot};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -51,6 +51,8 @@ const CLAIM_LOCK_MODE: pg_sys::LOCKMODE = pg_sys::ShareLock as pg_sys::LOCKMODE;
 struct Claim {
     worker_id: u32,
     slot: &'static Slot,
+    /// This backend's entry, where it publishes its count of IDs.
+    holder: Option<&'static Holder>,
     /// This backend's generator: its view of the slot's position, its clock
     /// observations and its counters.
     state: GeneratorState,
@@ -76,7 +78,8 @@ impl Claim {
     /// Adds this backend's new counts to the slot's (for reports).
     #[inline]
     fn publish(&mut self) {
-        self.slot.publish_counters(&self.state, &mut self.published);
+        self.slot
+            .publish_counters(&self.state, &mut self.published, self.holder);
     }
 }
 
@@ -240,6 +243,12 @@ fn claim_worker(header: &'static Header) -> Claim {
         }
     };
     slot.set_application_name(&app[..app.len().min(shmem::APPLICATION_NAME_LEN - 1)]);
+    let holder = header.my_holder();
+    if let Some(holder) = holder {
+        holder.ids_issued.store(0, Relaxed);
+        holder.worker_id.store(worker_id, Relaxed);
+        holder.pid.store(pid, Relaxed);
+    }
     header.changes.fetch_add(1, Relaxed);
     HELD.set(Some((worker_id, slot)));
     let layout = gucs::layout();
@@ -254,6 +263,7 @@ fn claim_worker(header: &'static Header) -> Claim {
     Claim {
         worker_id,
         slot,
+        holder,
         backward_at_issue: state.clock_backward,
         published: state,
         state,
@@ -415,6 +425,14 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
     let _guard = (!header.lock_held_by_me()).then(|| header.lock(true));
     // SAFETY: reading backend-global identifiers and the clock.
     let (pid, now) = unsafe { (pg_sys::MyProcPid, pg_sys::GetCurrentTimestamp()) };
+    if let Some(holder) = header.my_holder() {
+        if holder.pid.load(Relaxed) != 0 {
+            slot.ids_issued
+                .fetch_add(holder.ids_issued.load(Relaxed), Relaxed);
+            holder.ids_issued.store(0, Relaxed);
+            holder.pid.store(0, Relaxed);
+        }
+    }
     let left = slot.sessions.load(Relaxed).saturating_sub(1);
     slot.sessions.store(left, Relaxed);
     if slot.holder_pid.load(Relaxed) == pid {
@@ -493,7 +511,7 @@ pub fn worker_rows() -> Vec<WorkerRow> {
             claims,
             sessions,
             shared_claims: slot.shared_claims.load(Relaxed),
-            ids_issued: slot.ids_issued.load(Relaxed),
+            ids_issued: header.ids_issued(id),
             last_tick,
             current_drift: (last_tick - now_tick).max(0),
             max_drift: slot.max_drift.load(Relaxed),

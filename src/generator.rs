@@ -331,7 +331,7 @@ impl GeneratorState {
         clock: &mut impl Clock,
         position: &impl SharedPosition,
     ) -> Result<i64, GenError> {
-        let max_drift = max_drift_ms / layout.unit_ms;
+        let max_drift = layout.whole_ticks(max_drift_ms);
         loop {
             let now_ms = clock.now_ms();
             let current = position.load();

@@ -2,8 +2,9 @@
 //! policy lives here: the reservation (state file, WAL, floor) is in
 //! `reservation`, the claims in `claims`.
 //!
-//! Layout: a [`Header`] followed by `2^worker_bits` [`Slot`]s, sized when the
-//! server starts (the layout settings are postmaster settings).
+//! Layout: a [`Header`] followed by `2^worker_bits` [`Slot`]s and one
+//! [`Holder`] per backend (`MaxBackends`), sized when the server starts (the
+//! layout settings are postmaster settings).
 //!
 //! Locking rules (read these before touching the structures):
 //! - `Header::lock`, the first LWLock of tranche "snowflake_id", guards the
@@ -16,6 +17,9 @@
 //!   grows; a claim raises it to the floor with `fetch_max`. Its counters
 //!   (`ids_issued` ..) are sums of what each holder publishes (`fetch_add`,
 //!   `fetch_max` for `max_drift`), no lock. Others read them only to report.
+//! - A [`Holder`] entry's `pid` and `worker_id` change under `Header::lock`
+//!   (exclusive); its `ids_issued` is stored by its own backend alone, and
+//!   moved into the slot's under `Header::lock` when that backend exits.
 //! - `Header::reserve_lock` (the second LWLock) serialises changing the
 //!   reservation (`reserved_until_ms`, the state file, the layout flags).
 //!   `reserved_until_ms` only grows, and only after the state file holding
@@ -55,6 +59,7 @@ pub struct Header {
     lock: *mut pg_sys::LWLock,
     reserve_lock: *mut pg_sys::LWLock,
     nslots: u32,
+    nholders: u32,
     /// Bumped on every release; slots remember theirs to pick the least
     /// recently released free id first.
     pub release_counter: AtomicU64,
@@ -111,13 +116,24 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// Adds a generator's counters since `published` to the slot's, and
-    /// records them as published.
+    /// Adds a generator's counters since `published` to the slot's (but
+    /// `ids_issued` only when `holder` is `None`: else it is stored in this
+    /// backend's entry), and records them as published.
     #[inline]
-    pub fn publish_counters(&self, state: &GeneratorState, published: &mut GeneratorState) {
+    pub fn publish_counters(
+        &self,
+        state: &GeneratorState,
+        published: &mut GeneratorState,
+        holder: Option<&Holder>,
+    ) {
         // Plain subtractions: a generator's counters only grow.
-        self.ids_issued
-            .fetch_add(state.ids_issued - published.ids_issued, Relaxed);
+        match holder {
+            Some(holder) => holder.ids_issued.store(state.ids_issued, Relaxed),
+            None => {
+                self.ids_issued
+                    .fetch_add(state.ids_issued - published.ids_issued, Relaxed);
+            }
+        }
         if state.sequence_exhausted != published.sequence_exhausted {
             self.sequence_exhausted.fetch_add(
                 state.sequence_exhausted - published.sequence_exhausted,
@@ -149,6 +165,22 @@ impl Slot {
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
+}
+
+/// What one backend publishes about its claim, in its own entry (indexed by
+/// its process number): written by that backend alone, with relaxed
+/// stores, so the hot path needs no atomic read-modify-write for it. At
+/// exit its count moves into the slot's `ids_issued`, under
+/// `Header::lock`; a report adds the live entries of a slot to the slot's.
+#[repr(C)]
+pub struct Holder {
+    /// The backend's pid while it holds a worker id, else 0 (under
+    /// `Header::lock`).
+    pub pid: AtomicI32,
+    /// The worker id it holds (when `pid` is not 0).
+    pub worker_id: AtomicU32,
+    /// IDs it has made on that worker id.
+    pub ids_issued: AtomicU64,
 }
 
 /// The slot's position as the generator's shared position word.
@@ -183,6 +215,45 @@ impl Header {
             let first = (self as *const Header).add(1) as *const Slot;
             std::slice::from_raw_parts(first, self.nslots as usize)
         }
+    }
+
+    /// One [`Holder`] entry per backend, after the slots.
+    pub fn holders(&self) -> &[Holder] {
+        // SAFETY: the startup hook allocated nholders zeroed entries right
+        // after the slots.
+        unsafe {
+            let first = self.slots().as_ptr().add(self.nslots as usize) as *const Holder;
+            std::slice::from_raw_parts(first, self.nholders as usize)
+        }
+    }
+
+    /// This backend's [`Holder`] entry (`None` for a process without a
+    /// backend slot, which then publishes to the slot directly).
+    pub fn my_holder(&self) -> Option<&Holder> {
+        // SAFETY: reading this process's own number.
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
+        let index = unsafe { pg_sys::MyBackendId } - 1;
+        // SAFETY: as above.
+        #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+        let index = unsafe { pg_sys::MyProcNumber };
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.holders().get(i))
+    }
+
+    /// IDs made on worker id `id`: the slot's count (sessions that left)
+    /// plus its live holders'.
+    pub fn ids_issued(&self, id: usize) -> u64 {
+        let live: u64 = self
+            .holders()
+            .iter()
+            .filter(|h| h.pid.load(Relaxed) != 0 && h.worker_id.load(Relaxed) as usize == id)
+            .map(|h| h.ids_issued.load(Relaxed))
+            .sum();
+        self.slots()
+            .get(id)
+            .map_or(0, |s| s.ids_issued.load(Relaxed))
+            + live
     }
 
     /// Whether this backend holds the slot table's lock.
@@ -267,7 +338,13 @@ static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 fn shmem_size() -> usize {
     let nslots = gucs::layout().max_worker_id() as usize + 1;
-    size_of::<Header>() + nslots * size_of::<Slot>()
+    size_of::<Header>() + nslots * size_of::<Slot>() + nholders() as usize * size_of::<Holder>()
+}
+
+/// Backends that can hold a worker id (set before the shmem hooks run).
+fn nholders() -> u32 {
+    // SAFETY: MaxBackends is set before shared memory is requested.
+    u32::try_from(unsafe { pg_sys::MaxBackends }).unwrap_or(0)
 }
 
 #[pgrx::pg_guard]
@@ -317,6 +394,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 lock: &mut (*locks).lock,
                 reserve_lock: &mut (*locks.add(1)).lock,
                 nslots,
+                nholders: nholders(),
                 release_counter: AtomicU64::new(0),
                 changes: AtomicU64::new(0),
                 reserved_until_ms: AtomicI64::new(floor_ms),
@@ -329,6 +407,8 @@ unsafe extern "C-unwind" fn shmem_startup() {
             // All-zero bytes are a valid value for every (atomic) field.
             let first = header.add(1) as *mut Slot;
             std::ptr::write_bytes(first, 0, nslots as usize);
+            let holders = first.add(nslots as usize) as *mut Holder;
+            std::ptr::write_bytes(holders, 0, nholders() as usize);
             let fresh = GeneratorState::new(&layout).word(&layout);
             for i in 0..nslots as usize {
                 (*first.add(i)).position.store(fresh, Relaxed);
@@ -371,11 +451,11 @@ mod tests {
         b.ids_issued = 3;
         b.max_drift = 2;
         b.sequence_exhausted = 4;
-        slot.publish_counters(&a, &mut pa);
-        slot.publish_counters(&b, &mut pb);
+        slot.publish_counters(&a, &mut pa, None);
+        slot.publish_counters(&b, &mut pb, None);
         a.ids_issued = 6;
-        slot.publish_counters(&a, &mut pa);
-        slot.publish_counters(&a, &mut pa);
+        slot.publish_counters(&a, &mut pa, None);
+        slot.publish_counters(&a, &mut pa, None);
         assert_eq!(slot.ids_issued.load(Relaxed), 9);
         assert_eq!(slot.max_drift.load(Relaxed), 7);
         assert_eq!(slot.clock_backward.load(Relaxed), 1);
