@@ -322,7 +322,7 @@ impl GeneratorState {
     /// compare-and-swap, starting over (with a new clock reading) when
     /// another generator moved the word first. On `Err`, this generator's
     /// view of the position is the word it last read.
-    #[inline]
+    #[inline(always)]
     pub fn next_shared(
         &mut self,
         layout: &Layout,
