@@ -106,6 +106,9 @@ as_pg "$(dirname "$PG_CONFIG")/initdb" -D "$DATA" -A trust -U postgres -E UTF8 \
 cat >>"$DATA/postgresql.conf" <<EOF
 shared_preload_libraries = 'snowflake_id'
 snowflake_id.layout = '$LAYOUT'
+# A single-user backend runs no background worker: without this, the first
+# claim would wait for the registry worker that never starts.
+snowflake_id.registry_database = ''
 jit = off
 listen_addresses = ''
 EOF

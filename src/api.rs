@@ -315,6 +315,8 @@ fn snowflake_worker_status() -> TableIterator<
         name!(max_drift_ms, i64),
         name!(sequence_exhausted, i64),
         name!(clock_backward, i64),
+        name!(sessions, i32),
+        name!(shared_claims, i64),
     ),
 > {
     let layout = gucs::layout();
@@ -335,6 +337,8 @@ fn snowflake_worker_status() -> TableIterator<
             r.max_drift * layout.unit_ms,
             r.sequence_exhausted as i64,
             r.clock_backward as i64,
+            r.sessions as i32,
+            r.shared_claims as i64,
         )
     });
     TableIterator::new(rows.collect::<Vec<_>>())
@@ -439,7 +443,8 @@ SELECT w.worker_id, w.pid, d.datname AS database, r.rolname AS role,
        CASE WHEN v.full THEN w.claimed_at END AS claimed_at, w.released_at, w.claims,
        CASE WHEN v.full THEN w.ids_issued END AS ids_issued,
        CASE WHEN v.full THEN w.last_id_time END AS last_id_time,
-       w.current_drift_ms, w.max_drift_ms, w.sequence_exhausted, w.clock_backward
+       w.current_drift_ms, w.max_drift_ms, w.sequence_exhausted, w.clock_backward,
+       w.sessions, w.shared_claims
   FROM snowflake_worker_status() w
   LEFT JOIN pg_catalog.pg_database d ON d.oid = w.database_oid
   LEFT JOIN pg_catalog.pg_roles r ON r.oid = w.role_oid

@@ -1,34 +1,40 @@
-//! Worker ids: each backend claims one on its first `snowflake_nextval()`,
-//! keeps it until it exits, and runs its own generator on it.
+//! Worker ids: each backend claims one on its first `snowflake_nextval()`
+//! and keeps it until it exits. Several backends may share one worker id:
+//! its generator position is one word in shared memory advanced by
+//! compare-and-swap (see `generator` and `shmem`), so a backend alone on an
+//! id is merely uncontended.
 //!
-//! A claim is exclusive in two ways:
-//! - the slot's `holder_pid` in shared memory, set under the slot table's
-//!   LWLock and cleared by an exit callback; shared memory is reset if a
-//!   backend crashes, so a claim can never outlive its holder;
-//! - a session-level advisory lock on a server-wide key (database 0, classid
-//!   [`ADVISORY_CLASSID`], objid = worker id, objsubid [`ADVISORY_OBJSUBID`]),
-//!   so `pg_locks` shows who holds which id. SQL's `pg_advisory_*` functions
-//!   cannot produce this key, so no role can forge or steal a claim.
+//! Which id a claim takes: the free id (no session holds it) released
+//! longest ago, so a freshly released id is reused last; when no id of the
+//! range is free, the held id with the fewest sessions (ties: the one
+//! claimed least recently, then the lowest). So IDs never run out: 53400
+//! remains only when no id of the range can be taken at all (some other
+//! code holding a claim lock in a conflicting mode; SQL cannot).
+//!
+//! A claim shows in two places:
+//! - the slot's `sessions` count (and `holder_pid` .. of the most recent
+//!   claim) in shared memory, set under the slot table's LWLock and undone
+//!   by an exit callback; shared memory is reset if a backend crashes, so a
+//!   claim can never outlive its holder;
+//! - a session-level advisory lock in ShareLock mode on a server-wide key
+//!   (database 0, classid [`ADVISORY_CLASSID`], objid = worker id, objsubid
+//!   [`ADVISORY_OBJSUBID`]), so `pg_locks` shows every session holding each
+//!   id, sharers included. SQL's `pg_advisory_*` functions cannot produce
+//!   this key, so no role can forge or block a claim.
 //!   `pg_advisory_unlock_all()` and `DISCARD ALL` (a pooler's reset) drop
 //!   the lock, not the claim: the slot stays held until the backend exits,
 //!   and a pre-commit callback takes the lock again when the transaction
 //!   that dropped it commits (one lookup in the backend's local lock table
 //!   per commit, nothing per ID).
 //!
-//! Release order at exit: the advisory lock first, then `holder_pid`. A
-//! slot whose `holder_pid` is 0 therefore never has its lock taken, and a
-//! free id is always claimable.
-//!
-//! The free id picked is the one released longest ago, so a freshly released
-//! id is reused last.
-
+//! Release order at exit: the advisory lock first, then the slot's count.
 use crate::clock::WallClock;
 use crate::errors;
-use crate::generator::{Clock, GenError, GeneratorState};
+use crate::generator::{floor_word, unpack, Clock, GenError, GeneratorState};
 use crate::gucs;
 use crate::layout::Layout;
 use crate::reservation;
-use crate::shmem::{self, Direction, Header, Slot};
+use crate::shmem::{self, Header, Holder, Slot};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -37,12 +43,21 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed};
 pub const ADVISORY_CLASSID: u32 = 0x534E_4F57;
 /// `pg_locks.objsubid` of claim locks (SQL's advisory locks use 1 and 2).
 pub const ADVISORY_OBJSUBID: u16 = 3;
+/// Every session holding a worker id, alone or sharing it, holds its claim
+/// lock in this mode (`pg_locks.mode` 'ShareLock').
+const CLAIM_LOCK_MODE: pg_sys::LOCKMODE = pg_sys::ShareLock as pg_sys::LOCKMODE;
 
 /// This backend's claim.
 struct Claim {
     worker_id: u32,
     slot: &'static Slot,
+    /// This backend's entry, where it publishes its count of IDs.
+    holder: Option<&'static Holder>,
+    /// This backend's generator: its view of the slot's position, its clock
+    /// observations and its counters.
     state: GeneratorState,
+    /// `state`'s counters as last added to the slot's.
+    published: GeneratorState,
     /// The reservation floor (Unix ms) this claim started above, until it
     /// issues its first ID.
     fresh_floor: Option<i64>,
@@ -65,10 +80,11 @@ thread_local! {
 }
 
 impl Claim {
-    /// Publishes the generator state to the slot (for reports and for the
-    /// next holder).
+    /// Adds this backend's new counts to the slot's (for reports).
+    #[inline]
     fn publish(&mut self) {
-        self.slot.transfer(&mut self.state, Direction::ToSlot);
+        self.slot
+            .publish_counters(&self.state, &mut self.published, self.holder);
     }
 }
 
@@ -102,10 +118,13 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
         let mut current = claim.slot.lease_epoch.load(Relaxed) == claim.epoch;
         let mut i = 0;
         while i < n {
-            match claim
-                .state
-                .next_id(layout, claim.worker_id, max_drift_ms, &mut clock)
-            {
+            match claim.state.next_shared(
+                layout,
+                claim.worker_id,
+                max_drift_ms,
+                &mut clock,
+                claim.slot,
+            ) {
                 Ok(_) if claim.state.last_tick > limit || !current => {
                     claim = move_to_another_id(header, held);
                     limit = claim.slot.limit_tick.load(Relaxed);
@@ -261,38 +280,23 @@ fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
     *waited_ms += 10;
 }
 
-/// One attempt: the least recently released free, usable id in range.
+/// One attempt at a claim; `None` when leases are in use and no leased id
+/// is usable now.
 fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
+    let layout = gucs::layout();
     let (ranges, text) = gucs::worker_ranges();
     let slots = header.slots();
     let _guard = header.lock(true);
-    // Usable: leased (or no leases in use) and below its lease's limit.
-    let usable = |id: u32| {
-        let slot = &slots[id as usize];
-        slot.last_tick.load(Relaxed) < slot.limit_tick.load(Relaxed)
-    };
-    let is_free = |id: &u32| slots[*id as usize].holder_pid.load(Relaxed) == 0 && usable(*id);
-    let order = |id: u32| (slots[id as usize].release_order.load(Relaxed), id);
-    // The least recently released free id, in one pass. A holder releases
-    // its advisory lock before it clears holder_pid, and SQL cannot take
-    // this key, so the lock of a free id is free; the sort of all free ids
-    // is only a fallback should some other C code hold one.
-    let best = ranges.iter().filter(is_free).min_by_key(|&id| order(id));
-    let worker_id = match best {
-        Some(id) if try_advisory_lock(id) => Some(id),
-        Some(_) => {
-            let mut free: Vec<u32> = ranges.iter().filter(is_free).collect();
-            free.sort_unstable_by_key(|&id| order(id));
-            free.into_iter().skip(1).find(|&id| try_advisory_lock(id))
+    let (worker_id, shared) = match pick_worker(slots, &ranges, layout) {
+        Some(pick) => pick,
+        None if header.lease.mode.load(Acquire) != shmem::MODE_LOCAL => return None,
+        None => {
+            let held = ranges
+                .iter()
+                .filter(|&id| slots[id as usize].sessions.load(Relaxed) > 0)
+                .count() as u64;
+            errors::workers_exhausted(&text, ranges.len(), held)
         }
-        None => None,
-    };
-    let Some(worker_id) = worker_id else {
-        if header.lease.mode.load(Acquire) != shmem::MODE_LOCAL {
-            return None;
-        }
-        let held = ranges.iter().filter(|id| !is_free(id)).count() as u64;
-        errors::workers_exhausted(&text, ranges.len(), held)
     };
     let slot = &slots[worker_id as usize];
     // SAFETY: reading backend-global identifiers and the clock.
@@ -304,6 +308,10 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
             pg_sys::GetCurrentTimestamp(),
         )
     };
+    slot.sessions.fetch_add(1, Relaxed);
+    if shared {
+        slot.shared_claims.fetch_add(1, Relaxed);
+    }
     slot.holder_pid.store(pid, Relaxed);
     slot.holder_db.store(db.to_u32(), Relaxed);
     slot.holder_role.store(role.to_u32(), Relaxed);
@@ -320,27 +328,79 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
         }
     };
     slot.set_application_name(&app[..app.len().min(shmem::APPLICATION_NAME_LEN - 1)]);
+    let holder = header.my_holder();
+    if let Some(holder) = holder {
+        holder.ids_issued.store(0, Relaxed);
+        holder.worker_id.store(worker_id, Relaxed);
+        holder.pid.store(pid, Relaxed);
+    }
     header.changes.fetch_add(1, Relaxed);
     HELD.set(Some((worker_id, slot)));
     let layout = gucs::layout();
-    let mut state = GeneratorState::new(layout);
-    slot.transfer(&mut state, Direction::FromSlot);
     // Start above every ID an earlier life of this data directory may have
-    // issued (restart, crash, promotion, layout change).
+    // issued (restart, crash, promotion, layout change). The position only
+    // grows, so this is a fetch_max even while sharers issue IDs.
     let floor_ms = header.floor_ms.load(Acquire);
-    let raised = state.raise_floor(layout.tick_at(floor_ms), layout);
-    // Above the lease's floor (earlier holders of the block elsewhere) and
-    // above this backend's own last ID when it moves from another id.
-    state.raise_floor(slot.floor_tick.load(Relaxed), layout);
-    state.raise_floor(above, layout);
+    let floor = floor_word(layout, layout.tick_at(floor_ms));
+    let before = slot.position.fetch_max(floor, Relaxed);
+    // Above this backend's own last ID when it moved from another id (the
+    // lease's floor is already in the position: see `lease_worker`).
+    let own = floor_word(layout, above.max(-1));
+    let word = slot.position.fetch_max(own, Relaxed).max(own).max(floor);
+    let mut state = GeneratorState::new(layout);
+    state.set_word(layout, word);
     Some(Claim {
         worker_id,
         slot,
+        holder,
         backward_at_issue: state.clock_backward,
+        published: state,
         state,
-        fresh_floor: raised.then_some(floor_ms),
+        fresh_floor: (floor > before).then_some(floor_ms),
         epoch: slot.lease_epoch.load(Relaxed),
     })
+}
+
+/// The worker id a claim takes, and whether it is shared: the free id
+/// released longest ago, else the held id with the fewest sessions (ties:
+/// claimed least recently, then the lowest id). `None` only when the claim
+/// lock of every id is held in a conflicting mode (SQL cannot take it).
+/// Called with the slot table's lock held exclusive.
+fn pick_worker(
+    slots: &[Slot],
+    ranges: &crate::ranges::WorkerRanges,
+    layout: &Layout,
+) -> Option<(u32, bool)> {
+    // The ids this server may use now: the one place to filter candidates.
+    // With leases, only ids of a leased block below its lease's limit.
+    let usable = |id: &u32| {
+        let slot = &slots[*id as usize];
+        let (tick, _) = unpack(layout, slot.position.load(Relaxed));
+        tick < slot.limit_tick.load(Relaxed)
+    };
+    let candidates = || ranges.iter().filter(usable);
+    // Free ids first, the least recently released first; then held ids,
+    // the fewest sessions first, then the least recently claimed.
+    let order = |id: &u32| {
+        let slot = &slots[*id as usize];
+        match slot.sessions.load(Relaxed) {
+            0 => (false, slot.release_order.load(Relaxed), 0, *id),
+            n => (true, u64::from(n), slot.claimed_at.load(Relaxed), *id),
+        }
+    };
+    // The best id in one pass. A holder releases its advisory lock before
+    // it leaves the slot, sharers take it in ShareLock mode, and SQL cannot
+    // take this key, so its lock is free to take; the sort of all ids is
+    // only a fallback should some other C code hold one.
+    let best = candidates().min_by_key(order)?;
+    let pick = if try_advisory_lock(best) {
+        best
+    } else {
+        let mut all: Vec<u32> = candidates().filter(|&id| id != best).collect();
+        all.sort_unstable_by_key(order);
+        all.into_iter().find(|&id| try_advisory_lock(id))?
+    };
+    Some((pick, slots[pick as usize].sessions.load(Relaxed) > 0))
 }
 
 /// How long a first claim after startup waits for the registry worker to
@@ -380,7 +440,7 @@ fn try_advisory_lock(worker_id: u32) -> bool {
     let tag = claim_locktag(worker_id);
     // SAFETY: a session-level, non-waiting lock on a valid tag; the lock
     // manager releases it when the backend exits.
-    let result = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, true, true) };
+    let result = unsafe { pg_sys::LockAcquire(&tag, CLAIM_LOCK_MODE, true, true) };
     result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
@@ -390,9 +450,9 @@ fn holds_advisory_lock(worker_id: u32) -> bool {
     // SAFETY: a lookup in this backend's local lock table.
     unsafe {
         #[cfg(any(feature = "pg15", feature = "pg16"))]
-        let held = pg_sys::LockHeldByMe(&tag, pg_sys::ExclusiveLock as _);
+        let held = pg_sys::LockHeldByMe(&tag, CLAIM_LOCK_MODE);
         #[cfg(not(any(feature = "pg15", feature = "pg16")))]
-        let held = pg_sys::LockHeldByMe(&tag, pg_sys::ExclusiveLock as _, false);
+        let held = pg_sys::LockHeldByMe(&tag, CLAIM_LOCK_MODE, false);
         held
     }
 }
@@ -401,7 +461,7 @@ fn release_advisory_lock(worker_id: u32) {
     if holds_advisory_lock(worker_id) {
         let tag = claim_locktag(worker_id);
         // SAFETY: releasing a session lock this backend holds.
-        unsafe { pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as _, true) };
+        unsafe { pg_sys::LockRelease(&tag, CLAIM_LOCK_MODE, true) };
     }
 }
 
@@ -421,7 +481,8 @@ fn register_exit_callback() {
 
 /// Takes the claim lock again when the committing transaction dropped it
 /// (`DISCARD ALL`, `pg_advisory_unlock_all()`), so that `pg_locks` shows
-/// every holder. The slot stayed ours, so nobody else can hold the lock.
+/// every holder. The slot stayed ours, and every holder takes the lock in
+/// the same shared mode, so it is free to take.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn retake_lock_at_commit(
     event: pg_sys::XactEvent::Type,
@@ -461,18 +522,34 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
 
 /// Gives a worker id back (at exit, or when its lease ended).
 fn release_slot(header: &Header, worker_id: u32, slot: &Slot) {
-    // The advisory lock goes first: once holder_pid is 0, a claim must
+    // The advisory lock goes first: once the slot is free, a claim must
     // find the id's lock free (PostgreSQL would release it only later, in
     // its own exit callback).
     release_advisory_lock(worker_id);
     // A FATAL error does not unwind either, so the lock may still be ours.
     let _guard = (!header.lock_held_by_me()).then(|| header.lock(true));
-    // SAFETY: reading the clock.
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    let order = header.release_counter.fetch_add(1, Relaxed) + 1;
-    slot.released_at.store(now, Relaxed);
-    slot.release_order.store(order, Relaxed);
-    slot.holder_pid.store(0, Relaxed);
+    // SAFETY: reading backend-global identifiers and the clock.
+    let (pid, now) = unsafe { (pg_sys::MyProcPid, pg_sys::GetCurrentTimestamp()) };
+    if let Some(holder) = header.my_holder() {
+        if holder.pid.load(Relaxed) != 0 {
+            slot.ids_issued
+                .fetch_add(holder.ids_issued.load(Relaxed), Relaxed);
+            holder.ids_issued.store(0, Relaxed);
+            holder.pid.store(0, Relaxed);
+        }
+    }
+    let left = slot.sessions.load(Relaxed).saturating_sub(1);
+    slot.sessions.store(left, Relaxed);
+    if slot.holder_pid.load(Relaxed) == pid {
+        // The row no longer names a holder (other sharers may remain).
+        slot.holder_pid.store(0, Relaxed);
+    }
+    if left == 0 {
+        let order = header.release_counter.fetch_add(1, Relaxed) + 1;
+        slot.released_at.store(now, Relaxed);
+        slot.release_order.store(order, Relaxed);
+        slot.holder_pid.store(0, Relaxed);
+    }
     header.changes.fetch_add(1, Relaxed);
 }
 
@@ -486,6 +563,10 @@ pub struct WorkerRow {
     pub claimed_at: Option<i64>,
     pub released_at: Option<i64>,
     pub claims: u64,
+    /// Sessions holding the id now.
+    pub sessions: u32,
+    /// Claims that shared the id because no id was free.
+    pub shared_claims: u64,
     pub ids_issued: u64,
     pub last_tick: i64,
     pub current_drift: i64,
@@ -513,23 +594,29 @@ pub fn worker_rows() -> Vec<WorkerRow> {
     let mut rows = Vec::new();
     for (id, slot) in header.slots().iter().enumerate() {
         let pid = slot.holder_pid.load(Relaxed);
+        let sessions = slot.sessions.load(Relaxed);
         let claims = slot.claims.load(Relaxed);
-        if pid == 0 && claims == 0 {
+        if sessions == 0 && claims == 0 {
             continue;
         }
-        let held = pid != 0;
-        let last_tick = slot.last_tick.load(Relaxed);
+        let held = sessions > 0;
+        // The most recent claim, while its session still holds the id; of
+        // an id nobody holds, the last claim (for the privileged).
+        let named = (held && pid != 0) || (!held && see_past);
+        let (last_tick, _) = unpack(layout, slot.position.load(Relaxed));
         rows.push(WorkerRow {
             worker_id: id as u32,
-            pid: held.then_some(pid),
-            database_oid: (held || see_past).then(|| slot.holder_db.load(Relaxed)),
-            role_oid: (held || see_past).then(|| slot.holder_role.load(Relaxed)),
-            application_name: (held || see_past).then(|| slot.application_name()),
+            pid: (held && pid != 0).then_some(pid),
+            database_oid: named.then(|| slot.holder_db.load(Relaxed)),
+            role_oid: named.then(|| slot.holder_role.load(Relaxed)),
+            application_name: named.then(|| slot.application_name()),
             claimed_at: Some(slot.claimed_at.load(Relaxed)),
             released_at: (!held && slot.release_order.load(Relaxed) > 0)
                 .then(|| slot.released_at.load(Relaxed)),
             claims,
-            ids_issued: slot.ids_issued.load(Relaxed),
+            sessions,
+            shared_claims: slot.shared_claims.load(Relaxed),
+            ids_issued: header.ids_issued(id),
             last_tick,
             current_drift: (last_tick - now_tick).max(0),
             max_drift: slot.max_drift.load(Relaxed),
@@ -548,7 +635,7 @@ pub fn range_usage() -> (String, u64, u64) {
     let slots = header.slots();
     let held = ranges
         .iter()
-        .filter(|&id| slots[id as usize].holder_pid.load(Relaxed) != 0)
+        .filter(|&id| slots[id as usize].sessions.load(Relaxed) > 0)
         .count() as u64;
     (text, ranges.len(), held)
 }

@@ -219,17 +219,20 @@ pub fn layout_cannot_rise(not_until_ms: Option<i64>) -> ! {
     )
 }
 
-/// 53400: every worker id of this server's range is held.
+/// 53400: no worker id of this server's range can be claimed, not even
+/// shared. A held id is shared when none is free, so this happens only when
+/// the claim lock of every id is held in a conflicting mode by code other
+/// than this extension (SQL's advisory-lock functions cannot take it).
 pub fn workers_exhausted(ranges: &str, count: u64, held: u64) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         format!(
-            "all {count} snowflake worker ids of this server are in use ({held} held)"
+            "no snowflake worker id of this server can be claimed ({count} in its range, {held} held)"
         ),
         Some(format!(
-            "snowflake_id.worker_ids = '{ranges}'. Each backend that calls snowflake_nextval() holds one worker id until it exits."
+            "snowflake_id.worker_ids = '{ranges}'. A held worker id is shared when none is free; the claim lock of every id (pg_locks: locktype advisory, database 0, classid 1397641047, objsubid 3) is held in a mode that excludes sharing, which only code outside snowflake_id can do."
         )),
-        Some("Widen snowflake_id.worker_ids or use more snowflake_id.worker_bits. Without a connection pooler, put one in front of the server (transaction mode). Behind one already: use transaction mode, not session mode, and lower its server pool size and server_idle_timeout, since every server connection that has made an ID holds a worker id until it closes.".into()),
+        Some("Find the sessions holding those locks in pg_locks and end them, or widen snowflake_id.worker_ids.".into()),
     )
 }
 

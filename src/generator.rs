@@ -19,12 +19,23 @@
 //!    backend, old or new, continues from the server's newest ID time (that
 //!    lead counts as drift, like rule 4). Only a tick change reads the
 //!    shared value, and only a move to a tick above it publishes one.
+//!
+//! Sharing: the *position* of a worker id (tick and sequence of its last
+//! ID) is one word ([`pack`]), ordered like the IDs. Any number of
+//! generators may share a worker id: each computes the next position from
+//! the word it read and its own clock reading ([`GeneratorState::step`]),
+//! and publishes it with a compare-and-swap ([`SharedPosition`]); when
+//! another generator moved the word first, it starts over from the new
+//! word. The word only ever grows, so IDs on one worker id never repeat and
+//! each generator's IDs strictly increase, under any interleaving. A
+//! generator alone on a worker id is merely uncontended.
 
 use crate::layout::Layout;
 use std::fmt;
 
-/// The state of one generator. Plain data: the PostgreSQL glue keeps a copy
-/// in shared memory so that it survives the worker id changing hands.
+/// The state of one generator. Plain data. `last_tick` and `sequence` are
+/// this generator's view of its worker id's position (see [`pack`]); the
+/// other fields are its own clock observations and counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GeneratorState {
     /// Tick of the last ID issued (or the floor the generator starts above).
@@ -95,7 +106,71 @@ pub trait Clock {
     fn publish_newest_tick(&mut self, _tick: i64) {}
 }
 
+/// The position `(tick, sequence)` of a worker id's last ID as one word,
+/// ordered like the IDs: `tick << sequence_bits | sequence`. A fresh
+/// position (tick -1, every sequence used) is -1. `tick` must lie in
+/// `-1..=layout.max_ticks()`.
+#[inline]
+pub fn pack(layout: &Layout, tick: i64, sequence: u32) -> i64 {
+    (tick << layout.sequence_bits) | i64::from(sequence)
+}
+
+/// The inverse of [`pack`].
+#[inline]
+pub fn unpack(layout: &Layout, word: i64) -> (i64, u32) {
+    (
+        word >> layout.sequence_bits,
+        (word & i64::from(layout.max_sequence())) as u32,
+    )
+}
+
+/// The word of a position above every ID of `floor_tick` (see
+/// [`GeneratorState::starting_above`]); never below a fresh position.
+pub fn floor_word(layout: &Layout, floor_tick: i64) -> i64 {
+    pack(
+        layout,
+        floor_tick.clamp(-1, layout.max_ticks()),
+        layout.max_sequence(),
+    )
+}
+
+/// Where the position word of a worker id lives. Every generator on that
+/// worker id reads it and replaces it by compare-and-swap; it only grows.
+pub trait SharedPosition {
+    /// The current word.
+    fn load(&self) -> i64;
+    /// Replaces the word by `new` if it is still `current`; `false` when
+    /// another generator moved it first.
+    fn compare_exchange(&self, current: i64, new: i64) -> bool;
+}
+
+/// A position nobody else shares (a generator on its own, in tests).
+impl SharedPosition for std::cell::Cell<i64> {
+    fn load(&self) -> i64 {
+        self.get()
+    }
+    fn compare_exchange(&self, current: i64, new: i64) -> bool {
+        let ok = self.get() == current;
+        if ok {
+            self.set(new);
+        }
+        ok
+    }
+}
+
 impl GeneratorState {
+    /// This generator's view of the position, as a word (see [`pack`]).
+    #[inline]
+    pub fn word(&self, layout: &Layout) -> i64 {
+        pack(layout, self.last_tick, self.sequence)
+    }
+
+    /// Takes the position from `word` (see [`pack`]).
+    #[inline]
+    pub fn set_word(&mut self, layout: &Layout, word: i64) {
+        (self.last_tick, self.sequence) = unpack(layout, word);
+    }
+
     /// A generator that has issued nothing yet: its first ID may be at tick 0.
     pub fn new(layout: &Layout) -> Self {
         Self::starting_above(-1, layout)
@@ -206,7 +281,9 @@ impl GeneratorState {
     }
 
     /// Makes one ID, sleeping on `clock` when the drift bound requires it.
-    /// `max_drift_ms` is converted to whole ticks of the layout.
+    /// `max_drift_ms` is converted to whole ticks of the layout. A
+    /// generator on its own: [`GeneratorState::next_shared`] with a
+    /// position nobody else moves.
     pub fn next_id(
         &mut self,
         layout: &Layout,
@@ -214,24 +291,82 @@ impl GeneratorState {
         max_drift_ms: i64,
         clock: &mut impl Clock,
     ) -> Result<i64, GenError> {
-        let max_drift = max_drift_ms / layout.unit_ms;
+        let position = std::cell::Cell::new(self.word(layout));
+        self.next_shared(layout, worker_id, max_drift_ms, clock, &position)
+    }
+
+    /// One attempt from the position `current` (a word read from the
+    /// shared position) at wall-clock tick `now`: what [`Self::step`] makes
+    /// of it, and the generator state to keep if the position can be moved
+    /// from `current` to `next.word(layout)`. `self` is not changed: a
+    /// generator that loses the compare-and-swap starts over.
+    #[inline]
+    pub fn attempt(
+        &self,
+        layout: &Layout,
+        worker_id: u32,
+        current: i64,
+        now: i64,
+        max_drift: i64,
+        server_newest: impl FnOnce() -> i64,
+    ) -> (Result<Step, GenError>, GeneratorState) {
+        let mut next = *self;
+        next.set_word(layout, current);
+        let step = next.step(layout, worker_id, now, max_drift, server_newest);
+        (step, next)
+    }
+
+    /// Makes one ID on a worker id whose position may be shared with other
+    /// generators, sleeping on `clock` when the drift bound requires it:
+    /// reads the word, computes the next position, and publishes it by
+    /// compare-and-swap, starting over (with a new clock reading) when
+    /// another generator moved the word first. On `Err`, this generator's
+    /// view of the position is the word it last read.
+    #[inline(always)]
+    pub fn next_shared(
+        &mut self,
+        layout: &Layout,
+        worker_id: u32,
+        max_drift_ms: i64,
+        clock: &mut impl Clock,
+        position: &impl SharedPosition,
+    ) -> Result<i64, GenError> {
+        let max_drift = layout.whole_ticks(max_drift_ms);
         loop {
             let now_ms = clock.now_ms();
-            let before = self.last_tick;
+            let current = position.load();
             let mut newest = i64::MIN;
-            let step = self.step(layout, worker_id, layout.tick_at(now_ms), max_drift, || {
-                newest = clock.server_newest_tick();
-                newest
-            })?;
+            let (step, next) = self.attempt(
+                layout,
+                worker_id,
+                current,
+                layout.tick_at(now_ms),
+                max_drift,
+                || {
+                    newest = clock.server_newest_tick();
+                    newest
+                },
+            );
             match step {
-                Step::Issue(id) => {
-                    if self.last_tick != before && self.last_tick > newest {
-                        clock.publish_newest_tick(self.last_tick);
+                Ok(Step::Issue(id)) => {
+                    if !position.compare_exchange(current, next.word(layout)) {
+                        continue;
                     }
+                    if next.last_tick != current >> layout.sequence_bits && next.last_tick > newest
+                    {
+                        clock.publish_newest_tick(next.last_tick);
+                    }
+                    *self = next;
                     return Ok(id);
                 }
-                Step::WaitUntil(tick) => {
+                Ok(Step::WaitUntil(tick)) => {
+                    // Keep the clock observation; the position is re-read.
+                    *self = next;
                     clock.sleep_ms((layout.tick_start_unix_ms(tick) - now_ms).max(1))
+                }
+                Err(e) => {
+                    *self = next;
+                    return Err(e);
                 }
             }
         }
@@ -491,5 +626,140 @@ pub(crate) mod tests {
         g.next_id(&l, 1, 60_000, &mut c).unwrap();
         assert_eq!(c.reads, 2);
         assert_eq!(newest.get(), l.tick_at(NOW + 1));
+    }
+
+    #[test]
+    fn a_generator_that_loses_the_swap_starts_over_from_the_new_word() {
+        let l = layout("classic");
+        let position = std::cell::Cell::new(-1);
+        let mut a = GeneratorState::new(&l);
+        let mut b = GeneratorState::new(&l);
+        let now = l.tick_at(NOW);
+        // Both read the fresh word and would issue (now, 0).
+        let current = position.get();
+        let (sa, na) = a.attempt(&l, 3, current, now, 1000, || i64::MIN);
+        let (sb, nb) = b.attempt(&l, 3, current, now, 1000, || i64::MIN);
+        assert_eq!(sa, sb);
+        assert_eq!(sa, Ok(Step::Issue(l.compose(now, 3, 0).unwrap())));
+        // a publishes first; b's swap fails and leaves the word alone.
+        assert!(position.compare_exchange(current, na.word(&l)));
+        assert!(!position.compare_exchange(current, nb.word(&l)));
+        assert_eq!(position.get(), pack(&l, now, 0));
+        a = na;
+        assert_eq!(a.ids_issued, 1);
+        assert_eq!(b.ids_issued, 0, "a lost attempt counts nothing");
+        // b starts over and gets the next sequence number.
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let id = b.next_shared(&l, 3, 1000, &mut c, &position).unwrap();
+        assert_eq!(id, l.compose(now, 3, 1).unwrap());
+        assert_eq!(position.get(), pack(&l, now, 1));
+        assert_eq!((b.last_tick, b.sequence, b.ids_issued), (now, 1, 1));
+        // And a, whose view is stale, continues above b.
+        let id = a.next_shared(&l, 3, 1000, &mut c, &position).unwrap();
+        assert_eq!(id, l.compose(now, 3, 2).unwrap());
+    }
+
+    #[test]
+    fn sharers_fill_a_tick_together_then_borrow_and_wait() {
+        let l = layout("js53"); // 64 IDs per ms
+        let position = std::cell::Cell::new(-1);
+        let mut gens = [GeneratorState::new(&l); 3];
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let mut ids = Vec::new();
+        // 2 ms of drift: 3 ticks' worth of IDs before anyone waits.
+        for i in 0..3 * 64 {
+            ids.push(
+                gens[i % 3]
+                    .next_shared(&l, 1, 2, &mut c, &position)
+                    .unwrap(),
+            );
+        }
+        assert_eq!(c.slept, 0);
+        let next = gens[0].next_shared(&l, 1, 2, &mut c, &position).unwrap();
+        assert_eq!(c.slept, 1);
+        ids.push(next);
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        let exhausted: u64 = gens.iter().map(|g| g.sequence_exhausted).sum();
+        assert_eq!(exhausted, 3);
+        assert_eq!(gens.iter().map(|g| g.max_drift).max(), Some(2));
+    }
+
+    #[test]
+    fn pack_orders_like_ids_and_a_fresh_position_is_minus_one() {
+        let l = layout("classic");
+        assert_eq!(GeneratorState::new(&l).word(&l), -1);
+        assert_eq!(unpack(&l, -1), (-1, l.max_sequence()));
+        assert!(pack(&l, 5, 0) > pack(&l, 4, l.max_sequence()));
+        assert_eq!(unpack(&l, pack(&l, 123, 45)), (123, 45));
+        // A floor never lowers a fresh position, nor passes the layout.
+        assert_eq!(floor_word(&l, i64::MIN / 2), -1);
+        assert_eq!(
+            floor_word(&l, i64::MAX / 2),
+            pack(&l, l.max_ticks(), l.max_sequence())
+        );
+    }
+
+    /// A real atomic shared by real threads on the real clock.
+    struct Atomic(std::sync::atomic::AtomicI64);
+
+    impl SharedPosition for Atomic {
+        fn load(&self) -> i64 {
+            self.0.load(std::sync::atomic::Ordering::Relaxed)
+        }
+        fn compare_exchange(&self, current: i64, new: i64) -> bool {
+            self.0
+                .compare_exchange(
+                    current,
+                    new,
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .is_ok()
+        }
+    }
+
+    struct SystemClock;
+
+    impl Clock for SystemClock {
+        fn now_ms(&mut self) -> i64 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64)
+        }
+        fn sleep_ms(&mut self, ms: i64) {
+            std::thread::sleep(std::time::Duration::from_millis(ms as u64));
+        }
+    }
+
+    #[test]
+    fn threads_sharing_one_atomic_word_never_repeat_an_id() {
+        let l = layout("js53"); // 64 IDs per ms: plenty of contention
+        let position = Atomic(std::sync::atomic::AtomicI64::new(-1));
+        let per_thread = 20_000;
+        let all: Vec<Vec<i64>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut g = GeneratorState::new(&l);
+                        let mut c = SystemClock;
+                        (0..per_thread)
+                            .map(|_| g.next_shared(&l, 9, 50, &mut c, &position).unwrap())
+                            .collect::<Vec<i64>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut every = std::collections::HashSet::new();
+        for ids in &all {
+            assert!(ids.windows(2).all(|w| w[0] < w[1]), "each thread increases");
+            for &id in ids {
+                assert!(every.insert(id), "id {id} twice");
+            }
+        }
+        assert_eq!(every.len(), 4 * per_thread);
+        let max = *every.iter().max().unwrap();
+        let p = l.decode(max).unwrap();
+        assert_eq!(position.load(), pack(&l, p.ticks, p.sequence));
     }
 }

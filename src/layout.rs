@@ -379,9 +379,23 @@ impl Layout {
     /// The tick containing a Unix millisecond (negative before the epoch).
     #[inline]
     pub fn tick_at(&self, unix_ms: i64) -> i64 {
-        unix_ms
-            .saturating_sub(self.epoch_ms)
-            .div_euclid(self.unit_ms)
+        let ms = unix_ms.saturating_sub(self.epoch_ms);
+        // Millisecond ticks (most layouts) skip the division (hot path).
+        if self.unit_ms == 1 {
+            ms
+        } else {
+            ms.div_euclid(self.unit_ms)
+        }
+    }
+
+    /// Whole ticks in `ms` milliseconds (rounded down, `ms` >= 0).
+    #[inline]
+    pub fn whole_ticks(&self, ms: i64) -> i64 {
+        if self.unit_ms == 1 {
+            ms
+        } else {
+            ms / self.unit_ms
+        }
     }
 
     /// The last Unix millisecond the time field can express.

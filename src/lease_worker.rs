@@ -26,6 +26,7 @@
 //!   retried every renewal interval.
 
 use crate::clock;
+use crate::generator::{floor_word, unpack};
 use crate::gucs;
 use crate::layout::{format_unix_ms, Layout};
 use crate::lease::{self, Held, Timing, Usage};
@@ -476,7 +477,7 @@ impl Worker {
             };
             for id in (first..=last).filter(|id| ranges.contains(*id)) {
                 u.ids += 1;
-                if slots[id as usize].holder_pid.load(Relaxed) != 0 {
+                if slots[id as usize].sessions.load(Relaxed) != 0 {
                     u.busy += 1;
                 }
             }
@@ -501,14 +502,15 @@ impl Worker {
             return;
         };
         h.active = true;
-        let (floor, limit) = (
-            self.layout.tick_at(h.floor_ms),
-            self.layout.tick_at(h.high_ms),
-        );
+        let floor = floor_word(&self.layout, self.layout.tick_at(h.floor_ms));
+        let limit = self.layout.tick_at(h.high_ms);
         let slots = self.block_slots(block);
         let _guard = self.header.lock(true);
         for slot in slots {
-            slot.floor_tick.fetch_max(floor, Relaxed);
+            // Above every ID of the block's earlier holders, also for a
+            // session still on it from an earlier lease (the position only
+            // grows; sharers' compare-and-swap starts from the new value).
+            slot.position.fetch_max(floor, Relaxed);
             slot.limit_tick.store(limit, Relaxed);
             slot.lease_epoch.fetch_add(1, Relaxed);
         }
@@ -670,14 +672,17 @@ impl Worker {
         let slots = self.block_slots(block);
         let newest = {
             let _guard = self.header.lock(true);
-            if slots.iter().any(|s| s.holder_pid.load(Relaxed) != 0) {
+            if slots.iter().any(|s| s.sessions.load(Relaxed) != 0) {
                 return;
             }
             for slot in slots {
                 slot.limit_tick.store(NO_LEASE, Relaxed);
                 slot.lease_epoch.fetch_add(1, Relaxed);
             }
-            slots.iter().map(|s| s.last_tick.load(Relaxed)).max()
+            slots
+                .iter()
+                .map(|s| unpack(&self.layout, s.position.load(Relaxed)).0)
+                .max()
         };
         self.held.retain(|h| h.block != block);
         let mark = lease::release_mark(

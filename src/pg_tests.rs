@@ -131,12 +131,13 @@ mod tests {
             one::<i64>(&format!(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = 0
                    AND classid = 1397641047 AND objid = {worker} AND objsubid = 3
-                   AND pid = pg_backend_pid() AND granted"
+                   AND pid = pg_backend_pid() AND granted AND mode = 'ShareLock'"
             )),
             1
         );
         assert!(one::<bool>(&format!(
             "SELECT pid = pg_backend_pid() AND ids_issued >= 1 AND database = current_database()
+                    AND sessions = 1 AND shared_claims = 0
                FROM snowflake_workers WHERE worker_id = {worker}"
         )));
     }

@@ -395,12 +395,15 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
 /// table is copied when it changes (at most once a POLL), so its
 /// high-water marks lag the IDs made by about a second.
 fn activity(header: &shmem::Header) -> u64 {
-    header
+    let slots = header
         .slots()
         .iter()
         .fold(header.changes.load(Relaxed), |sum, slot| {
             sum.wrapping_add(slot.ids_issued.load(Relaxed))
-        })
+        });
+    header.holders().iter().fold(slots, |sum, holder| {
+        sum.wrapping_add(holder.ids_issued.load(Relaxed))
+    })
 }
 
 /// Lets claims go once the registry's high-water marks are in force (or

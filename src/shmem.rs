@@ -2,19 +2,24 @@
 //! policy lives here: the reservation (state file, WAL, floor) is in
 //! `reservation`, the claims in `claims`.
 //!
-//! Layout: a [`Header`] followed by `2^worker_bits` [`Slot`]s, sized when the
-//! server starts (the layout settings are postmaster settings).
+//! Layout: a [`Header`] followed by `2^worker_bits` [`Slot`]s and one
+//! [`Holder`] per backend (`MaxBackends`), sized when the server starts (the
+//! layout settings are postmaster settings).
 //!
 //! Locking rules (read these before touching the structures):
 //! - `Header::lock`, the first LWLock of tranche "snowflake_id", guards the
 //!   *claim* fields of every slot (`holder_pid` .. `release_order`) and
 //!   `Header::release_counter`: taken exclusive to claim or release a worker
 //!   id, shared to list the slots.
-//! - A slot's *generator* fields are written only by the backend that holds
-//!   the slot's claim, with relaxed atomic stores and no lock; others read
-//!   them only to report. When a claim changes hands the LWLock release and
-//!   acquire order the old holder's last writes before the new holder reads.
-//!   [`Slot::transfer`] is the one place that maps them to a generator.
+//! - A slot's `position` (tick and sequence of the worker id's last ID, one
+//!   word, see `generator::pack`) is shared by every session holding the
+//!   id: read relaxed and advanced only by compare-and-swap, so it only
+//!   grows; a claim raises it to the floor with `fetch_max`. Its counters
+//!   (`ids_issued` ..) are sums of what each holder publishes (`fetch_add`,
+//!   `fetch_max` for `max_drift`), no lock. Others read them only to report.
+//! - A [`Holder`] entry's `pid` and `worker_id` change under `Header::lock`
+//!   (exclusive); its `ids_issued` is stored by its own backend alone, and
+//!   moved into the slot's under `Header::lock` when that backend exits.
 //! - `Header::reserve_lock` (the second LWLock) serialises changing the
 //!   reservation (`reserved_until_ms`, the state file, the layout flags).
 //!   `reserved_until_ms` only grows, and only after the state file holding
@@ -59,6 +64,7 @@ pub struct Header {
     lock: *mut pg_sys::LWLock,
     reserve_lock: *mut pg_sys::LWLock,
     nslots: u32,
+    nholders: u32,
     /// Bumped on every release; slots remember theirs to pick the least
     /// recently released free id first.
     pub release_counter: AtomicU64,
@@ -154,6 +160,9 @@ impl<const N: usize> ShmText<N> {
 #[repr(C)]
 pub struct Slot {
     // Claim fields: under Header::lock.
+    /// The session that claimed the id most recently, while it holds it (0
+    /// otherwise); its database, role, claim time and application_name
+    /// follow.
     pub holder_pid: AtomicI32,
     pub holder_db: AtomicU32,
     pub holder_role: AtomicU32,
@@ -161,12 +170,15 @@ pub struct Slot {
     pub released_at: AtomicI64,
     pub release_order: AtomicU64,
     pub claims: AtomicU64,
+    /// Sessions holding the id now: free when 0.
+    pub sessions: AtomicU32,
+    /// Claims that found no free id and shared this one.
+    pub shared_claims: AtomicU64,
     /// The holder's application_name, NUL-padded (NAMEDATALEN bytes).
     pub application_name: [AtomicU8; APPLICATION_NAME_LEN],
-    // Generator fields: written by the holder only (see `transfer`).
-    pub last_tick: AtomicI64,
-    pub sequence: AtomicU32,
-    pub last_seen: AtomicI64,
+    // Generator fields: see the locking rules.
+    /// The position of the last ID (`generator::pack`), -1 before any.
+    pub position: AtomicI64,
     pub ids_issued: AtomicU64,
     pub sequence_exhausted: AtomicU64,
     pub clock_backward: AtomicU64,
@@ -178,52 +190,41 @@ pub struct Slot {
     /// Bumped each time the lease worker gives this id a new lease; a
     /// claim made under another epoch must claim again.
     pub lease_epoch: AtomicU64,
-    /// Every claim starts its generator above this tick: the floor of the
-    /// block's lease (the highest ID time of its earlier holders).
-    pub floor_tick: AtomicI64,
-}
-
-/// Which way [`Slot::transfer`] copies.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Direction {
-    /// Publish a generator's state to the slot.
-    ToSlot,
-    /// Load the slot's state into a generator.
-    FromSlot,
 }
 
 impl Slot {
-    /// The one mapping between a generator's state and a slot's generator
-    /// fields, in either direction.
-    pub fn transfer(&self, state: &mut GeneratorState, direction: Direction) {
-        macro_rules! fields {
-            ($($field:ident),*) => {
-                $(match direction {
-                    Direction::ToSlot => self.$field.store(state.$field, Relaxed),
-                    Direction::FromSlot => state.$field = self.$field.load(Relaxed),
-                })*
-            };
+    /// Adds a generator's counters since `published` to the slot's (but
+    /// `ids_issued` only when `holder` is `None`: else it is stored in this
+    /// backend's entry), and records them as published.
+    #[inline]
+    pub fn publish_counters(
+        &self,
+        state: &GeneratorState,
+        published: &mut GeneratorState,
+        holder: Option<&Holder>,
+    ) {
+        // Plain subtractions: a generator's counters only grow.
+        match holder {
+            Some(holder) => holder.ids_issued.store(state.ids_issued, Relaxed),
+            None => {
+                self.ids_issued
+                    .fetch_add(state.ids_issued - published.ids_issued, Relaxed);
+            }
         }
-        // Every field of GeneratorState: the destructuring below fails to
-        // compile when one is added and not listed here.
-        let GeneratorState {
-            last_tick: _,
-            sequence: _,
-            last_seen: _,
-            ids_issued: _,
-            sequence_exhausted: _,
-            clock_backward: _,
-            max_drift: _,
-        } = state;
-        fields!(
-            last_tick,
-            sequence,
-            last_seen,
-            ids_issued,
-            sequence_exhausted,
-            clock_backward,
-            max_drift
-        );
+        if state.sequence_exhausted != published.sequence_exhausted {
+            self.sequence_exhausted.fetch_add(
+                state.sequence_exhausted - published.sequence_exhausted,
+                Relaxed,
+            );
+        }
+        if state.clock_backward != published.clock_backward {
+            self.clock_backward
+                .fetch_add(state.clock_backward - published.clock_backward, Relaxed);
+        }
+        if state.max_drift > published.max_drift {
+            self.max_drift.fetch_max(state.max_drift, Relaxed);
+        }
+        *published = *state;
     }
 
     pub fn set_application_name(&self, name: &[u8]) {
@@ -240,6 +241,36 @@ impl Slot {
             .take_while(|&b| b != 0)
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// What one backend publishes about its claim, in its own entry (indexed by
+/// its process number): written by that backend alone, with relaxed
+/// stores, so the hot path needs no atomic read-modify-write for it. At
+/// exit its count moves into the slot's `ids_issued`, under
+/// `Header::lock`; a report adds the live entries of a slot to the slot's.
+#[repr(C)]
+pub struct Holder {
+    /// The backend's pid while it holds a worker id, else 0 (under
+    /// `Header::lock`).
+    pub pid: AtomicI32,
+    /// The worker id it holds (when `pid` is not 0).
+    pub worker_id: AtomicU32,
+    /// IDs it has made on that worker id.
+    pub ids_issued: AtomicU64,
+}
+
+/// The slot's position as the generator's shared position word.
+impl crate::generator::SharedPosition for Slot {
+    #[inline]
+    fn load(&self) -> i64 {
+        self.position.load(Relaxed)
+    }
+    #[inline]
+    fn compare_exchange(&self, current: i64, new: i64) -> bool {
+        self.position
+            .compare_exchange(current, new, Relaxed, Relaxed)
+            .is_ok()
     }
 }
 
@@ -261,6 +292,45 @@ impl Header {
             let first = (self as *const Header).add(1) as *const Slot;
             std::slice::from_raw_parts(first, self.nslots as usize)
         }
+    }
+
+    /// One [`Holder`] entry per backend, after the slots.
+    pub fn holders(&self) -> &[Holder] {
+        // SAFETY: the startup hook allocated nholders zeroed entries right
+        // after the slots.
+        unsafe {
+            let first = self.slots().as_ptr().add(self.nslots as usize) as *const Holder;
+            std::slice::from_raw_parts(first, self.nholders as usize)
+        }
+    }
+
+    /// This backend's [`Holder`] entry (`None` for a process without a
+    /// backend slot, which then publishes to the slot directly).
+    pub fn my_holder(&self) -> Option<&Holder> {
+        // SAFETY: reading this process's own number.
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
+        let index = unsafe { pg_sys::MyBackendId } - 1;
+        // SAFETY: as above.
+        #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+        let index = unsafe { pg_sys::MyProcNumber };
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.holders().get(i))
+    }
+
+    /// IDs made on worker id `id`: the slot's count (sessions that left)
+    /// plus its live holders'.
+    pub fn ids_issued(&self, id: usize) -> u64 {
+        let live: u64 = self
+            .holders()
+            .iter()
+            .filter(|h| h.pid.load(Relaxed) != 0 && h.worker_id.load(Relaxed) as usize == id)
+            .map(|h| h.ids_issued.load(Relaxed))
+            .sum();
+        self.slots()
+            .get(id)
+            .map_or(0, |s| s.ids_issued.load(Relaxed))
+            + live
     }
 
     /// Whether this backend holds the slot table's lock.
@@ -345,7 +415,13 @@ static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 fn shmem_size() -> usize {
     let nslots = gucs::layout().max_worker_id() as usize + 1;
-    size_of::<Header>() + nslots * size_of::<Slot>()
+    size_of::<Header>() + nslots * size_of::<Slot>() + nholders() as usize * size_of::<Holder>()
+}
+
+/// Backends that can hold a worker id (set before the shmem hooks run).
+fn nholders() -> u32 {
+    // SAFETY: MaxBackends is set before shared memory is requested.
+    u32::try_from(unsafe { pg_sys::MaxBackends }).unwrap_or(0)
 }
 
 #[pgrx::pg_guard]
@@ -395,6 +471,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 lock: &mut (*locks).lock,
                 reserve_lock: &mut (*locks.add(1)).lock,
                 nslots,
+                nholders: nholders(),
                 release_counter: AtomicU64::new(0),
                 changes: AtomicU64::new(0),
                 reserved_until_ms: AtomicI64::new(floor_ms),
@@ -415,16 +492,17 @@ unsafe extern "C-unwind" fn shmem_startup() {
             // All-zero bytes are a valid value for every (atomic) field.
             let first = header.add(1) as *mut Slot;
             std::ptr::write_bytes(first, 0, nslots as usize);
-            let mut fresh = GeneratorState::new(&layout);
+            let holders = first.add(nslots as usize) as *mut Holder;
+            std::ptr::write_bytes(holders, 0, nholders() as usize);
+            let fresh = GeneratorState::new(&layout).word(&layout);
             let limit = if mode == MODE_LOCAL {
                 i64::MAX
             } else {
                 NO_LEASE
             };
             for i in 0..nslots as usize {
-                (*first.add(i)).transfer(&mut fresh, Direction::ToSlot);
+                (*first.add(i)).position.store(fresh, Relaxed);
                 (*first.add(i)).limit_tick.store(limit, Relaxed);
-                (*first.add(i)).floor_tick.store(i64::MIN, Relaxed);
             }
         }
     }
@@ -444,6 +522,7 @@ unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generator::SharedPosition;
 
     fn zeroed_slot() -> Slot {
         // SAFETY: every field is an atomic integer, for which zero is valid.
@@ -451,31 +530,35 @@ mod tests {
     }
 
     #[test]
-    fn transfer_round_trips_every_field() {
+    fn counters_add_up_what_each_sharer_publishes() {
+        let l = crate::generator::tests::layout("classic");
         let slot = zeroed_slot();
-        let mut state = GeneratorState {
-            last_tick: 11,
-            sequence: 22,
-            last_seen: 33,
-            ids_issued: 44,
-            sequence_exhausted: 55,
-            clock_backward: 66,
-            max_drift: 77,
-        };
-        let original = state;
-        slot.transfer(&mut state, Direction::ToSlot);
-        let mut back = GeneratorState {
-            last_tick: 0,
-            sequence: 0,
-            last_seen: 0,
-            ids_issued: 0,
-            sequence_exhausted: 0,
-            clock_backward: 0,
-            max_drift: 0,
-        };
-        slot.transfer(&mut back, Direction::FromSlot);
-        assert_eq!(back, original);
-        assert_eq!(slot.ids_issued.load(Relaxed), 44);
-        assert_eq!(slot.max_drift.load(Relaxed), 77);
+        let mut a = GeneratorState::new(&l);
+        let mut b = GeneratorState::new(&l);
+        let (mut pa, mut pb) = (a, b);
+        a.ids_issued = 5;
+        a.max_drift = 7;
+        a.clock_backward = 1;
+        b.ids_issued = 3;
+        b.max_drift = 2;
+        b.sequence_exhausted = 4;
+        slot.publish_counters(&a, &mut pa, None);
+        slot.publish_counters(&b, &mut pb, None);
+        a.ids_issued = 6;
+        slot.publish_counters(&a, &mut pa, None);
+        slot.publish_counters(&a, &mut pa, None);
+        assert_eq!(slot.ids_issued.load(Relaxed), 9);
+        assert_eq!(slot.max_drift.load(Relaxed), 7);
+        assert_eq!(slot.clock_backward.load(Relaxed), 1);
+        assert_eq!(slot.sequence_exhausted.load(Relaxed), 4);
+    }
+
+    #[test]
+    fn position_moves_only_from_the_word_read() {
+        let slot = zeroed_slot();
+        slot.position.store(-1, Relaxed);
+        assert!(!slot.compare_exchange(5, 6));
+        assert!(slot.compare_exchange(-1, 6));
+        assert_eq!(slot.load(), 6);
     }
 }

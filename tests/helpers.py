@@ -42,7 +42,7 @@ def sql_error(conn, query, params=None) -> psycopg.Error:
 
 def wait_released(cluster, worker_id: int) -> None:
     wait_until(lambda: cluster.scalar(
-        "SELECT pid IS NULL FROM snowflake_workers WHERE worker_id = %s",
+        "SELECT sessions = 0 FROM snowflake_workers WHERE worker_id = %s",
         worker_id), what=f"worker id {worker_id} to be released")
 
 

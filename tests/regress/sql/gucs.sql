@@ -147,8 +147,9 @@ ALTER SYSTEM SET snowflake_id.worker_ids = ' 0 - 3 , 7 ';
 SELECT pg_reload_conf();
 SELECT wait_for_setting('snowflake_id.worker_ids', ' 0 - 3 , 7 ');
 SELECT worker_ids_total FROM snowflake_config();
--- A one-id range: a second backend finds it held (53400). This backend
--- claimed its worker id (a low one) before the reload and keeps it.
+-- A one-id range: a second backend finds it held and shares it (no
+-- 53400). This backend claimed its worker id (a low one) before the reload
+-- and keeps it.
 ALTER SYSTEM SET snowflake_id.worker_ids = '1023';
 SELECT pg_reload_conf();
 SELECT wait_for_setting('snowflake_id.worker_ids', '1023');
@@ -159,10 +160,10 @@ SELECT * FROM dblink('holder', 'SELECT snowflake_nextval() > 0') AS t(made bool)
 SELECT * FROM dblink('holder', 'SELECT my_worker_id FROM snowflake_config()') AS t(worker_id int);
 SELECT dblink_connect('second', format('dbname=%s host=%s port=%s', current_database(),
        current_setting('unix_socket_directories'), current_setting('port')));
-SELECT * FROM dblink('second', 'SELECT snowflake_nextval()') AS t(id bigint);
-\echo :SQLSTATE
-SELECT * FROM dblink('second', 'SELECT my_worker_id IS NULL FROM snowflake_config()') AS t(no_claim bool);
+SELECT * FROM dblink('second', 'SELECT snowflake_nextval() > 0') AS t(made bool);
+SELECT * FROM dblink('second', 'SELECT my_worker_id FROM snowflake_config()') AS t(worker_id int);
 SELECT worker_ids_held, worker_ids_free FROM snowflake_config();
+SELECT sessions, shared_claims FROM snowflake_workers WHERE worker_id = 1023;
 SELECT snowflake_nextval() > 0 AS own_claim_kept;
 SELECT dblink_disconnect('holder');
 SELECT dblink_disconnect('second');
