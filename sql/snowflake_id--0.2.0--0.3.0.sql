@@ -6,7 +6,9 @@
 -- for PUBLIC). Changed: snowflake_config() gains the columns mode, registry,
 -- blocks_held, lease_deadline, registry_unreachable_since and node_id, so it
 -- is dropped and created again (a view of yours that uses it must be
--- dropped first).
+-- dropped first). snowflake_worker_status() and the snowflake_workers view
+-- gain the columns sessions and shared_claims (worker ids are shared when
+-- none is free), so they are dropped and made again too.
 --
 -- Made from the generated 0.2.0 and 0.3.0 install scripts (see sql/README.md);
 -- tests/test_extension_upgrade.py checks that an updated database has the
@@ -15,6 +17,8 @@
 \echo Use "ALTER EXTENSION snowflake_id UPDATE TO '0.3.0'" to load this file. \quit
 
 DROP FUNCTION snowflake_config();
+DROP VIEW snowflake_workers;
+DROP FUNCTION snowflake_worker_status();
 
 CREATE  FUNCTION "snowflake_config"() RETURNS TABLE (
 	"worker_ids" TEXT,  /* String */
@@ -35,6 +39,53 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'snowflake_config_wrapper';
 COMMENT ON FUNCTION snowflake_config() IS
   'Worker ids in force, held and free, this backend''s worker id, max_drift_ms, and where worker ids come from: mode (local, registry, citus), registry, blocks held, lease deadline, since when the registry is unreachable, node id; worker_ids says "not preloaded" without shared_preload_libraries.';
+
+-- Shared worker ids: sessions and shared_claims.
+CREATE  FUNCTION "snowflake_worker_status"() RETURNS TABLE (
+	"worker_id" INT,  /* i32 */
+	"pid" INT,  /* Option < i32 > */
+	"database_oid" oid,  /* Option < pg_sys :: Oid > */
+	"role_oid" oid,  /* Option < pg_sys :: Oid > */
+	"application_name" TEXT,  /* Option < String > */
+	"claimed_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"released_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"claims" bigint,  /* i64 */
+	"ids_issued" bigint,  /* i64 */
+	"last_id_time" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"current_drift_ms" bigint,  /* i64 */
+	"max_drift_ms" bigint,  /* i64 */
+	"sequence_exhausted" bigint,  /* i64 */
+	"clock_backward" bigint,  /* i64 */
+	"sessions" INT,  /* i32 */
+	"shared_claims" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_worker_status_wrapper';
+COMMENT ON FUNCTION snowflake_worker_status() IS
+  'The rows behind the snowflake_workers view (oids instead of names).';
+
+CREATE VIEW snowflake_workers AS
+SELECT w.worker_id, w.pid, d.datname AS database, r.rolname AS role,
+       coalesce(a.application_name, w.application_name) AS application_name,
+       CASE WHEN v.full THEN w.claimed_at END AS claimed_at, w.released_at, w.claims,
+       CASE WHEN v.full THEN w.ids_issued END AS ids_issued,
+       CASE WHEN v.full THEN w.last_id_time END AS last_id_time,
+       w.current_drift_ms, w.max_drift_ms, w.sequence_exhausted, w.clock_backward,
+       w.sessions, w.shared_claims
+  FROM snowflake_worker_status() w
+  LEFT JOIN pg_catalog.pg_database d ON d.oid = w.database_oid
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = w.role_oid
+  -- The holder's application name now (it may have changed since the claim).
+  LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(coalesce(w.pid, 0)) a ON a.pid = w.pid
+  -- Like pg_stat_activity: when and how much a session did is for its own
+  -- role (and roles that have its privileges), superusers and
+  -- pg_read_all_stats.
+  CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')
+          OR (w.role_oid IS NOT NULL AND pg_catalog.pg_has_role(w.role_oid, 'USAGE')) AS full) v;
+COMMENT ON VIEW snowflake_workers IS
+  'Worker ids held now or used since the server started, with their generator counters.';
+GRANT SELECT ON snowflake_workers TO PUBLIC;
 
 -- Fleet leases: the registry's side (src/leases.sql).
 CREATE TABLE snowflake_lease_blocks (
