@@ -7,6 +7,8 @@ Classic layout: 41 bits of milliseconds, 10 worker bits, 12 sequence bits."""
 
 from __future__ import annotations
 
+import pytest
+
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,14 +25,18 @@ def sessions_by_id(c) -> dict[int, int]:
                       "WHERE sessions > 0"))
 
 
-def test_capacity_12_holders_and_16_churning_clients_on_4_ids(make_cluster):
+@pytest.mark.parametrize("leased", [False, True], ids=["local", "leased"])
+def test_capacity_12_holders_and_16_churning_clients_on_4_ids(make_cluster, leased):
     """The Capacity test: worker_ids = '0-3', 12 sessions holding IDs at
     once and 16 clients connecting, making IDs and disconnecting, all at
     the same time: no error, every ID distinct, each session's IDs strictly
-    increasing."""
-    c = make_cluster(settings={"snowflake_id.worker_ids": "0-3",
-                               "max_connections": 60},
-                     create_extension=True)
+    increasing. Once with this server's own ids, once with them leased
+    from a registry (the block of ids 0-15, of which 0-3 may be used)."""
+    settings = {"snowflake_id.worker_ids": "0-3", "max_connections": 60}
+    if leased:
+        r = make_cluster(create_extension=True)
+        settings["snowflake_id.registry"] = r.conninfo()
+    c = make_cluster(settings=settings, create_extension=True)
     holders = [c.connect(application_name=f"holder{k}") for k in range(12)]
     try:
         # Claimed one after the other: the fewest-sessions rule spreads
