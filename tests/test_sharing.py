@@ -7,11 +7,11 @@ Classic layout: 41 bits of milliseconds, 10 worker bits, 12 sequence bits."""
 
 from __future__ import annotations
 
-import pytest
-
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from conftest import wait_until
 from helpers import assert_strictly_increasing, held_count, my_worker_id, worker_of
