@@ -645,11 +645,23 @@ impl Worker {
         for row in rows {
             let block = row.get::<_, i32>(0) as u32;
             let floor_ms: i64 = row.get(1);
+            let floor = if floor_ms > 0 {
+                format!("its IDs start above {}", format_unix_ms(floor_ms))
+            } else {
+                "never used before".to_string()
+            };
             pgrx::log!(
-                "snowflake_id lease: leased block {block} from {}; its IDs start above {}",
-                self.display(),
-                format_unix_ms(floor_ms)
+                "snowflake_id lease: leased block {block} from {}; {floor}",
+                self.display()
             );
+            // A block this server still counts as held (the registry's
+            // clock ran its lease out first): keep one entry, with the
+            // new grant.
+            if let Some(h) = self.held.iter_mut().find(|h| h.block == block) {
+                h.high_ms = h.high_ms.max(grant.high_ms);
+                h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
+                continue;
+            }
             self.held.push(Held {
                 block,
                 floor_ms,
