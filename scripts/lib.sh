@@ -191,6 +191,27 @@ _ensure_venv() {
     printf '%s\n' "$want" >"$stamp"
 }
 
+# Citus (tests/test_citus.py) is built from the tarball the project is given
+# in ../shared/citus (next to the repository; SNOWFLAKE_CITUS_DIR overrides),
+# for PostgreSQL 15 only, once (install.sh does nothing when it is there).
+# Without the tarball the Citus tests skip, saying so
+# (SNOWFLAKE_CITUS_UNAVAILABLE); a failed build fails the run.
+_ensure_citus() {
+    [[ " ${PG_VERSIONS[*]} " == *" 15 "* ]] || return 0
+    local dir
+    for dir in "${SNOWFLAKE_CITUS_DIR:-}" "$REPO_ROOT/../shared/citus" /work/shared/citus; do
+        [[ -n $dir && -f $dir/install.sh ]] && break
+        dir=""
+    done
+    if [[ -z $dir ]]; then
+        export SNOWFLAKE_CITUS_UNAVAILABLE="no Citus source: ../shared/citus/install.sh not found next to the repository (set SNOWFLAKE_CITUS_DIR)"
+        log "$SNOWFLAKE_CITUS_UNAVAILABLE"
+        return 0
+    fi
+    log "Citus for PostgreSQL 15 (from $dir)"
+    PG_CONFIG="$(pg_config_for 15)" bash "$dir/install.sh" || die "building Citus from $dir failed"
+}
+
 ensure_deps() {
     require_root
     log "checking dependencies"
@@ -199,5 +220,6 @@ ensure_deps() {
     _ensure_venv
     _ensure_pg_installs
     _ensure_cargo_pgrx
+    _ensure_citus
     log "dependencies OK"
 }
