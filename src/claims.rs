@@ -246,6 +246,8 @@ fn claim_worker(header: &'static Header, above: i64) -> Claim {
 /// How long a claim waits for the lease worker to lease a usable block, in
 /// ms, unless it already knows the registry is unreachable.
 const LEASE_WAIT_MS: i64 = 30_000;
+/// How long it waits when the registry is known to be unreachable.
+const UNREACHABLE_WAIT_MS: i64 = 2_000;
 
 /// No leased id is usable: wakes the lease worker and waits a little, or
 /// raises 55000 naming the registry once waiting cannot help.
@@ -265,8 +267,13 @@ fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
     }
     let unreachable_since = lease.unreachable_since_ms.load(Acquire);
     let decided = lease.mode.load(Acquire) != shmem::MODE_UNDECIDED;
+    // Known unreachable with nothing held: fail soon, not after 30 s (but
+    // not at once either: the worker may be reconnecting this moment).
     let give_up = *waited_ms >= LEASE_WAIT_MS
-        || (decided && unreachable_since != 0 && lease.blocks_held.load(Acquire) == 0);
+        || (decided
+            && unreachable_since != 0
+            && lease.blocks_held.load(Acquire) == 0
+            && *waited_ms >= UNREACHABLE_WAIT_MS);
     if give_up {
         errors::no_lease(
             &lease.registry.get(),

@@ -106,6 +106,9 @@ struct Worker {
     held: Vec<Held>,
     last_renew_mono: i64,
     next_connect_mono: i64,
+    /// The pause before the next connection attempt: 250 ms after a
+    /// working connection broke, doubling up to the renewal interval.
+    connect_backoff_ms: i64,
     next_citus_mono: i64,
     problem: Option<String>,
     saved: String,
@@ -175,6 +178,7 @@ impl Worker {
             held: Vec::new(),
             last_renew_mono: i64::MIN,
             next_connect_mono: 0,
+            connect_backoff_ms: 0,
             next_citus_mono: 0,
             problem: None,
             saved: String::new(),
@@ -254,7 +258,9 @@ impl Worker {
             lease.unreachable_since_ms.store(clock::unix_ms(), Release);
         }
         self.client = None;
-        self.next_connect_mono = self.mono_ms() + self.timing().renew_every_ms.max(1_000);
+        let most = self.timing().renew_every_ms.max(1_000);
+        self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
+        self.next_connect_mono = self.mono_ms() + self.connect_backoff_ms;
         self.set_problem(problem);
     }
 
@@ -452,6 +458,7 @@ impl Worker {
             }
         }
         self.client = Some(client);
+        self.connect_backoff_ms = 0;
         self.header.lease.unreachable_since_ms.store(0, Release);
         self.clear_problem();
         // Renew at once: adopts the leases held before a restart or an

@@ -81,7 +81,7 @@ def workload(nodes) -> tuple[int, list[str]]:
                 try:
                     cur = conn.execute(
                         "INSERT INTO events (node, session, n)"
-                        " SELECT %s, %s, g FROM generate_series(%s, %s) g",
+                        " SELECT %s::int, %s::int, g FROM generate_series(%s::int, %s::int) g",
                         (node_no, s, b * BATCH, (b + 1) * BATCH - 1))
                     with lock:
                         inserted[0] += cur.rowcount
