@@ -2,7 +2,8 @@
 # Installs the real clients the tests/test_clients_*.py suite drives, pinned,
 # idempotently (a second run changes nothing and takes about a second):
 #   - Python: tests/clients/requirements.txt into the repository's .venv/
-#   - Debian: pgbouncer; nodejs and npm when no node is installed
+#   - Debian: pgbouncer; nodejs and npm when no node is installed;
+#             postgresql-15-partman (pg_partman 4.7) for Debian's PostgreSQL 15
 #   - npm:    tests/clients/js/package-lock.json into tests/clients/js/node_modules
 # Exits non-zero with the reason when something cannot be installed; the
 # tests then fail with that reason (they never skip).
@@ -25,6 +26,10 @@ need=()
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# pg_partman 4.7 for Debian's PostgreSQL 15 (tests/test_clients_partman.py).
+if [ -d /usr/lib/postgresql/15 ] && [ ! -f /usr/share/postgresql/15/extension/pg_partman.control ]; then
+    need+=(postgresql-15-partman)
+fi
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "missing Debian packages ${need[*]} and not root: apt-get install ${need[*]}" >&2
