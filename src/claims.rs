@@ -607,9 +607,10 @@ pub fn worker_rows() -> Vec<WorkerRow> {
             continue;
         }
         let held = sessions > 0;
-        // The most recent claim, while its session still holds the id; of
-        // an id nobody holds, the last claim (for the privileged).
-        let named = (held && pid != 0) || (!held && see_past);
+        // The most recent claim: anyone sees it while its session holds
+        // the id; once that session has left (even if others still share
+        // the id), like any past claim, only the privileged.
+        let named = (held && pid != 0) || see_past;
         let (last_tick, _) = unpack(layout, slot.position.load(Relaxed));
         rows.push(WorkerRow {
             worker_id: id as u32,
