@@ -333,8 +333,15 @@ impl GeneratorState {
     ) -> Result<i64, GenError> {
         let max_drift = layout.whole_ticks(max_drift_ms);
         loop {
-            let now_ms = clock.now_ms();
+            // The word first, then the clock: whoever moved the word to
+            // `current` read its clock before we read ours, so `current` is
+            // at most `max_drift` ahead of our reading unless the clock
+            // really stepped back. Read the other way round, a generator
+            // preempted between the two reads would compare the others'
+            // fresh positions with its stale clock and fail as if the clock
+            // had gone back.
             let current = position.load();
+            let now_ms = clock.now_ms();
             let mut newest = i64::MIN;
             let (step, next) = self.attempt(
                 layout,
@@ -657,6 +664,66 @@ pub(crate) mod tests {
         // And a, whose view is stale, continues above b.
         let id = a.next_shared(&l, 3, 1000, &mut c, &position).unwrap();
         assert_eq!(id, l.compose(now, 3, 2).unwrap());
+    }
+
+    /// A shared word whose every read happens "after a preemption": time
+    /// jumps ahead and other sharers have moved the word as far as the new
+    /// time allows (`max_drift` ahead of it).
+    struct PreemptedWord<'a> {
+        layout: &'a Layout,
+        time_ms: &'a std::cell::Cell<i64>,
+        word: std::cell::Cell<i64>,
+        jump_ms: i64,
+        drift_ticks: i64,
+    }
+
+    impl SharedPosition for PreemptedWord<'_> {
+        fn load(&self) -> i64 {
+            self.time_ms.set(self.time_ms.get() + self.jump_ms);
+            let ahead = self.layout.tick_at(self.time_ms.get()) + self.drift_ticks;
+            self.word.set(pack(self.layout, ahead, 0));
+            self.word.get()
+        }
+        fn compare_exchange(&self, current: i64, new: i64) -> bool {
+            let ok = self.word.get() == current;
+            if ok {
+                self.word.set(new);
+            }
+            ok
+        }
+    }
+
+    struct SharedTimeClock<'a>(&'a std::cell::Cell<i64>);
+
+    impl Clock for SharedTimeClock<'_> {
+        fn now_ms(&mut self) -> i64 {
+            self.0.get()
+        }
+        fn sleep_ms(&mut self, ms: i64) {
+            self.0.set(self.0.get() + ms);
+        }
+    }
+
+    #[test]
+    fn a_sharer_preempted_between_its_reads_does_not_see_its_clock_behind() {
+        // Regression: the clock was read before the word, so a generator
+        // preempted between the two reads compared the others' positions
+        // (up to max_drift ahead of *their* later clocks) with its stale
+        // clock and failed with ClockBehind under load.
+        let l = layout("classic");
+        let time = std::cell::Cell::new(NOW);
+        let word = PreemptedWord {
+            layout: &l,
+            time_ms: &time,
+            word: std::cell::Cell::new(-1),
+            jump_ms: 200,
+            drift_ticks: 50,
+        };
+        let mut g = GeneratorState::new(&l);
+        let mut c = SharedTimeClock(&time);
+        let id = g.next_shared(&l, 4, 50, &mut c, &word);
+        let id = id.expect("the word is within max_drift of the clock read after it");
+        assert!(l.decode(id).unwrap().ticks > l.tick_at(NOW + 200));
     }
 
     #[test]
