@@ -408,6 +408,9 @@ CASE1 = [
     ("seq1000", "nextval('s1000')  CACHE 1000", "nextval('s1000')", "main", False),
     ("uuid", "gen_random_uuid()", "gen_random_uuid()", "main", False),
     ("snowflake", "snowflake_nextval()  classic", "snowflake_nextval()", "main", True),
+    # The cheapest text form of a new ID (decimal): the floor under any
+    # token, so that the token's own cost reads as the difference.
+    ("text", "snowflake_nextval()::text", "snowflake_nextval()::text", "main", True),
     # Public IDs (issue 12): the token of each new ID; the main server has
     # snowflake_id.public_key set (PUBLIC_KEY).
     ("public", "snowflake_to_public(snowflake_nextval())",

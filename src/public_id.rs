@@ -333,6 +333,11 @@ pub struct Token {
 }
 
 impl Token {
+    /// The token's characters (ASCII).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
     pub fn as_str(&self) -> &str {
         // Only ALPHABET bytes are ever stored, so this is always ASCII.
         std::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or("")
@@ -418,19 +423,23 @@ impl Codec {
         if id >> self.width != 0 {
             return None;
         }
-        let value = cipher.encrypt(id);
-        let n = payload_len(self.width);
+        let mut value = cipher.encrypt(id);
+        // At most 13 payload characters (width <= 63); the bound lets the
+        // compiler drop the index checks.
+        let n = payload_len(self.width).min(MAX_TOKEN_LEN - 1);
         let mut token = Token {
             bytes: [0; MAX_TOKEN_LEN],
             len: (n + 1) as u8,
         };
         let mut check = cipher.tag;
-        for (i, (byte, weighted)) in token.bytes[..n].iter_mut().zip(&WEIGHTED).enumerate() {
-            let digit = ((value >> (5 * (n - 1 - i))) & 31) as usize;
-            *byte = ALPHABET[digit];
-            check ^= weighted[digit];
+        // Least significant character last, so take digits from the end.
+        for i in (0..n).rev() {
+            let digit = (value & 31) as usize;
+            value >>= 5;
+            token.bytes[i] = ALPHABET[digit];
+            check ^= WEIGHTED[i][digit];
         }
-        token.bytes[n] = ALPHABET[check as usize];
+        token.bytes[n] = ALPHABET[(check & 31) as usize];
         Some(token)
     }
 
