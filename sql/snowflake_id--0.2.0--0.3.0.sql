@@ -134,6 +134,22 @@ COMMENT ON VIEW snowflake_leases IS
   'Every block of worker ids known to this registry: holder (name and node id), leased at, expires at (registry clock), floor (new holders start above it), and whether the holder''s session is live.';
 REVOKE ALL ON snowflake_leases FROM PUBLIC;
 
+-- The block locks a holder's registry session holds (class 1936613751,
+-- objsubid 2: two-key advisory locks). Session-level advisory locks
+-- stack: taken twice, one unlock leaves them held. So the lease functions
+-- take a block's lock only when this session does not hold it yet, and
+-- drop it completely, so that `snowflake_leases.live` stays true.
+CREATE FUNCTION snowflake_lease_locks_held() RETURNS SETOF int
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT l.objid::int FROM pg_catalog.pg_locks l
+     WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_catalog.pg_backend_pid()
+       AND l.classid = 1936613751::oid AND l.objsubid = 2
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname = pg_catalog.current_database())
+$fn$;
+COMMENT ON FUNCTION snowflake_lease_locks_held() IS
+  'Used by the lease functions: the blocks whose lock this registry session holds.';
+
 -- A holder introduces itself: takes the session lock of its node id.
 -- false: another live session holds that node id (a copy of a data
 -- directory whose original is running): the caller must take a new id.
@@ -197,7 +213,8 @@ BEGIN
  RETURNING b.block, b.first_worker_id, b.last_worker_id, old.high_water_ms;
     PERFORM pg_try_advisory_lock(1936613751, b.block)
        FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (allowed);
+      WHERE b.holder_node = node AND b.block = ANY (allowed)
+        AND b.block NOT IN (SELECT h FROM @extschema@.snowflake_lease_locks_held() h);
 END
 $fn$;
 COMMENT ON FUNCTION snowflake_lease_acquire(text, text, text, int, int, int[], int, bigint, bigint, bigint) IS
@@ -228,15 +245,14 @@ BEGIN
     -- After a reconnect the session locks are gone: take them again.
     PERFORM pg_try_advisory_lock(1936613751, b.block)
        FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (blocks);
+      WHERE b.holder_node = node AND b.block = ANY (blocks)
+        AND b.block NOT IN (SELECT h FROM @extschema@.snowflake_lease_locks_held() h);
     -- Blocks handed to another holder: this session's lock is stale.
-    PERFORM pg_advisory_unlock(1936613751, l.objid::int)
-       FROM pg_catalog.pg_locks l
-      WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid()
-        AND l.classid = 1936613751::oid AND l.objsubid = 2
-        AND l.objid::int = ANY (blocks)
+    PERFORM pg_advisory_unlock(1936613751, h)
+       FROM @extschema@.snowflake_lease_locks_held() h
+      WHERE h = ANY (blocks)
         AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
-                         WHERE b.block = l.objid::int AND b.holder_node = node);
+                         WHERE b.block = h AND b.holder_node = node);
 END
 $fn$;
 COMMENT ON FUNCTION snowflake_lease_renew(text, int[], bigint, bigint, bigint) IS
@@ -254,13 +270,15 @@ BEGIN
        SET holder_node = NULL, released_at = now(), expires_at = NULL, high_water_ms = high_ms
      WHERE b.block = blk AND b.holder_node = node;
     done := FOUND;
-    PERFORM pg_advisory_unlock(1936613751, blk);
+    PERFORM pg_advisory_unlock(1936613751, h)
+       FROM @extschema@.snowflake_lease_locks_held() h WHERE h = blk;
     RETURN done;
 END
 $fn$;
 COMMENT ON FUNCTION snowflake_lease_release(text, int, bigint) IS
   'Called by a holder''s lease worker: returns an idle block, recording the time of the newest ID it issued there.';
 
+REVOKE EXECUTE ON FUNCTION snowflake_lease_locks_held() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_lease_hello(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_lease_acquire(text, text, text, int, int, int[], int, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_lease_renew(text, int[], bigint, bigint, bigint) FROM PUBLIC;

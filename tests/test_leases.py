@@ -306,9 +306,13 @@ def test_ids_flow_to_where_the_sessions_are(make_cluster):
     wait_until(lambda: config(a)["blocks_held"] == 1, timeout=60,
                what="A giving an idle block back")
     assert "gave idle block" in a.log()
-    free = [row for row in r.sql("SELECT block, floor FROM snowflake_leases"
-                                 " WHERE NOT leased")]
+    free = [row for row in r.sql("SELECT block, floor, live, registry_pid"
+                                 " FROM snowflake_leases WHERE NOT leased")]
     assert len(free) == 1, free
+    # The block's lock went with it, although A's session took it again at
+    # every renewal while it held the block (session locks stack).
+    assert free[0][2:] == (False, None), free
+    assert [row[3] for row in leases(r)] == [True], leases(r)
     b = holder(make_cluster, r, **two_blocks)
     with b.connect() as cb:
         made_b = ids(cb, 100)   # no wait for A's lease time: it was given back
