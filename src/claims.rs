@@ -114,8 +114,8 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
         };
         // The lease bound (see `lease`): no ID above the slot's limit, and
         // none from a claim the lease worker has since re-leased.
-        let mut limit = claim.slot.limit_tick.load(Relaxed);
-        let mut current = claim.slot.lease_epoch.load(Relaxed) == claim.epoch;
+        let (mut limit, epoch) = claim.slot.lease_view();
+        let mut current = epoch == claim.epoch;
         let mut i = 0;
         while i < n {
             match claim.state.next_shared(
@@ -127,8 +127,9 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
             ) {
                 Ok(_) if claim.state.last_tick > limit || !current => {
                     claim = move_to_another_id(header, held);
-                    limit = claim.slot.limit_tick.load(Relaxed);
-                    current = claim.slot.lease_epoch.load(Relaxed) == claim.epoch;
+                    let (new_limit, epoch) = claim.slot.lease_view();
+                    limit = new_limit;
+                    current = epoch == claim.epoch;
                     continue;
                 }
                 Ok(id) => {

@@ -38,7 +38,7 @@ use pgrx::bgworkers::{
 use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::ffi::CStr;
-use std::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::time::{Duration, Instant};
 
 pgrx::extension_sql_file!("leases.sql", name = "leases");
@@ -73,6 +73,12 @@ struct LeaseFile {
     node_id: String,
     #[serde(default)]
     blocks: Vec<SavedBlock>,
+    /// The data directory that wrote the file (device and inode number,
+    /// [`data_directory_id`]). A file read in another directory was copied
+    /// with it (pg_basebackup, a restored backup, a copied volume): its
+    /// leases are the original's and are not used.
+    #[serde(default)]
+    data_directory: Option<(u64, u64)>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy)]
@@ -112,6 +118,7 @@ struct Worker {
     next_citus_mono: i64,
     problem: Option<String>,
     saved: String,
+    data_directory: Option<(u64, u64)>,
 }
 
 #[pg_guard]
@@ -158,7 +165,16 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
 impl Worker {
     fn new(header: &'static Header) -> Worker {
         let layout = *gucs::layout();
-        let file = read_lease_file();
+        let data_directory = data_directory_id();
+        let mut file = read_lease_file();
+        if file.data_directory.is_some() && file.data_directory != data_directory {
+            // Detected without the registry, so also when it is down now:
+            // the original may be running and issuing from these blocks.
+            pgrx::log!(
+                "snowflake_id lease: \"{LEASE_FILE}\" was written in another data directory (this one is a copy of it): this server takes a new node id and leases its own worker ids, none of its original's"
+            );
+            file = LeaseFile::default();
+        }
         let node_id = if file.node_id.is_empty() {
             new_node_id()
         } else {
@@ -182,6 +198,7 @@ impl Worker {
             next_citus_mono: 0,
             problem: None,
             saved: String::new(),
+            data_directory,
         };
         if let Some(registry) = gucs::registry() {
             worker.set_target(Some(Target {
@@ -192,13 +209,18 @@ impl Worker {
         }
         // Leases saved by the last life of this data directory: usable
         // until their deadlines even if the registry is unreachable now.
+        // Their IDs start above everything that life issued (the durable
+        // reservation), and so does the mark recorded when one is given
+        // back: the floor it was leased with may be days older than its
+        // newest ID.
         let now_wall = clock::unix_ms();
         let now_mono = worker.mono_ms();
+        let restart_floor_ms = header.floor_ms.load(Acquire);
         for saved in file.blocks {
             if saved.deadline_unix_ms > now_wall {
                 worker.held.push(Held {
                     block: saved.block,
-                    floor_ms: saved.floor_ms,
+                    floor_ms: saved.floor_ms.max(restart_floor_ms),
                     high_ms: saved.high_ms,
                     deadline_mono_ms: now_mono + (saved.deadline_unix_ms - now_wall),
                     active: false,
@@ -299,8 +321,7 @@ impl Worker {
     fn set_all_limits(&self, limit: i64) {
         let _guard = self.header.lock(true);
         for slot in self.header.slots() {
-            slot.limit_tick.store(limit, Relaxed);
-            slot.lease_epoch.fetch_add(1, Relaxed);
+            slot.set_lease(limit);
         }
         self.header.lease.changes.fetch_add(1, Relaxed);
     }
@@ -518,8 +539,7 @@ impl Worker {
             // session still on it from an earlier lease (the position only
             // grows; sharers' compare-and-swap starts from the new value).
             slot.position.fetch_max(floor, Relaxed);
-            slot.limit_tick.store(limit, Relaxed);
-            slot.lease_epoch.fetch_add(1, Relaxed);
+            slot.set_lease(limit);
         }
         self.header.lease.changes.fetch_add(1, Relaxed);
     }
@@ -529,8 +549,7 @@ impl Worker {
         let slots = self.block_slots(block);
         let _guard = self.header.lock(true);
         for slot in slots {
-            slot.limit_tick.store(NO_LEASE, Relaxed);
-            slot.lease_epoch.fetch_add(1, Relaxed);
+            slot.set_lease(NO_LEASE);
         }
         self.header.lease.changes.fetch_add(1, Relaxed);
     }
@@ -664,9 +683,15 @@ impl Worker {
             // A block this server still counts as held (the registry's
             // clock ran its lease out first): keep one entry, with the
             // new grant.
+            // Its floor may have risen meanwhile (another holder in
+            // between): positions go above it too.
             if let Some(h) = self.held.iter_mut().find(|h| h.block == block) {
                 h.high_ms = h.high_ms.max(grant.high_ms);
                 h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
+                h.floor_ms = h.floor_ms.max(floor_ms);
+                if h.active {
+                    self.activate(block);
+                }
                 continue;
             }
             self.held.push(Held {
@@ -695,15 +720,18 @@ impl Worker {
                 return;
             }
             for slot in slots {
-                slot.limit_tick.store(NO_LEASE, Relaxed);
-                slot.lease_epoch.fetch_add(1, Relaxed);
+                slot.set_lease(NO_LEASE);
             }
             slots
                 .iter()
                 .map(|s| unpack(&self.layout, s.position.load(Relaxed)).0)
                 .max()
         };
+        // Saved without the block before the registry hears of it: a crash
+        // in between must not bring the block back from the file after its
+        // mark was lowered (another server may lease it at once).
         self.held.retain(|h| h.block != block);
+        self.persist();
         let mark = lease::release_mark(
             h.floor_ms,
             newest
@@ -745,6 +773,7 @@ impl Worker {
         let file = LeaseFile {
             version: LEASE_FILE_VERSION,
             node_id: self.node_id.clone(),
+            data_directory: self.data_directory,
             blocks: self
                 .held
                 .iter()
@@ -799,6 +828,13 @@ fn read_lease_file() -> LeaseFile {
         },
         Err(_) => LeaseFile::default(),
     }
+}
+
+/// The data directory's device and inode numbers (the working directory
+/// of every PostgreSQL process): what a copy of it does not share.
+fn data_directory_id() -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(".").ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// 32 random hex digits.

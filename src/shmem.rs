@@ -36,8 +36,10 @@
 //! - `Header::lease` is written by the lease worker only (see
 //!   `lease_worker`); backends read it. A slot's `limit_tick` and
 //!   `lease_epoch` are written by the lease worker under `lock`
-//!   (exclusive) when it activates or revokes a block, and raised without
-//!   the lock on renewals (`fetch_max`); the hot path reads them relaxed.
+//!   (exclusive) when it activates or revokes a block (`Slot::set_lease`:
+//!   epoch, then limit with Release), and the limit is raised without the
+//!   lock on renewals (`fetch_max`); the hot path reads the limit with
+//!   Acquire, then the epoch (`Slot::lease_view`).
 //! - Every field is an atomic, so concurrent readers never see undefined
 //!   behaviour, only (for reports) a value that is a moment old.
 //!
@@ -193,6 +195,25 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// The lease worker gives this id a new limit (see `lease_worker`):
+    /// the epoch first, then the limit with Release, so that a backend
+    /// that reads the new limit ([`Slot::lease_view`]) also reads the new
+    /// epoch. Called under `lock` (exclusive).
+    pub fn set_lease(&self, limit: i64) {
+        self.lease_epoch.fetch_add(1, Relaxed);
+        self.limit_tick.store(limit, Release);
+    }
+
+    /// The limit and the epoch, as the hot path reads them: a limit of a
+    /// newer lease always comes with that lease's epoch. (The other
+    /// mismatch, an older limit with a newer epoch, only makes the backend
+    /// claim again.)
+    #[inline]
+    pub fn lease_view(&self) -> (i64, u64) {
+        let limit = self.limit_tick.load(Acquire);
+        (limit, self.lease_epoch.load(Relaxed))
+    }
+
     /// Adds a generator's counters since `published` to the slot's (but
     /// `ids_issued` only when `holder` is `None`: else it is stored in this
     /// backend's entry), and records them as published.

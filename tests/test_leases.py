@@ -8,6 +8,8 @@ bounds far above the lease arithmetic."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import psycopg
@@ -242,27 +244,93 @@ def test_hand_over_to_a_server_whose_clock_is_5s_behind(make_cluster):
     assert {worker_of(b, made_b[0]) // 16} == {0}
 
 
+def _copy_of(make_cluster, a, r, lease=LEASE):
+    """A pg_basebackup copy of `a` that starts as an independent server (as
+    a restored backup), not as a standby."""
+    copy = make_cluster(basebackup_from=a, start=False, settings={
+        "snowflake_id.registry": r.conninfo(), "snowflake_id.lease_time": lease})
+    os.remove(os.path.join(copy.datadir, "standby.signal"))
+    return copy
+
+
+def _assert_apart(a, made_a, copy, made_c):
+    wa = {worker_of(a, i) // 16 for i in made_a}
+    wc = {worker_of(copy, i) // 16 for i in made_c}
+    assert not wa & wc, (wa, wc)
+    assert len(set(made_a) | set(made_c)) == len(made_a) + len(made_c)
+
+
 def test_copied_data_directory_takes_a_new_node_id_and_its_own_blocks(make_cluster):
     r = registry_server(make_cluster)
     a = holder(make_cluster, r, **{"wal_level": "replica"})
     with a.connect() as conn:
         made_a = ids(conn, 200)
         node_a = config(a)["node_id"]
-        copy = make_cluster(basebackup_from=a, start=False, settings={
-            "snowflake_id.registry": r.conninfo(), "snowflake_id.lease_time": LEASE})
-        # An independent server, not a standby: as a restored backup.
-        import os
-        os.remove(os.path.join(copy.datadir, "standby.signal"))
+        copy = _copy_of(make_cluster, a, r)
         copy.start()
         with copy.connect() as cc:
             made_c = ids(cc, 200)
         made_a += ids(conn, 200)
     cfg = config(copy)
     assert cfg["node_id"] != node_a
-    wa = {worker_of(a, i) // 16 for i in made_a}
-    wc = {worker_of(copy, i) // 16 for i in made_c}
-    assert not wa & wc, (wa, wc)
-    assert len(set(made_a) | set(made_c)) == len(made_a) + len(made_c)
+    _assert_apart(a, made_a, copy, made_c)
+    assert "was written in another data directory" in copy.log()
+    assert {row[1] for row in leases(r)} == {node_a, cfg["node_id"]}
+
+
+def test_a_copy_started_while_the_registry_is_down_uses_none_of_its_originals_leases(
+        make_cluster):
+    """The copy cannot ask the registry whether its original is alive: it
+    knows itself a copy from its data directory, makes no ID until it has
+    leases of its own, and the original goes on meanwhile."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"wal_level": "replica", "snowflake_id.lease_time": "60s"})
+    with a.connect() as conn:
+        made_a = ids(conn, 200)
+        node_a = config(a)["node_id"]
+        copy = _copy_of(make_cluster, a, r, lease="60s")
+        r.stop()
+        copy.start()
+        with copy.connect() as cc:
+            assert not _can_make_id(cc), "the copy made an ID from its original's leases"
+        cfg = config(copy)
+        assert cfg["node_id"] != node_a and cfg["blocks_held"] == 0, cfg
+        assert "was written in another data directory" in copy.log()
+        made_a += ids(conn, 200)   # the original still holds its leases
+        r.start()
+        with copy.connect() as cc:
+            wait_until(lambda: _can_make_id(cc), timeout=60,
+                       what="the copy leasing blocks of its own")
+            made_c = ids(cc, 200)
+        made_a += ids(conn, 200)
+    _assert_apart(a, made_a, copy, made_c)
+
+
+def test_a_copy_that_keeps_the_directory_identity_is_caught_by_the_registry(make_cluster):
+    """A copy that looks like its original's directory (a volume snapshot
+    can keep device and inode numbers; here the copied file no longer says
+    where it was written) is caught when it introduces itself: the node
+    id's lock at the registry is held by the running original."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"wal_level": "replica"})
+    with a.connect() as conn:
+        made_a = ids(conn, 200)
+        node_a = config(a)["node_id"]
+        copy = _copy_of(make_cluster, a, r)
+        path = os.path.join(copy.datadir, "snowflake_id.leases")
+        with open(path) as f:
+            saved = json.load(f)
+        assert saved["node_id"] == node_a and saved["blocks"], saved
+        del saved["data_directory"]
+        with open(path, "w") as f:
+            json.dump(saved, f)
+        copy.start()
+        with copy.connect() as cc:
+            made_c = ids(cc, 200)
+        made_a += ids(conn, 200)
+    cfg = config(copy)
+    assert cfg["node_id"] != node_a
+    _assert_apart(a, made_a, copy, made_c)
     assert "is in use by another running server" in copy.log()
     assert {row[1] for row in leases(r)} == {node_a, cfg["node_id"]}
 
@@ -321,6 +389,38 @@ def test_ids_flow_to_where_the_sessions_are(make_cluster):
                   if worker_of(a, i) // 16 == free[0][0]]
     assert from_block and min(made_b) > max(from_block)
     assert {row[1] for row in leases(r)} == {node_a, config(b)["node_id"]}
+
+
+def test_a_block_given_back_after_a_restart_is_marked_above_the_ids_made_before(
+        make_cluster):
+    """Leases survive a restart (the lease file). A block given back after
+    it records a mark above every ID the server made from it before the
+    restart, not the older floor it was leased with: else the next holder
+    could start below them."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.worker_ids": "0-31"})
+    conns = [a.connect() for _ in range(14)]
+    try:
+        made = [ids(c, 5) for c in conns]
+        wait_until(lambda: config(a)["blocks_held"] == 2, timeout=30,
+                   what="A leasing a second block")
+        more = [a.connect() for _ in range(8)]   # 22 sessions: both blocks used
+        made += [ids(c, 5) for c in more]
+        conns += more
+    finally:
+        for c in conns:
+            c.close()
+    made = [i for batch in made for i in batch]
+    a.restart()
+    wait_until(lambda: config(a)["blocks_held"] <= 1, timeout=90,
+               what="A giving an idle block back after its restart")
+    given_back = r.sql("SELECT block, floor FROM snowflake_leases WHERE NOT leased")
+    assert given_back
+    for block, floor in given_back:
+        from_block = [i for i in made if worker_of(a, i) // 16 == block]
+        assert from_block, (block, given_back)
+        newest = a.scalar("SELECT snowflake_timestamp(%s)", max(from_block))
+        assert floor is not None and floor >= newest, (block, floor, newest)
 
 
 def test_a_standby_refuses_then_leases_its_own_blocks_once_promoted(make_cluster):
