@@ -147,6 +147,10 @@ pub struct Plan {
     pub acquire: u32,
 }
 
+/// Most blocks held while they wait for this server's clock to come within
+/// `max_drift` of their marks for longer than a renewal interval.
+pub const MAX_FAR_WAITING: usize = 2;
+
 /// Decides the next steps from the held blocks and their usage.
 pub fn plan(
     held: &[Held],
@@ -161,7 +165,13 @@ pub fn plan(
     let use_of = |block: u32| usage.iter().find(|u| u.block == block).copied();
     let low_water = (block_size / 4).max(1);
     let mut free = 0u32;
+    // Ids of blocks usable within a renewal interval, and how many blocks
+    // wait longer (a mark far ahead of this server's clock: an earlier
+    // holder's clock ran ahead). Those are not counted as supply, so the
+    // server leases another block instead of failing until its clock gets
+    // there; at most [`MAX_FAR_WAITING`] of them, so it does not hoard.
     let mut pending = 0u32;
+    let mut far = 0usize;
     let mut live: Vec<&Held> = Vec::new();
     for h in held {
         if now_mono_ms >= h.deadline_mono_ms {
@@ -179,11 +189,13 @@ pub fn plan(
         } else if h.floor_ms.saturating_sub(max_drift_ms) <= now_wall_ms {
             plan.activate.push(h.block);
             free += u.ids;
-        } else {
+        } else if h.floor_ms.saturating_sub(max_drift_ms) - now_wall_ms <= timing.renew_every_ms {
             pending += u.ids;
+        } else {
+            far += 1;
         }
     }
-    if free + pending < low_water {
+    if free + pending < low_water && far < MAX_FAR_WAITING {
         plan.acquire = 1;
     }
     // Give back idle blocks while enough free ids remain without them.
@@ -296,11 +308,35 @@ mod tests {
             ids: 16,
             busy: 0,
         }];
-        let p = plan(&[h], &u, 0, T0, &t, 60_000, 16);
+        let p = plan(&[h], &u, 0, T0 + 25_000, &t, 60_000, 16);
         assert!(p.activate.is_empty());
-        assert_eq!(p.acquire, 0, "a pending block counts as supply");
+        assert_eq!(
+            p.acquire, 0,
+            "a block usable within a renewal counts as supply"
+        );
         let p = plan(&[h], &u, 0, T0 + 30_000, &t, 60_000, 16);
         assert_eq!(p.activate, vec![0]);
+    }
+
+    #[test]
+    fn a_block_that_waits_longer_than_a_renewal_is_no_supply_but_few_are_held() {
+        let t = Timing::new(600_000);
+        let mut h = held(0, 10_000_000, false, None);
+        h.floor_ms = T0 + 90_000;
+        let u = |block| Usage {
+            block,
+            ids: 16,
+            busy: 0,
+        };
+        // 25 s to wait (max_drift 60 s): another block is leased.
+        let p = plan(&[h], &[u(0)], 0, T0 + 5_000, &t, 60_000, 16);
+        assert!(p.activate.is_empty());
+        assert_eq!(p.acquire, 1);
+        // With two such blocks, no third.
+        let mut h2 = h;
+        h2.block = 1;
+        let p = plan(&[h, h2], &[u(0), u(1)], 0, T0 + 5_000, &t, 60_000, 16);
+        assert_eq!(p.acquire, 0);
     }
 
     #[test]
