@@ -89,7 +89,11 @@ class Monitor(threading.Thread):
                 n = self.conn.execute(
                     "SELECT count(*) FROM snowflake_workers WHERE pid IS NOT NULL"
                 ).fetchone()[0]
-                assert n <= CLIENTS + CHURN_CLIENTS, n
+                # A churning client's next backend can claim while its
+                # previous one is still exiting (the client does not wait
+                # for that): up to two holders per churning client. A leak
+                # would pass this bound within seconds of churn.
+                assert n <= CLIENTS + 2 * CHURN_CLIENTS, n
                 self.max_held = max(self.max_held, held)
                 self.samples += 1
         except BaseException as e:  # noqa: BLE001 - reported by the test
