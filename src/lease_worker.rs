@@ -79,6 +79,12 @@ struct LeaseFile {
     /// leases are the original's and are not used.
     #[serde(default)]
     data_directory: Option<(u64, u64)>,
+    /// On a Citus node, the registry it found in Citus's metadata
+    /// (connection string and display; no password): the one used after
+    /// a restart until the metadata can be read, so that the saved leases
+    /// stay usable, also while the coordinator is down.
+    #[serde(default)]
+    citus_registry: Option<(String, String)>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy)]
@@ -205,6 +211,12 @@ impl Worker {
                 display: redact(&registry),
                 conninfo: registry,
                 mode: MODE_REGISTRY,
+            }));
+        } else if let Some((conninfo, display)) = file.citus_registry {
+            worker.set_target(Some(Target {
+                conninfo,
+                display,
+                mode: MODE_CITUS,
             }));
         }
         // Leases saved by the last life of this data directory: usable
@@ -774,6 +786,11 @@ impl Worker {
             version: LEASE_FILE_VERSION,
             node_id: self.node_id.clone(),
             data_directory: self.data_directory,
+            citus_registry: self
+                .target
+                .as_ref()
+                .filter(|t| t.mode == MODE_CITUS)
+                .map(|t| (t.conninfo.clone(), t.display.clone())),
             blocks: self
                 .held
                 .iter()
@@ -788,6 +805,9 @@ impl Worker {
                 .collect(),
         };
         let mut key = file.node_id.clone();
+        if let Some((_, display)) = &file.citus_registry {
+            key.push_str(display);
+        }
         for b in &file.blocks {
             key.push_str(&format!(" {}:{}:{}", b.block, b.high_ms, b.floor_ms));
         }

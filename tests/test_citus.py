@@ -130,6 +130,31 @@ def test_zero_configuration(make_cluster):
     holders = nodes[0].sql("SELECT holder_name, count(*) FROM snowflake_leases"
                            " WHERE leased AND live GROUP BY holder_name")
     assert len(holders) == 3, holders
+    # A worker restarted while the coordinator is down goes on with the
+    # leases it held: it saved the registry it found in Citus's metadata.
+    w = nodes[1]
+    node_id = w.scalar("SELECT node_id FROM snowflake_config()")
+    blocks = {b for (b,) in nodes[0].sql(
+        "SELECT block FROM snowflake_leases WHERE holder_node = %s", node_id)}
+    before = nodes[0].scalar("SELECT max(id) FROM events WHERE node = 1")
+    nodes[0].stop()
+    w.restart()
+    with w.connect() as conn:
+        wait_until(lambda: _can_make_id(conn), timeout=30,
+                   what="IDs on a restarted worker with the coordinator down")
+        made = [conn.execute("SELECT snowflake_nextval()").fetchone()[0] for _ in range(100)]
+    assert min(made) > before
+    assert {w.scalar("SELECT snowflake_worker_id(%s)", i) // 16 for i in made} <= blocks
+    assert mode(w) == "citus"
+    nodes[0].start()
+
+
+def _can_make_id(conn) -> bool:
+    try:
+        conn.execute("SELECT snowflake_nextval()")
+        return True
+    except psycopg.errors.ObjectNotInPrerequisiteState:
+        return False
 
 
 def test_registry_naming_the_coordinator(make_cluster):
