@@ -147,6 +147,10 @@ CREATE FUNCTION snowflake_lease_renew(node text, blocks int[], lease_ms bigint, 
                                       high_ms bigint)
 RETURNS TABLE (block int, floor_ms bigint)
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    -- One look at pg_locks per renewal (it briefly takes every lock
+    -- partition of the registry).
+    locked int[] := ARRAY(SELECT h FROM @extschema@.snowflake_lease_locks_held() h);
 BEGIN
     RETURN QUERY
     WITH old AS (
@@ -164,11 +168,10 @@ BEGIN
     -- After a reconnect the session locks are gone: take them again.
     PERFORM pg_try_advisory_lock(1936613751, b.block)
        FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (blocks)
-        AND b.block NOT IN (SELECT h FROM @extschema@.snowflake_lease_locks_held() h);
+      WHERE b.holder_node = node AND b.block = ANY (blocks) AND b.block <> ALL (locked);
     -- Blocks handed to another holder: this session's lock is stale.
     PERFORM pg_advisory_unlock(1936613751, h)
-       FROM @extschema@.snowflake_lease_locks_held() h
+       FROM unnest(locked) h
       WHERE h = ANY (blocks)
         AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
                          WHERE b.block = h AND b.holder_node = node);
