@@ -1,5 +1,6 @@
 """Helpers shared by the worker-id tests (test_claims, test_restarts,
-test_privileges): decoding classic IDs, claims, client programs."""
+test_privileges, test_leases, test_citus): decoding classic IDs, claims,
+client programs."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def worker_of(i: int, sequence_bits: int = 12, worker_bits: int = 10) -> int:
 def ms_of(i: int, sequence_bits: int = 12, worker_bits: int = 10) -> int:
     """Unix ms of an ID of a 1 ms-tick layout with the default epoch."""
     return (i >> (sequence_bits + worker_bits)) + EPOCH_MS
+
+
+def can_make_id(conn) -> bool:
+    """Whether a call makes an ID now (False: 55000, e.g. no lease)."""
+    try:
+        conn.execute("SELECT snowflake_nextval()")
+        return True
+    except psycopg.errors.ObjectNotInPrerequisiteState:
+        return False
 
 
 def my_worker_id(conn):

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from conftest import PG_CONFIG, PG_PKGLIBDIR, wait_until
+from helpers import can_make_id
 
 SESSIONS_PER_NODE = 3
 ROWS_PER_SESSION = 20_000
@@ -140,7 +141,7 @@ def test_zero_configuration(make_cluster):
     nodes[0].stop()
     w.restart()
     with w.connect() as conn:
-        wait_until(lambda: _can_make_id(conn), timeout=30,
+        wait_until(lambda: can_make_id(conn), timeout=30,
                    what="IDs on a restarted worker with the coordinator down")
         made = [conn.execute("SELECT snowflake_nextval()").fetchone()[0] for _ in range(100)]
     assert min(made) > before
@@ -148,13 +149,6 @@ def test_zero_configuration(make_cluster):
     assert mode(w) == "citus"
     nodes[0].start()
 
-
-def _can_make_id(conn) -> bool:
-    try:
-        conn.execute("SELECT snowflake_nextval()")
-        return True
-    except psycopg.errors.ObjectNotInPrerequisiteState:
-        return False
 
 
 def test_registry_naming_the_coordinator(make_cluster):

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from conftest import wait_until
+from helpers import can_make_id
 from test_clocks import LIBFAKETIME, FakeClock, server_skew
 
 LEASE = "6s"
@@ -144,7 +145,7 @@ def test_registry_down_holders_go_on_until_the_deadline_then_55000_then_resume(m
         assert cfg["blocks_held"] == 0
         # Back: IDs resume by themselves, above every earlier one.
         r.start()
-        wait_until(lambda: _can_make_id(conn), timeout=60, what="IDs after the registry returned")
+        wait_until(lambda: can_make_id(conn), timeout=60, what="IDs after the registry returned")
         after = ids(conn, 100)
     assert min(after) > max(made)
     assert len(set(made) | set(after)) == len(made) + len(after)
@@ -154,13 +155,6 @@ def test_registry_down_holders_go_on_until_the_deadline_then_55000_then_resume(m
     assert 1 <= warnings <= 2, f"the outage was logged {warnings} times, not once"
     assert "is reachable again" in log
 
-
-def _can_make_id(conn) -> bool:
-    try:
-        conn.execute("SELECT snowflake_nextval()")
-        return True
-    except psycopg.errors.ObjectNotInPrerequisiteState:
-        return False
 
 
 def test_restart_while_the_registry_is_down_reuses_the_leases_held(make_cluster):
@@ -209,10 +203,10 @@ def test_holder_cut_off_keeps_its_blocks_until_its_deadline_then_hands_over_abov
                 assert holders == {node_a}, holders
                 time.sleep(0.2)
             # Then A stops (its own deadline) ...
-            wait_until(lambda: not _can_make_id(conn), timeout=30,
+            wait_until(lambda: not can_make_id(conn), timeout=30,
                        what="A stopping at its deadline")
             # ... and B gets the block, above every ID of A.
-            wait_until(lambda: _can_make_id(cb), timeout=60, what="B leasing A's block")
+            wait_until(lambda: can_make_id(cb), timeout=60, what="B leasing A's block")
             handed = time.monotonic() - cut
             made_b = ids(cb, 500)
     assert handed >= LEASE_S, handed
@@ -238,7 +232,7 @@ def test_hand_over_to_a_server_whose_clock_is_5s_behind(make_cluster):
         assert -6 < server_skew(conn) < -4
         # B waits for A's lease to expire (plus grace) and for its own
         # clock to come within max_drift of A's mark.
-        wait_until(lambda: _can_make_id(conn), timeout=90, what="B leasing A's block")
+        wait_until(lambda: can_make_id(conn), timeout=90, what="B leasing A's block")
         made_b = ids(conn, 2000)
     assert min(made_b) > max(made_a), (min(made_b), max(made_a))
     assert {worker_of(b, made_b[0]) // 16} == {0}
@@ -292,14 +286,14 @@ def test_a_copy_started_while_the_registry_is_down_uses_none_of_its_originals_le
         r.stop()
         copy.start()
         with copy.connect() as cc:
-            assert not _can_make_id(cc), "the copy made an ID from its original's leases"
+            assert not can_make_id(cc), "the copy made an ID from its original's leases"
         cfg = config(copy)
         assert cfg["node_id"] != node_a and cfg["blocks_held"] == 0, cfg
         assert "was written in another data directory" in copy.log()
         made_a += ids(conn, 200)   # the original still holds its leases
         r.start()
         with copy.connect() as cc:
-            wait_until(lambda: _can_make_id(cc), timeout=60,
+            wait_until(lambda: can_make_id(cc), timeout=60,
                        what="the copy leasing blocks of its own")
             made_c = ids(cc, 200)
         made_a += ids(conn, 200)
@@ -343,12 +337,31 @@ def test_a_session_moves_when_its_block_is_gone(make_cluster):
     with a.connect() as conn:
         first = ids(conn, 10)
         r.stop()
-        wait_until(lambda: not _can_make_id(conn), timeout=LEASE_S + 30,
+        wait_until(lambda: not can_make_id(conn), timeout=LEASE_S + 30,
                    what="the lease running out")
         r.start()
-        wait_until(lambda: _can_make_id(conn), timeout=60, what="a new lease")
+        wait_until(lambda: can_make_id(conn), timeout=60, what="a new lease")
         later = ids(conn, 10)
     assert later == sorted(later) and min(later) > max(first)
+
+
+def _busy_on_two_blocks(a, more: int) -> list[list[int]]:
+    """14 sessions on A (of 16 ids a block), so that it leases a second
+    block, then `more` sessions; each makes 5 IDs. All are closed again.
+    Returns each session's IDs."""
+    conns = [a.connect() for _ in range(14)]
+    try:
+        made = [ids(c, 5) for c in conns]
+        # 14 of 16 ids busy: fewer than a quarter free, so a second block.
+        wait_until(lambda: config(a)["blocks_held"] == 2, timeout=30,
+                   what="A leasing a second block")
+        extra = [a.connect() for _ in range(more)]
+        made += [ids(c, 5) for c in extra]
+        conns += extra
+    finally:
+        for c in conns:
+            c.close()
+    return made
 
 
 def test_ids_flow_to_where_the_sessions_are(make_cluster):
@@ -357,18 +370,7 @@ def test_ids_flow_to_where_the_sessions_are(make_cluster):
     r = registry_server(make_cluster)
     two_blocks = {"snowflake_id.worker_ids": "0-31"}
     a = holder(make_cluster, r, **two_blocks)
-    conns = [a.connect() for _ in range(14)]
-    try:
-        made = [ids(c, 5) for c in conns]
-        # 14 of 16 ids busy: fewer than a quarter free, so a second block.
-        wait_until(lambda: config(a)["blocks_held"] == 2, timeout=30,
-                   what="A leasing a second block")
-        more = [a.connect() for _ in range(4)]
-        made += [ids(c, 5) for c in more]
-        conns += more
-    finally:
-        for c in conns:
-            c.close()
+    made = _busy_on_two_blocks(a, 4)
     node_a = config(a)["node_id"]
     # Idle for half the lease time (at least 10 s): one block goes back.
     wait_until(lambda: config(a)["blocks_held"] == 1, timeout=60,
@@ -399,18 +401,7 @@ def test_a_block_given_back_after_a_restart_is_marked_above_the_ids_made_before(
     could start below them."""
     r = registry_server(make_cluster)
     a = holder(make_cluster, r, **{"snowflake_id.worker_ids": "0-31"})
-    conns = [a.connect() for _ in range(14)]
-    try:
-        made = [ids(c, 5) for c in conns]
-        wait_until(lambda: config(a)["blocks_held"] == 2, timeout=30,
-                   what="A leasing a second block")
-        more = [a.connect() for _ in range(8)]   # 22 sessions: both blocks used
-        made += [ids(c, 5) for c in more]
-        conns += more
-    finally:
-        for c in conns:
-            c.close()
-    made = [i for batch in made for i in batch]
+    made = [i for batch in _busy_on_two_blocks(a, 8) for i in batch]   # 22 sessions
     a.restart()
     wait_until(lambda: config(a)["blocks_held"] <= 1, timeout=90,
                what="A giving an idle block back after its restart")
