@@ -694,9 +694,8 @@ impl Worker {
             );
             // A block this server still counts as held (the registry's
             // clock ran its lease out first): keep one entry, with the
-            // new grant.
-            // Its floor may have risen meanwhile (another holder in
-            // between): positions go above it too.
+            // new grant, and its floor, which may have risen meanwhile
+            // (another holder in between): positions go above it too.
             if let Some(h) = self.held.iter_mut().find(|h| h.block == block) {
                 h.high_ms = h.high_ms.max(grant.high_ms);
                 h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
