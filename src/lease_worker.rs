@@ -21,7 +21,10 @@
 //!   blocks held and their deadlines, written durably at each change, so a
 //!   restart while the registry is down reuses them). A copy of the data
 //!   directory finds its node id's session lock taken on the registry by
-//!   the running original, takes a new id and leases afresh.
+//!   the running original, takes a new id and leases afresh. The lock held
+//!   by this worker's own earlier session, left behind on the registry by
+//!   a network break, is not a copy's: the worker remembers that session
+//!   (pid and start, in memory only) and ends it.
 //! - Problems are logged once, when they start and when they end, and
 //!   retried every renewal interval.
 
@@ -125,6 +128,13 @@ struct Worker {
     problem: Option<String>,
     saved: String,
     data_directory: Option<(u64, u64)>,
+    /// This worker's last session on the registry: its backend pid and
+    /// start (microseconds since 1970). After a network break that session
+    /// can linger there (a half-open connection), still holding the node
+    /// id's lock: the worker ends it rather than take it for a copy's.
+    /// Kept in this process only, never in the lease file: a copy of the
+    /// data directory must not end its original's session.
+    registry_session: Option<(i32, i64)>,
 }
 
 #[pg_guard]
@@ -205,6 +215,7 @@ impl Worker {
             problem: None,
             saved: String::new(),
             data_directory,
+            registry_session: None,
         };
         if let Some(registry) = gucs::registry() {
             worker.set_target(Some(Target {
@@ -309,6 +320,7 @@ impl Worker {
         }
         self.held.clear();
         self.client = None;
+        self.registry_session = None;
         self.next_connect_mono = 0;
         let lease = &self.header.lease;
         match &target {
@@ -459,15 +471,24 @@ impl Worker {
             }
         }
         // The node id's session lock: taken by a live session means a copy
-        // of this data directory (or its original) is running.
-        for attempt in 0..2 {
+        // of this data directory (or its original) is running, unless that
+        // session is this worker's own earlier one, left behind by a broken
+        // connection.
+        let mut lingering = self.registry_session.take();
+        let mut renamed = false;
+        loop {
             let hello = client.query_one(
                 &format!("SELECT {}.snowflake_lease_hello($1)", self.schema),
                 &[&self.node_id],
             );
             match hello {
                 Ok(row) if row.get::<_, bool>(0) => break,
-                Ok(_) if attempt == 0 => {
+                Ok(_) if lingering.is_some_and(|old| self.end_lingering(&mut client, old)) => {
+                    lingering = None;
+                }
+                Ok(_) if !renamed => {
+                    lingering = None;
+                    renamed = true;
                     let old = std::mem::replace(&mut self.node_id, new_node_id());
                     pgrx::log!(
                         "snowflake_id lease: node id {old} is in use by another running server (this data directory is a copy of it, or it of this one): this server is now node {} and leases its own worker ids",
@@ -490,6 +511,22 @@ impl Worker {
                 }
             }
         }
+        match client.query_one(
+            "SELECT pg_backend_pid(), \
+                    (SELECT (extract(epoch FROM backend_start) * 1000000)::int8 \
+                       FROM pg_stat_activity WHERE pid = pg_backend_pid())",
+            &[],
+        ) {
+            Ok(row) => {
+                self.registry_session = row
+                    .get::<_, Option<i64>>(1)
+                    .map(|start| (row.get::<_, i32>(0), start));
+            }
+            Err(e) => {
+                self.unreachable(format!("{}: {}", target.display, describe(&e)));
+                return;
+            }
+        }
         self.client = Some(client);
         self.connect_backoff_ms = 0;
         self.header.lease.unreachable_since_ms.store(0, Release);
@@ -497,6 +534,39 @@ impl Worker {
         // Renew at once: adopts the leases held before a restart or an
         // outage, and drops those handed to another server since.
         self.last_renew_mono = i64::MIN;
+    }
+
+    /// Ends `old`, this worker's earlier registry session, if it is still
+    /// there (same pid and start, so not a reused pid): true when it ended,
+    /// and with it its hold on the node id and the blocks' locks.
+    fn end_lingering(&mut self, client: &mut postgres::Client, old: (i32, i64)) -> bool {
+        let ended = client.query_one(
+            "SELECT coalesce(bool_or(pg_terminate_backend(pid, 5000)), false) \
+               FROM pg_stat_activity \
+              WHERE pid = $1 AND (extract(epoch FROM backend_start) * 1000000)::int8 = $2",
+            &[&old.0, &old.1],
+        );
+        match ended {
+            Ok(row) if row.get::<_, bool>(0) => {
+                pgrx::log!(
+                    "snowflake_id lease: ended this server's earlier session on {} (pid {}), left behind by a broken connection, to take back node id {}",
+                    self.display(),
+                    old.0,
+                    self.node_id
+                );
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                pgrx::log!(
+                    "snowflake_id lease: could not end this server's earlier session on {} (pid {}): {}",
+                    self.display(),
+                    old.0,
+                    describe(&e)
+                );
+                false
+            }
+        }
     }
 
     /// How many ids of each held block this server may use, and how many

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
+import socket
+import struct
+import threading
 import time
 
 import psycopg
@@ -385,6 +389,116 @@ def test_a_block_given_back_after_a_restart_is_marked_above_the_ids_made_before(
         assert from_block, (block, given_back)
         newest = a.scalar("SELECT snowflake_timestamp(%s)", max(from_block))
         assert floor is not None and floor >= newest, (block, floor, newest)
+
+
+class _CuttableProxy:
+    """TCP on 127.0.0.1 to a server's unix socket. `cut()` resets the
+    client's side of every connection open so far and leaves the server's
+    side open and silent: the server keeps the session, as after a network
+    break it did not see (a half-open connection). Later connections pass."""
+
+    def __init__(self, server):
+        self.target = os.path.join(server.dir, f".s.PGSQL.{server.port}")
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.open: list[dict] = []
+        self.stopping = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def conninfo(self) -> str:
+        return f"host=127.0.0.1 port={self.port} dbname=postgres user=postgres"
+
+    def _accept(self):
+        while not self.stopping.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            pair = {"client": client, "upstream": upstream, "cut": threading.Event()}
+            with self.lock:
+                self.open.append(pair)
+            threading.Thread(target=self._pump, args=(pair,), daemon=True).start()
+
+    def _pump(self, pair):
+        sel = selectors.DefaultSelector()
+        sel.register(pair["client"], selectors.EVENT_READ, pair["upstream"])
+        sel.register(pair["upstream"], selectors.EVENT_READ, pair["client"])
+        try:
+            while not (self.stopping.is_set() or pair["cut"].is_set()):
+                for key, _ in sel.select(0.1):
+                    data = key.fileobj.recv(65536)
+                    if not data:
+                        pair["client"].close()
+                        pair["upstream"].close()
+                        return
+                    key.data.sendall(data)
+        except (OSError, ValueError):
+            if not pair["cut"].is_set():
+                pair["client"].close()
+                pair["upstream"].close()
+
+    def cut(self) -> int:
+        with self.lock:
+            pairs, self.open = self.open, []
+        for pair in pairs:
+            pair["cut"].set()
+            pair["client"].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                      struct.pack("ii", 1, 0))
+            pair["client"].close()
+            self.kept = getattr(self, "kept", []) + [pair["upstream"]]
+        return len(pairs)
+
+    def close(self):
+        self.stopping.set()
+        self.listener.close()
+        for pair in self.open:
+            pair["client"].close()
+            pair["upstream"].close()
+        for s in getattr(self, "kept", []):
+            s.close()
+
+
+def test_a_lingering_registry_session_of_its_own_is_ended_not_taken_for_a_copy(make_cluster):
+    """A network break the registry does not see leaves the holder's
+    session there, holding its node id's lock. The holder, reconnected,
+    ends that session (it remembers its pid and start) and keeps its node
+    id and blocks; it does not take itself for a copy of itself."""
+    r = registry_server(make_cluster)
+    proxy = _CuttableProxy(r)
+    try:
+        a = make_cluster(settings={"snowflake_id.registry": proxy.conninfo(),
+                                   "snowflake_id.lease_time": LEASE})
+        a.create_extension()
+        with a.connect() as conn:
+            made = ids(conn, 200)
+            node_a = config(a)["node_id"]
+            held = {row[0] for row in leases(r)}
+            old_pid = r.scalar("SELECT pid FROM pg_stat_activity"
+                               " WHERE application_name = 'snowflake_id lease'")
+            assert proxy.cut() == 1
+            # A's next renewal finds its connection broken and reconnects;
+            # the registry still has the old session, which holds the lock.
+            wait_until(lambda: "ended this server's earlier session" in a.log(),
+                       timeout=30, what="A ending its lingering registry session")
+            assert not r.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                old_pid)
+            wait_until(lambda: [row[3] for row in leases(r)] == [True] * len(held),
+                       timeout=30, what="A's blocks live again under its new session")
+            made += ids(conn, 200)
+        assert config(a)["node_id"] == node_a
+        assert "is in use by another running server" not in a.log()
+        assert {row[0] for row in leases(r)} == held
+        assert {row[1] for row in leases(r)} == {node_a}
+        assert {worker_of(a, i) // 16 for i in made} <= held
+        assert len(set(made)) == len(made)
+    finally:
+        proxy.close()
 
 
 def test_a_standby_refuses_then_leases_its_own_blocks_once_promoted(make_cluster):
