@@ -272,8 +272,23 @@ fn snowflake_config() -> TableIterator<
             .then(|| TimestampWithTimeZone::try_from((unix_ms - PG_EPOCH_UNIX_MS) * 1000).ok())
             .flatten()
     };
-    let registry = lease.registry.get();
-    let node_id = lease.node_id.get();
+    // Like `SHOW snowflake_id.registry`: where the registry is and which
+    // node id this server has there are for superusers and members of
+    // pg_read_all_settings (a role that can reach the registry could hold
+    // the node id's lock there and make this server take itself for a copy).
+    // SAFETY: catalog lookups for the current user.
+    let privileged = unsafe {
+        pg_sys::superuser()
+            || pg_sys::has_privs_of_role(
+                pg_sys::GetUserId(),
+                pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_SETTINGS),
+            )
+    };
+    let (registry, node_id) = if privileged {
+        (lease.registry.get(), lease.node_id.get())
+    } else {
+        (String::new(), String::new())
+    };
     TableIterator::once((
         if text.is_empty() {
             format!("0-{}", gucs::layout().max_worker_id())
@@ -309,7 +324,7 @@ fn snowflake_worker_status() -> TableIterator<
         name!(claimed_at, Option<TimestampWithTimeZone>),
         name!(released_at, Option<TimestampWithTimeZone>),
         name!(claims, i64),
-        name!(ids_issued, i64),
+        name!(ids_issued, Option<i64>),
         name!(last_id_time, Option<TimestampWithTimeZone>),
         name!(current_drift_ms, i64),
         name!(max_drift_ms, i64),
@@ -331,8 +346,10 @@ fn snowflake_worker_status() -> TableIterator<
             r.claimed_at.and_then(ts),
             r.released_at.and_then(ts),
             r.claims as i64,
-            r.ids_issued as i64,
-            (r.last_tick >= 0).then(|| to_timestamptz(layout.tick_start_unix_ms(r.last_tick))),
+            r.ids_issued.map(|n| n as i64),
+            r.last_tick
+                .filter(|&t| t >= 0)
+                .map(|t| to_timestamptz(layout.tick_start_unix_ms(t))),
             r.current_drift * layout.unit_ms,
             r.max_drift * layout.unit_ms,
             r.sequence_exhausted as i64,
@@ -358,6 +375,13 @@ fn snowflake_advance_past(id: i64) -> TimestampWithTimeZone {
     }
     let header = claims::require_shared("snowflake_advance_past");
     let layout = gucs::layout();
+    // A changed layout not yet accepted: `id` could be of either layout.
+    if header
+        .layout_changed
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        errors::layout_changed(&header.recorded_layout.differences(layout));
+    }
     let parts = layout
         .decode(id)
         .unwrap_or_else(|e| errors::part_out_of_range(e));

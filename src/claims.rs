@@ -575,8 +575,10 @@ pub struct WorkerRow {
     pub sessions: u32,
     /// Claims that shared the id because no id was free.
     pub shared_claims: u64,
-    pub ids_issued: u64,
-    pub last_tick: i64,
+    /// `None` (like `claimed_at` and `last_tick`) for a user without the
+    /// privileges of the holder's role, superuser or pg_read_all_stats.
+    pub ids_issued: Option<u64>,
+    pub last_tick: Option<i64>,
     pub current_drift: i64,
     pub max_drift: i64,
     pub sequence_exhausted: u64,
@@ -612,21 +614,31 @@ pub fn worker_rows() -> Vec<WorkerRow> {
         // the id; once that session has left (even if others still share
         // the id), like any past claim, only the privileged.
         let named = (held && pid != 0) || see_past;
+        // When and how much: for the holder's own role (and roles with its
+        // privileges) too, as pg_stat_activity shows a session's query.
+        let role = slot.holder_role.load(Relaxed);
+        // SAFETY: a catalog lookup for the current user; an oid of a
+        // dropped role is simply not a role the user has privileges of.
+        let full = see_past
+            || (named
+                && unsafe {
+                    pg_sys::has_privs_of_role(pg_sys::GetUserId(), pg_sys::Oid::from(role))
+                });
         let (last_tick, _) = unpack(layout, slot.position.load(Relaxed));
         rows.push(WorkerRow {
             worker_id: id as u32,
             pid: (held && pid != 0).then_some(pid),
             database_oid: named.then(|| slot.holder_db.load(Relaxed)),
-            role_oid: named.then(|| slot.holder_role.load(Relaxed)),
+            role_oid: named.then_some(role),
             application_name: named.then(|| slot.application_name()),
-            claimed_at: Some(slot.claimed_at.load(Relaxed)),
+            claimed_at: full.then(|| slot.claimed_at.load(Relaxed)),
             released_at: (!held && slot.release_order.load(Relaxed) > 0)
                 .then(|| slot.released_at.load(Relaxed)),
             claims,
             sessions,
             shared_claims: slot.shared_claims.load(Relaxed),
-            ids_issued: header.ids_issued(id),
-            last_tick,
+            ids_issued: full.then(|| header.ids_issued(id)),
+            last_tick: full.then_some(last_tick),
             current_drift: (last_tick - now_tick).max(0),
             max_drift: slot.max_drift.load(Relaxed),
             sequence_exhausted: slot.sequence_exhausted.load(Relaxed),

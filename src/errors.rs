@@ -382,6 +382,32 @@ pub fn public_key_check_failed(detail: &str) {
     }
 }
 
+/// Check hook message for `snowflake_id.registry`: never the value, which
+/// may hold a password.
+pub fn registry_check_failed(detail: &str) {
+    let message =
+        c"invalid value for parameter \"snowflake_id.registry\" (the value is not shown: it may hold a password)";
+    let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
+    let hint = c"Write a libpq key=value connection string or a postgresql:// URI (host, port, dbname, user, password, connect_timeout, ...).";
+    // SAFETY: as in `public_key_check_failed`.
+    unsafe {
+        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(hint.as_ptr());
+    }
+}
+
+/// 22023 at start: a configured `snowflake_id.registry` that the lease
+/// worker cannot use. Like `bad_setting`, but the value is not shown.
+pub fn bad_registry_setting(origin: &str, problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "invalid value for parameter \"snowflake_id.registry\" in the configuration (the value is not shown: it may hold a password)".into(),
+        Some(format!("Set in {origin}: {problem}. The server would start without a usable registry, and every snowflake_nextval() would fail.")),
+        Some("Write a libpq key=value connection string or a postgresql:// URI (host, port, dbname, user, password, connect_timeout, ...), and start the server again.".into()),
+    )
+}
+
 /// 55000: public IDs need a key and none is set.
 pub fn no_public_key(function: &str) -> ! {
     raise(

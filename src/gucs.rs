@@ -227,14 +227,21 @@ pub fn init(preloading: bool) {
         GucFlags::default(),
     );
 
-    GucRegistry::define_string_guc(
-        c"snowflake_id.registry",
-        c"Connection string of the server that leases worker ids to this one (empty: this server's own worker_ids, or the Citus coordinator).",
-        c"A libpq key=value string or URI naming a database where the snowflake_id extension is created; it may name this server. Only superusers can see it.",
-        &REGISTRY,
-        layout_context(),
-        GucFlags::SUPERUSER_ONLY,
-    );
+    // SAFETY: the check hook is a #[pg_guard] function with the signature
+    // PostgreSQL expects; it only reads the value given.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake_id.registry",
+            c"Connection string of the server that leases worker ids to this one (empty: this server's own worker_ids, or the Citus coordinator).",
+            c"A libpq key=value string or URI naming a database where the snowflake_id extension is created; it may name this server. Only superusers can see it.",
+            &REGISTRY,
+            layout_context(),
+            GucFlags::SUPERUSER_ONLY,
+            Some(check_registry),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"snowflake_id.lease_time",
         c"How long a lease of worker ids from the registry lasts without a renewal.",
@@ -248,6 +255,7 @@ pub fn init(preloading: bool) {
 
     define_public_key();
     refuse_invalid_public_key(&mut configured);
+    refuse_invalid_registry(&mut configured);
     refuse_invalid_values(&mut configured);
     refuse_unknown_names(&configured);
 
@@ -488,6 +496,82 @@ pub fn registry() -> Option<String> {
         .get()
         .map(|s| s.to_string_lossy().trim().to_string())
         .filter(|s| !s.is_empty())
+}
+
+/// What is wrong with `text` as `snowflake_id.registry`, if anything: it
+/// must be a connection string the lease worker's client can use. The
+/// answer never quotes the text (it may hold a password).
+fn registry_problem(text: &str) -> Option<String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    text.parse::<postgres::Config>()
+        .err()
+        .map(|e| match std::error::Error::source(&e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        })
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_registry(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
+    // which is NULL or a NUL-terminated string.
+    let text = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return true;
+        }
+        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    };
+    match registry_problem(&text) {
+        None => true,
+        Some(problem) => {
+            errors::registry_check_failed(&problem);
+            false
+        }
+    }
+}
+
+/// At start, a configured `snowflake_id.registry` that the lease worker
+/// could not use refuses the start (else the server would start and every
+/// `snowflake_nextval()` fail with 55000), without echoing the value.
+/// Removes it from `configured`.
+fn refuse_invalid_registry(configured: &mut Vec<Configured>) {
+    configured.retain(|c| {
+        if !c
+            .name
+            .to_string_lossy()
+            .eq_ignore_ascii_case("snowflake_id.registry")
+        {
+            return true;
+        }
+        if let Some(problem) = registry_problem(&c.value.to_string_lossy()) {
+            errors::bad_registry_setting(&c.origin, &problem);
+        }
+        false
+    });
+}
+
+/// Makes this process resolve unqualified names in `pg_catalog` only:
+/// the background workers run SQL as the bootstrap superuser, so a
+/// function or operator another role created in a schema on the default
+/// `search_path` must never be what they call. Like autovacuum's.
+pub fn pin_search_path() {
+    // SAFETY: valid C strings; PostgreSQL copies them. Setting search_path
+    // needs no transaction (it only invalidates the cached path).
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
 }
 
 /// `snowflake_id.lease_time` in milliseconds.

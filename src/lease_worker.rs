@@ -148,6 +148,7 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
         None
     };
     BackgroundWorker::connect_worker_to_spi(database.as_deref(), None);
+    gucs::pin_search_path();
     let Some(header) = shmem::header() else {
         return;
     };
@@ -430,7 +431,12 @@ impl Worker {
             .connect_timeout(Duration::from_secs(5))
             .tcp_user_timeout(Duration::from_secs(10))
             .keepalives_idle(Duration::from_secs(10))
-            .options("-c statement_timeout=10s -c lock_timeout=5s");
+            // Names resolve in pg_catalog only: the session may be a
+            // superuser's, and other roles may create objects on the
+            // registry's default search_path.
+            .options(
+                "-c statement_timeout=10s -c lock_timeout=5s -c search_path=pg_catalog,pg_temp",
+            );
         let mut client = match config.connect(postgres::NoTls) {
             Ok(client) => client,
             Err(e) => {

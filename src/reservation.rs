@@ -76,12 +76,25 @@ fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
             }
             // Covers a floor raised by replay (hot standby) as well.
             let until = (unix_ms + RESERVE_MS).max(header.floor_ms.load(Acquire));
-            write_state_file(layout, until);
+            write_state_file(&layout_to_record(header, layout), until);
             wal::log_reservation(until);
             header.reserved_until_ms.store(until, Release);
             return;
         }
         clock::wait_ms(1);
+    }
+}
+
+/// The layout the state file records: the one it recorded before, while
+/// a changed layout waits for `snowflake_accept_layout()` (else a write of
+/// the reservation would adopt the new layout behind the refusal's back,
+/// and the next start would make IDs in it without moving above the old
+/// one's); otherwise `current`.
+fn layout_to_record(header: &Header, current: &Layout) -> Layout {
+    if header.layout_changed.load(Acquire) {
+        header.recorded_layout
+    } else {
+        *current
     }
 }
 
@@ -92,7 +105,9 @@ fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
 /// moves above it at its next tick (at most one tick later).
 pub fn advance_past(header: &Header, unix_ms: i64, layout: &Layout) {
     let tick = layout.tick_at(unix_ms);
-    let end_ms = layout.tick_start_unix_ms(tick) + layout.unit_ms - 1;
+    let end_ms = layout
+        .tick_start_unix_ms(tick)
+        .saturating_add(layout.unit_ms - 1);
     header.floor_ms.fetch_max(end_ms, AcqRel);
     // IDs at `tick` exist for any worker id: continue one tick above it.
     header.newest_tick.fetch_max(tick + 1, AcqRel);
@@ -146,12 +161,7 @@ fn persist_replayed() {
     let _guard = header.reserve_lock();
     let floor = header.floor_ms.load(Acquire);
     if floor > header.reserved_until_ms.load(Acquire) {
-        let layout = if header.layout_changed.load(Acquire) {
-            header.recorded_layout
-        } else {
-            *gucs::layout()
-        };
-        write_state_file(&layout, floor);
+        write_state_file(&layout_to_record(header, gucs::layout()), floor);
         header.reserved_until_ms.store(floor, Release);
     }
 }

@@ -6,13 +6,15 @@ from_timestamp, nextvals) with their errors."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 
-from conftest import ClusterError
+from conftest import ClusterError, wait_until
 
 UTC = dt.timezone.utc
 EPOCH = dt.datetime(2024, 1, 1, tzinfo=UTC)
@@ -271,6 +273,40 @@ def test_classic_to_js53_cannot_be_accepted(make_cluster):
         assert conn.execute(
             "SELECT changed FROM snowflake_accept_layout()").fetchone()[0] is False
     assert min(new) > max(old)
+
+
+def test_a_changed_layout_stays_refused_across_restarts(make_cluster):
+    """Nothing but snowflake_accept_layout() adopts a changed layout. The
+    registry worker raises the reservation at start from the registry's
+    high-water marks (here: past the end of the new 1 s tick), and that
+    write must keep the recorded layout: before, it recorded the new one,
+    and the next start made IDs below the old ones with no refusal.
+    snowflake_advance_past(), which decodes its argument, refuses too."""
+    c = make_cluster(settings={"snowflake_id.registry_database": "postgres"},
+                     create_extension=True)
+    old = [r[0] for r in c.sql("SELECT snowflake_nextvals(10000)")]
+    c.configure(**{"snowflake_id.time_unit_ms": "1000"})
+    for _ in range(2):
+        c.restart()
+        wait_until(lambda: "new IDs start above the registry's high-water mark"
+                   in c.log(), timeout=30, what="the registry worker's read at start")
+        with c.connect() as conn:
+            _layout_change_refused(conn)
+    with c.connect() as conn:
+        e = sql_error(conn, "SELECT snowflake_advance_past(%s)", (max(old),))
+        assert e.sqlstate == "55000", str(e)
+    c.restart()
+    with c.connect() as conn:
+        _layout_change_refused(conn)
+    with open(os.path.join(c.datadir, "snowflake_id.state")) as f:
+        assert json.load(f)["layout"]["unit_ms"] == 1
+    # Back to the recorded layout: IDs resume above the old ones.
+    c.configure(**{"snowflake_id.time_unit_ms": "-1"})
+    c.restart()
+    with c.connect() as conn:
+        assert conn.execute("SELECT snowflake_nextval()").fetchone()[0] > max(old)
+        assert conn.execute(
+            "SELECT changed FROM snowflake_accept_layout()").fetchone()[0] is False
 
 
 # -------------------------------------------------------- 14. SQL helpers

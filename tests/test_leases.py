@@ -106,6 +106,13 @@ def test_registry_setting_is_hidden_from_other_roles(make_cluster):
         ).fetchone()[0] == 0
         # Generating IDs needs no privilege on the registry.
         assert conn.execute("SELECT snowflake_nextval()").fetchone()[0] > 0
+        # snowflake_config() shows neither where the registry is nor this
+        # server's node id there (with it, a role that can reach the
+        # registry could hold the node id's lock).
+        cfg = conn.execute("SELECT mode, registry, node_id FROM snowflake_config()").fetchone()
+        assert cfg == ("registry", None, None), cfg
+    cfg = config(a)
+    assert cfg["registry"] and cfg["node_id"], cfg
     # On the registry, the lease functions are not for PUBLIC.
     r.sql("CREATE ROLE app LOGIN")
     with r.connect(user="app") as conn:
@@ -113,6 +120,32 @@ def test_registry_setting_is_hidden_from_other_roles(make_cluster):
             conn.execute("SELECT snowflake_lease_hello('x')")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM snowflake_leases")
+
+
+def test_a_registry_setting_the_lease_worker_cannot_use_refuses_the_start(make_cluster):
+    """An unusable connection string is refused like any bad setting, at
+    start and by ALTER SYSTEM, without echoing it (it may hold a password):
+    before, the server started and every snowflake_nextval() failed."""
+    from conftest import ClusterError
+    bad = "host=127.0.0.1 port=notaport password=sekret-pw"
+    c = make_cluster(start=False, settings={"snowflake_id.registry": bad})
+    mark = c.log_mark()
+    with pytest.raises(ClusterError):
+        c.start(timeout=20)
+    assert not c.is_running()
+    log = c.log(since=mark)
+    line = next(l for l in log.splitlines()
+                if 'FATAL:  invalid value for parameter "snowflake_id.registry"' in l)
+    assert "not shown" in line, line
+    assert "port" in log and "sekret-pw" not in log, log
+    c.settings.pop("snowflake_id.registry")
+    c.configure()
+    c.start()
+    with c.connect() as conn:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+            conn.execute(f"ALTER SYSTEM SET snowflake_id.registry = '{bad}'")
+        assert "sekret-pw" not in str(e.value) + (e.value.diag.message_detail or "")
+        assert "connection string" in (e.value.diag.message_hint or ""), str(e.value)
 
 
 def test_registry_down_holders_go_on_until_the_deadline_then_55000_then_resume(make_cluster):

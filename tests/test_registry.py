@@ -102,6 +102,11 @@ def test_other_roles_sessions_show_what_pg_stat_activity_shows(cluster):
         with cluster.connect(user="bob") as b:
             assert b.execute(query, (pid,)).fetchone() == \
                 ("alice", "renamed", False, None, False)
+            # Not through the function behind the view either.
+            assert b.execute(
+                "SELECT claimed_at, ids_issued, last_id_time"
+                " FROM snowflake_worker_status() WHERE pid = %s", (pid,)
+            ).fetchone() == (None, None, None)
         for user in ("alice", "watcher", "postgres"):
             with cluster.connect(user=user) as conn:
                 assert conn.execute(query, (pid,)).fetchone() == \

@@ -86,3 +86,35 @@ def test_no_registry_worker_in_binary_upgrade_mode(make_cluster):
     c.start(options="-b")
     assert registering not in c.log(since=mark), c.log(since=mark)
     assert "database system is ready to accept connections" in c.log(since=mark)
+
+
+def test_background_workers_never_call_another_roles_operator(make_cluster):
+    """The workers run SQL as the bootstrap superuser: an operator a role
+    planted on the default search_path (a public schema open to all, as in
+    clusters upgraded from PostgreSQL 14) must not be what they call, or
+    that role becomes superuser. Before, the registry worker's read at
+    start called it (numeric * integer)."""
+    c = make_cluster(create_extension=True)
+    c.sql("SELECT snowflake_nextvals(10)")
+    c.sql("GRANT CREATE ON SCHEMA public TO PUBLIC")
+    c.sql("CREATE ROLE mallory LOGIN")
+    with c.connect(user="mallory") as conn:
+        conn.execute("""
+            CREATE FUNCTION public.planted(numeric, integer) RETURNS numeric
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+                    EXECUTE 'ALTER ROLE mallory SUPERUSER';
+                END IF;
+                RETURN $1 * $2::numeric;
+            END $$""")
+        conn.execute("CREATE OPERATOR public.* (leftarg = numeric, rightarg = integer,"
+                     " function = public.planted)")
+    # The registry table has marks to read at the next start.
+    wait_until(lambda: c.scalar("SELECT count(*) FROM snowflake_worker_registry"),
+               timeout=30, what="the registry worker recording the worker id")
+    c.restart()
+    wait_until(lambda: "new IDs start above the registry's high-water mark" in c.log(),
+               timeout=30, what="the registry worker's read at start")
+    c.sql("SELECT snowflake_nextvals(10)")
+    assert c.scalar("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'") is False
