@@ -452,7 +452,9 @@ impl Codec {
                 want: n + 1,
             });
         }
-        let mut value = 0u64;
+        // 13 characters are 65 bits: u128, so that no bit is shifted out
+        // before the check against the layout's width below.
+        let mut value = 0u128;
         let mut sum = 0u8;
         for (i, &c) in token.iter().enumerate() {
             let digit = DECODE[c as usize];
@@ -460,7 +462,7 @@ impl Codec {
                 return Err(TokenError::Character { position: i + 1 });
             }
             if i < n {
-                value = value << 5 | u64::from(digit);
+                value = value << 5 | u128::from(digit);
                 sum ^= WEIGHTED[i][digit as usize];
             } else {
                 sum ^= digit;
@@ -472,10 +474,10 @@ impl Codec {
             .iter()
             .find(|c| c.tag == sum)
             .ok_or(TokenError::Check)?;
-        if value >> self.width != 0 {
-            return Err(TokenError::OutsideLayout { width: self.width });
+        match u64::try_from(value) {
+            Ok(value) if value >> self.width == 0 => Ok(cipher.decrypt(value)),
+            _ => Err(TokenError::OutsideLayout { width: self.width }),
         }
-        Ok(cipher.decrypt(value))
     }
 }
 
@@ -659,17 +661,25 @@ mod tests {
                 assert_eq!(c.decode(&s), Err(TokenError::Character { position: 4 }));
             }
         }
-        // Spare bits above the layout set: outside the layout, even with a
-        // check character that matches.
-        let mut payload = [b'Z'; 13];
-        payload[0] = b'8';
-        let mut sum = c.ciphers[0].tag;
-        for (i, ch) in payload.iter().enumerate() {
-            sum ^= gf32_mul(WEIGHTS[i], DECODE[*ch as usize]);
+        // Any spare bit above the layout set (first character 8 to Z: the
+        // 64th bit, or the 65th, which a u64 would have shifted out):
+        // outside the layout, even with a check character that matches.
+        for &first in &ALPHABET[8..] {
+            let mut payload = [b'Z'; 13];
+            payload[0] = first;
+            let mut sum = c.ciphers[0].tag;
+            for (i, ch) in payload.iter().enumerate() {
+                sum ^= gf32_mul(WEIGHTS[i], DECODE[*ch as usize]);
+            }
+            let mut t = payload.to_vec();
+            t.push(ALPHABET[sum as usize]);
+            assert_eq!(
+                c.decode(&t),
+                Err(TokenError::OutsideLayout { width: 63 }),
+                "first character {}",
+                first as char
+            );
         }
-        let mut t = payload.to_vec();
-        t.push(ALPHABET[sum as usize]);
-        assert_eq!(c.decode(&t), Err(TokenError::OutsideLayout { width: 63 }));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::errors;
 use crate::gucs;
 use crate::layout::PartError;
 use crate::public_id::{self, Codec, Token};
-use pgrx::callconv::{BoxRet, FcInfo};
+use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
 use pgrx::datum::Datum;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
@@ -76,16 +76,74 @@ fn snowflake_to_public(id: i64) -> TokenText {
     })
 }
 
+/// A token argument as the bytes of its `text` value, in the database's
+/// encoding, unconverted: decoding needs only ASCII, and a Rust `&str`
+/// cannot hold other bytes of a LATIN1 or SQL_ASCII database (pgrx's
+/// conversion fails there with XX000).
+struct TokenBytes<'fcx>(&'fcx [u8]);
+
+impl_sql_translatable!(TokenBytes<'_>, "text");
+
+// SAFETY: declared `text`, a varlena, which the `&[u8]` conversion reads
+// (detoasted) without looking at its encoding.
+unsafe impl<'fcx> ArgAbi<'fcx> for TokenBytes<'fcx> {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        // SAFETY: a non-null varlena argument (the function is STRICT).
+        TokenBytes(unsafe { arg.unbox_arg_using_from_datum::<&'fcx [u8]>() }.unwrap_or_default())
+    }
+}
+
+/// Characters (in the database's encoding) in the first `len` bytes of
+/// `bytes`.
+fn chars_in(bytes: &[u8], len: usize) -> usize {
+    let len = len.min(bytes.len()).min(i32::MAX as usize);
+    // SAFETY: `bytes` is valid for `len` bytes of a text value, which
+    // PostgreSQL has verified to be in the database's encoding.
+    let n = unsafe { pg_sys::pg_mbstrlen_with_len(bytes.as_ptr().cast(), len as i32) };
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// At most the first 41 characters of a bad token, for its error message:
+/// as written in a UTF-8 database, with `?` for every byte that is not
+/// ASCII in others.
+fn shown_token(bytes: &[u8]) -> String {
+    let head = &bytes[..bytes.len().min(41 * 4)];
+    // SAFETY: reads the database's encoding, fixed for the session.
+    let utf8 = unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32;
+    if utf8 {
+        String::from_utf8_lossy(head).chars().take(41).collect()
+    } else {
+        head.iter()
+            .take(41)
+            .map(|&b| if b.is_ascii() { b as char } else { '?' })
+            .collect()
+    }
+}
+
 /// The ID of a token made by `snowflake_to_public()` with one of the keys
 /// of `snowflake_id.public_key`: `WHERE id = snowflake_from_public($1)`.
 #[pg_extern(stable, strict, parallel_safe)]
-fn snowflake_from_public(token: &str) -> i64 {
+fn snowflake_from_public(token: TokenBytes<'_>) -> i64 {
+    let token = token.0;
     with_codec("snowflake_from_public", |codec| {
-        match codec.decode(token.as_bytes()) {
+        let want = public_id::token_len(codec.width());
+        // Every character of a token is ASCII (one byte in any encoding):
+        // with any other, say so in characters, not bytes.
+        let decoded = match token.iter().position(|b| !b.is_ascii()) {
+            None => codec.decode(token),
+            Some(_) if chars_in(token, token.len()) != want => Err(public_id::TokenError::Length {
+                got: chars_in(token, token.len()),
+                want,
+            }),
+            Some(at) => Err(public_id::TokenError::Character {
+                position: chars_in(token, at) + 1,
+            }),
+        };
+        match decoded {
             // Below 2^63 by construction (width <= 63).
             Ok(id) => id as i64,
             Err(problem) => errors::bad_public_id(
-                token,
+                &shown_token(token),
                 &problem.to_string(),
                 public_id::token_len(codec.width()),
             ),

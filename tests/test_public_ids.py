@@ -243,9 +243,13 @@ def test_bad_tokens_are_22P02_never_a_wrong_id(make_cluster):
         assert {r[0] for r in results} == {"ERROR 22P02"}
 
         # A value wider than the layout, with a check character that matches.
-        wide = with_check("8" + tok[1:-1], tag_of(tok))
-        e = error_of(conn, "SELECT snowflake_from_public(%s)", wide)
-        assert e.sqlstate == "22P02" and "wider than the layout" in e.diag.message_detail
+        # Every first character above 7 (G to Z set the 65th bit, which
+        # was once shifted out, making a second token for the same ID).
+        for first in ALPHABET[8:]:
+            wide = with_check(first + tok[1:-1], tag_of(tok))
+            e = error_of(conn, "SELECT snowflake_from_public(%s)", wide)
+            assert e.sqlstate == "22P02", (first, e)
+            assert "wider than the layout" in e.diag.message_detail, (first, e)
 
         # A token made under another key (tags differ): rejected.
         c.sql(f"ALTER SYSTEM SET snowflake_id.public_key = '{KEY_B}'")
@@ -255,6 +259,36 @@ def test_bad_tokens_are_22P02_never_a_wrong_id(make_cluster):
         e = error_of(conn, "SELECT snowflake_from_public(%s)", tok)
         assert e.sqlstate == "22P02" and "check character" in e.diag.message_detail
         assert "key this server does not hold" in e.diag.message_detail
+
+
+@pytest.mark.parametrize("encoding", ["UTF8", "LATIN1", "SQL_ASCII"])
+def test_bad_tokens_in_any_database_encoding_are_22P02(make_cluster, encoding):
+    """Tokens are read as bytes: a character outside ASCII is a bad
+    character (not an internal error, as when the text was converted to
+    UTF-8 first), and lengths and positions count characters."""
+    c = make_cluster(settings={"snowflake_id.public_key": KEY_A}, create_extension=True)
+    c.sql(f"CREATE DATABASE enc ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C'"
+          " TEMPLATE template0")
+    c.create_extension(dbname="enc")
+    with c.connect(dbname="enc") as conn:
+        tok = conn.execute("SELECT snowflake_to_public(12345)").fetchone()[0]
+        if isinstance(tok, bytes):   # psycopg returns bytes in SQL_ASCII
+            tok = tok.decode()
+        # Literals, not parameters: psycopg sends str as bytea in SQL_ASCII.
+        assert conn.execute(f"SELECT snowflake_from_public('{tok}')").fetchone()[0] == 12345
+        # 'é' (E9 in LATIN1; in SQL_ASCII, a byte PostgreSQL does not check).
+        literal = "convert_from('\\xe9', 'LATIN1')" if encoding != "SQL_ASCII" \
+            else "convert_from('\\xff', 'SQL_ASCII')"
+        for query, says in [
+                (f"SELECT snowflake_from_public('{tok[:-1]}' || {literal})", "character 14"),
+                (f"SELECT snowflake_from_public('{tok[:-2]}' || {literal} || 'A')",
+                 "character 13"),
+                (f"SELECT snowflake_from_public(repeat({literal}, 20))", "20 characters")]:
+            e = error_of(conn, query)
+            assert e.sqlstate == "22P02", (query, str(e))
+            detail = e.diag.message_detail
+            detail = detail.decode() if isinstance(detail, bytes) else detail
+            assert says in detail, (query, detail)
 
 
 def test_without_a_key_both_functions_are_55000(make_cluster):
