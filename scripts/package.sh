@@ -14,7 +14,7 @@
 # and depends on postgresql-NN, the server package of that major version
 # (Debian 12 ships postgresql-15; 16 and 18 come from apt.postgresql.org).
 #
-# Install:  apt-get install ./target/debs/postgresql-15-snowflake-id_0.3.0_amd64.deb
+# Install:  apt-get install ./target/debs/postgresql-15-snowflake-id_0.3.1_amd64.deb
 # Remove:   dpkg -r postgresql-15-snowflake-id
 
 set -euo pipefail

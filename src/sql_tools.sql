@@ -2,7 +2,11 @@
 -- snowflake_decode() as one composite row, decoders that take the layout
 -- explicitly (IMMUTABLE, for tools that require it), converting a key column,
 -- calendar partitions, and a COMMENT on every function, view and table.
--- Everything here runs with the caller's privileges (SECURITY INVOKER).
+-- Everything here runs with the caller's privileges (SECURITY INVOKER), and
+-- every plpgsql function with search_path = pg_catalog, pg_temp: a function
+-- or operator another role created in a schema on the caller's search_path
+-- is never what they call (it would run with the caller's privileges, and
+-- could make an IMMUTABLE function's answer depend on the caller).
 -- @extschema@ is the extension's schema (the extension is not relocatable).
 
 -- One row, not a set: (snowflake_decode(id)).* and
@@ -19,6 +23,7 @@ $$;
 CREATE FUNCTION snowflake_check_layout_args(time_unit_ms bigint, worker_bits int, sequence_bits int)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF time_unit_ms < 1 OR worker_bits < 0 OR worker_bits > 16 OR sequence_bits < 1
@@ -36,6 +41,7 @@ CREATE FUNCTION snowflake_timestamp(id bigint, epoch timestamptz, time_unit_ms b
                                     worker_bits int, sequence_bits int)
 RETURNS timestamptz
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM @extschema@.snowflake_check_layout_args(time_unit_ms, worker_bits, sequence_bits);
@@ -52,6 +58,7 @@ CREATE FUNCTION snowflake_from_timestamp(ts timestamptz, epoch timestamptz, time
                                          worker_bits int, sequence_bits int)
 RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ms numeric := floor((extract(epoch FROM ts) - extract(epoch FROM epoch)) * 1000);
@@ -62,6 +69,11 @@ BEGIN
             USING ERRCODE = '22008', DETAIL = format('It is before the epoch %s.', epoch),
                   HINT = 'Use a timestamp within the layout''s range; see snowflake_layout().';
     END IF;
+    IF floor(ms / time_unit_ms) >= 2::numeric ^ (63 - worker_bits - sequence_bits) THEN
+        RAISE EXCEPTION 'timestamp % is outside the range of snowflake IDs', ts
+            USING ERRCODE = '22008', DETAIL = 'It is after the last time this layout can encode.',
+                  HINT = 'Use a timestamp within the layout''s range; see snowflake_layout().';
+    END IF;
     RETURN (floor(ms / time_unit_ms)::bigint) << (worker_bits + sequence_bits);
 END
 $$;
@@ -70,6 +82,7 @@ $$;
 CREATE FUNCTION snowflake_convert_column(tbl regclass, col name, convert_type boolean DEFAULT false)
 RETURNS TABLE (step text, detail text)
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     r record;
@@ -207,9 +220,10 @@ BEGIN
          WHERE dep.refclassid = 'pg_catalog.pg_class'::regclass AND dep.refobjid = seq
            AND dep.classid = 'pg_catalog.pg_attrdef'::regclass;
         IF others = 0 THEN
+            -- Named before it goes (a dropped regclass shows as its oid).
+            detail := format('%s, which fed the old default (currval() and lastval() on it now fail instead of returning stale values; use INSERT ... RETURNING)', seq);
             EXECUTE format('DROP SEQUENCE %s', seq);
             step := 'dropped sequence';
-            detail := format('%s, which fed the old default (currval() and lastval() on it now fail instead of returning stale values; use INSERT ... RETURNING)', seq);
         ELSE
             step := 'kept sequence';
             detail := format('%s: %s other column default(s) still use it', seq, others);
@@ -229,6 +243,7 @@ CREATE FUNCTION snowflake_create_partitions(parent regclass, period interval DEF
                                             count int DEFAULT 3, start_at timestamptz DEFAULT now())
 RETURNS TABLE (partition_name regclass, created boolean, from_time timestamptz, to_time timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     p record;

@@ -72,3 +72,41 @@ def test_app_role_is_refused_changing_how_ids_are_made(app_cluster):
         e = sql_error(app, "SELECT * FROM snowflake_accept_layout()")
         assert e.sqlstate == "42501", str(e)
         assert "snowflake_accept_layout" in e.diag.message_primary
+
+
+def test_sql_functions_never_call_another_roles_operators(make_cluster):
+    """The plpgsql functions run with search_path = pg_catalog, pg_temp: a
+    function or operator a role planted on the caller's search_path (a
+    public schema open to all, as in clusters upgraded from PostgreSQL 14)
+    is never what they call. Before, a planted left(name, integer) ran with
+    the caller's privileges in snowflake_create_partitions(), and a planted
+    bigint * interval changed what the IMMUTABLE explicit-layout
+    snowflake_timestamp() answered."""
+    c = make_cluster(create_extension=True)
+    c.sql("GRANT CREATE ON SCHEMA public TO PUBLIC")
+    c.sql("CREATE ROLE mallory LOGIN")
+    args = "'2024-01-01+00', 1, 10, 12"
+    id_ = c.scalar("SELECT snowflake_nextval()")
+    honest = c.scalar(f"SELECT snowflake_timestamp(%s, {args})", id_)
+    with c.connect(user="mallory") as conn:
+        conn.execute("""
+            CREATE FUNCTION public.left(name, integer) RETURNS text
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+                    EXECUTE 'ALTER ROLE mallory SUPERUSER';
+                END IF;
+                RETURN pg_catalog.left($1::text, $2);
+            END $$""")
+        conn.execute("CREATE FUNCTION public.far(bigint, interval) RETURNS interval"
+                     " LANGUAGE sql AS $$ SELECT interval '100 years' $$")
+        conn.execute("CREATE OPERATOR public.* (leftarg = bigint, rightarg = interval,"
+                     " function = public.far)")
+    c.sql("CREATE TABLE events (id bigint) PARTITION BY RANGE (id)")
+    assert len(c.sql("SELECT * FROM snowflake_create_partitions('events', '1 month', 2)")) == 2
+    assert c.scalar("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'") is False
+    assert c.scalar(f"SELECT snowflake_timestamp(%s, {args})", id_) == honest
+    # Past the layout's end: refused, not wrapped around to a wrong ID.
+    with c.connect() as conn:
+        e = sql_error(conn, f"SELECT snowflake_from_timestamp('2100-01-01+00', {args})")
+        assert e.sqlstate == "22008", str(e)

@@ -1,0 +1,304 @@
+-- snowflake_id 0.3.0 -> 0.3.1
+--
+-- A security fix: the plpgsql functions run with search_path = pg_catalog,
+-- pg_temp. Before, they resolved functions and operators through the
+-- caller's search_path, so a role able to create objects in a schema on it
+-- (a public schema open to all, as in clusters upgraded from PostgreSQL 14)
+-- could have snowflake_create_partitions() or snowflake_convert_column()
+-- run its code with the caller's privileges, and make the IMMUTABLE
+-- explicit-layout decoders answer differently per caller. Also:
+-- snowflake_from_timestamp(ts, epoch, ...) refuses (22008) a time past the
+-- layout's end instead of wrapping, and snowflake_convert_column() names
+-- the sequence it dropped (it showed the oid).
+--
+-- Made from src/sql_tools.sql (see sql/README.md). No object changes its
+-- signature, so column defaults, views and privileges that use them stay.
+
+\echo Use "ALTER EXTENSION snowflake_id UPDATE TO '0.3.1'" to load this file. \quit
+
+CREATE OR REPLACE FUNCTION snowflake_check_layout_args(time_unit_ms bigint, worker_bits int, sequence_bits int)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF time_unit_ms < 1 OR worker_bits < 0 OR worker_bits > 16 OR sequence_bits < 1
+       OR sequence_bits > 30 THEN
+        RAISE EXCEPTION 'invalid explicit snowflake layout: time_unit_ms %, worker_bits %, sequence_bits %',
+                        time_unit_ms, worker_bits, sequence_bits
+            USING ERRCODE = '22023',
+                  HINT = 'Pass the values snowflake_layout() shows: time_unit_ms >= 1, worker_bits 0 to 16, sequence_bits 1 to 30.';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION snowflake_timestamp(id bigint, epoch timestamptz, time_unit_ms bigint,
+                                    worker_bits int, sequence_bits int)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.snowflake_check_layout_args(time_unit_ms, worker_bits, sequence_bits);
+    IF id < 0 THEN
+        RAISE EXCEPTION 'snowflake ID out of range: % is negative', id
+            USING ERRCODE = '22003',
+                  HINT = 'IDs are non-negative bigints made by snowflake_nextval().';
+    END IF;
+    RETURN epoch + ((id >> (worker_bits + sequence_bits)) * time_unit_ms) * interval '1 millisecond';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION snowflake_from_timestamp(ts timestamptz, epoch timestamptz, time_unit_ms bigint,
+                                         worker_bits int, sequence_bits int)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ms numeric := floor((extract(epoch FROM ts) - extract(epoch FROM epoch)) * 1000);
+BEGIN
+    PERFORM @extschema@.snowflake_check_layout_args(time_unit_ms, worker_bits, sequence_bits);
+    IF ms < 0 THEN
+        RAISE EXCEPTION 'timestamp % is outside the range of snowflake IDs', ts
+            USING ERRCODE = '22008', DETAIL = format('It is before the epoch %s.', epoch),
+                  HINT = 'Use a timestamp within the layout''s range; see snowflake_layout().';
+    END IF;
+    IF floor(ms / time_unit_ms) >= 2::numeric ^ (63 - worker_bits - sequence_bits) THEN
+        RAISE EXCEPTION 'timestamp % is outside the range of snowflake IDs', ts
+            USING ERRCODE = '22008', DETAIL = 'It is after the last time this layout can encode.',
+                  HINT = 'Use a timestamp within the layout''s range; see snowflake_layout().';
+    END IF;
+    RETURN (floor(ms / time_unit_ms)::bigint) << (worker_bits + sequence_bits);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION snowflake_convert_column(tbl regclass, col name, convert_type boolean DEFAULT false)
+RETURNS TABLE (step text, detail text)
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    r record;
+    a record;
+    views text;
+    fks text;
+    seq regclass;
+    max_id bigint;
+    first_id bigint;
+    others int;
+BEGIN
+    SELECT c.relkind, c.relowner INTO r FROM pg_catalog.pg_class c WHERE c.oid = tbl;
+    IF r.relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '"%" is not a table', tbl
+            USING ERRCODE = '42809',
+                  HINT = 'Convert the key column of a table (plain or partitioned).';
+    END IF;
+    IF NOT pg_catalog.pg_has_role(current_user, r.relowner, 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table %', tbl
+            USING ERRCODE = '42501',
+                  HINT = 'Run it as the table''s owner or a member of the owning role, as ALTER TABLE requires.';
+    END IF;
+    SELECT att.attnum, att.atttypid, att.attidentity, att.attgenerated,
+           pg_catalog.pg_get_expr(d.adbin, d.adrelid) AS def
+      INTO a
+      FROM pg_catalog.pg_attribute att
+      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = att.attrelid AND d.adnum = att.attnum
+     WHERE att.attrelid = tbl AND att.attname = col AND att.attnum > 0 AND NOT att.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of table % does not exist', col, tbl
+            USING ERRCODE = '42703', HINT = 'Name an existing column of the table.';
+    END IF;
+    IF a.attgenerated <> '' THEN
+        RAISE EXCEPTION 'column "%" of table % is a generated column', col, tbl
+            USING ERRCODE = '42P16', HINT = 'Convert a plain key column; a generated column has no default to switch.';
+    END IF;
+    IF a.def IS NOT NULL AND a.def LIKE '%snowflake_nextval()%' THEN
+        step := 'nothing to do';
+        detail := format('column %s of %s already defaults to %s', col, tbl, a.def);
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- Foreign keys that hold copies of this column must be able to hold snowflake IDs too.
+    SELECT string_agg(format('%s.%I (%s)', con.conrelid::regclass, ref.attname,
+                             pg_catalog.format_type(ref.atttypid, NULL)), ', ')
+      INTO fks
+      FROM pg_catalog.pg_constraint con
+      CROSS JOIN LATERAL unnest(con.confkey, con.conkey) AS k(target, source)
+      JOIN pg_catalog.pg_attribute ref ON ref.attrelid = con.conrelid AND ref.attnum = k.source
+     WHERE con.contype = 'f' AND con.confrelid = tbl AND k.target = a.attnum
+       AND ref.atttypid <> 'bigint'::regtype;
+    IF fks IS NOT NULL THEN
+        RAISE EXCEPTION 'foreign keys referencing %.% are not bigint: %', tbl, col, fks
+            USING ERRCODE = '42804',
+                  DETAIL = 'Snowflake IDs do not fit in integer or smallint: rows referencing new IDs would fail with 22003.',
+                  HINT = 'ALTER TABLE ... ALTER COLUMN ... TYPE bigint on those columns first, then convert this one.';
+    END IF;
+
+    IF a.atttypid IN ('integer'::regtype, 'smallint'::regtype) THEN
+        SELECT string_agg(DISTINCT v.oid::regclass::text, ', ')
+          INTO views
+          FROM pg_catalog.pg_depend dep
+          JOIN pg_catalog.pg_rewrite rw ON rw.oid = dep.objid
+          JOIN pg_catalog.pg_class v ON v.oid = rw.ev_class
+         WHERE dep.classid = 'pg_catalog.pg_rewrite'::regclass
+           AND dep.refclassid = 'pg_catalog.pg_class'::regclass
+           AND dep.refobjid = tbl AND dep.refobjsubid = a.attnum AND v.oid <> tbl;
+        IF NOT convert_type THEN
+            RAISE EXCEPTION 'column "%" of table % is %, too small for snowflake IDs', col, tbl,
+                            pg_catalog.format_type(a.atttypid, NULL)
+                USING ERRCODE = '42804',
+                      DETAIL = 'Snowflake IDs are larger than any integer: every insert would fail with 22003 (integer out of range).',
+                      HINT = format('Call snowflake_convert_column(%L, %L, convert_type => true) to run ALTER TABLE %s ALTER COLUMN %I TYPE bigint first (it rewrites the table and its indexes under an ACCESS EXCLUSIVE lock), or run that yourself.',
+                                    tbl::text, col, tbl, col);
+        END IF;
+        IF views IS NOT NULL THEN
+            RAISE EXCEPTION 'cannot change the type of column "%" of table %: views depend on it', col, tbl
+                USING ERRCODE = '0A000',
+                      DETAIL = format('Dependent views: %s.', views),
+                      HINT = 'In one transaction: drop those views, call this function again, and create the views again. PostgreSQL cannot change the type of a column a view uses.';
+        END IF;
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', tbl, col);
+        step := 'changed type';
+        detail := format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint (was %s): snowflake IDs do not fit in it',
+                         tbl, col, pg_catalog.format_type(a.atttypid, NULL));
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+    ELSIF a.atttypid <> 'bigint'::regtype THEN
+        RAISE EXCEPTION 'column "%" of table % is %, not an integer column', col, tbl,
+                        pg_catalog.format_type(a.atttypid, NULL)
+            USING ERRCODE = '42804',
+                  HINT = 'Snowflake IDs are bigint: convert a bigint, integer or smallint key column.';
+    END IF;
+
+    EXECUTE format('SELECT max(%I) FROM %s', col, tbl) INTO max_id;
+    first_id := @extschema@.snowflake_from_timestamp(now());
+    IF max_id >= first_id THEN
+        RAISE EXCEPTION 'existing values of %.% reach %, not below the first snowflake ID of now (%)',
+                        tbl, col, max_id, first_id
+            USING ERRCODE = '22003',
+                  DETAIL = 'New IDs could then collide with existing rows, or sort before them.',
+                  HINT = 'If the column already holds snowflake IDs, only set its default: ALTER TABLE ... ALTER COLUMN ... SET DEFAULT snowflake_nextval().';
+    END IF;
+    step := 'checked values';
+    detail := format('max(%I) = %s, below %s, the first snowflake ID of now', col,
+                     coalesce(max_id::text, 'NULL (no rows)'), first_id);
+    RAISE NOTICE '%: %', step, detail;
+    RETURN NEXT;
+
+    seq := pg_catalog.pg_get_serial_sequence(tbl::text, col)::regclass;
+    IF a.attidentity IN ('a', 'd') THEN
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I DROP IDENTITY', tbl, col);
+        step := 'dropped identity';
+        detail := format('GENERATED %s AS IDENTITY removed, and with it its sequence %s',
+                         CASE a.attidentity WHEN 'a' THEN 'ALWAYS' ELSE 'BY DEFAULT' END, seq);
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+        seq := NULL;
+    END IF;
+
+    EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT @extschema@.snowflake_nextval()', tbl, col);
+    step := 'set default';
+    detail := format('%s.%I DEFAULT snowflake_nextval() (was %s)', tbl, col,
+                     coalesce(CASE WHEN a.attidentity IN ('a', 'd') THEN 'an identity' END, a.def, 'no default'));
+    RAISE NOTICE '%: %', step, detail;
+    RETURN NEXT;
+
+    IF seq IS NOT NULL THEN
+        -- An owned (serial) sequence: dropped, so that code still calling
+        -- currval()/lastval() for this table fails instead of reading a stale value.
+        SELECT count(*) INTO others
+          FROM pg_catalog.pg_depend dep
+         WHERE dep.refclassid = 'pg_catalog.pg_class'::regclass AND dep.refobjid = seq
+           AND dep.classid = 'pg_catalog.pg_attrdef'::regclass;
+        IF others = 0 THEN
+            -- Named before it goes (a dropped regclass shows as its oid).
+            detail := format('%s, which fed the old default (currval() and lastval() on it now fail instead of returning stale values; use INSERT ... RETURNING)', seq);
+            EXECUTE format('DROP SEQUENCE %s', seq);
+            step := 'dropped sequence';
+        ELSE
+            step := 'kept sequence';
+            detail := format('%s: %s other column default(s) still use it', seq, others);
+        END IF;
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+    END IF;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION snowflake_create_partitions(parent regclass, period interval DEFAULT '1 month',
+                                            count int DEFAULT 3, start_at timestamptz DEFAULT now())
+RETURNS TABLE (partition_name regclass, created boolean, from_time timestamptz, to_time timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    p record;
+    months int := extract(year FROM period) * 12 + extract(month FROM period);
+    days int := extract(day FROM period);
+    unit text;
+    fmt text;
+    base timestamp;
+    lo timestamp;
+    pname text;
+    existing oid;
+BEGIN
+    SELECT pt.partstrat, pt.partnatts, pt.partattrs[0] AS attnum, c.relname, c.relnamespace,
+           n.nspname, att.atttypid
+      INTO p
+      FROM pg_catalog.pg_partitioned_table pt
+      JOIN pg_catalog.pg_class c ON c.oid = pt.partrelid
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      LEFT JOIN pg_catalog.pg_attribute att ON att.attrelid = pt.partrelid AND att.attnum = pt.partattrs[0]
+     WHERE pt.partrelid = parent;
+    IF NOT FOUND OR p.partstrat <> 'r' OR p.partnatts <> 1 OR p.atttypid IS DISTINCT FROM 'bigint'::regtype THEN
+        RAISE EXCEPTION 'table % is not partitioned by range on one bigint column', parent
+            USING ERRCODE = '42809',
+                  HINT = 'Create it with PARTITION BY RANGE (id), id being its bigint snowflake ID column.';
+    END IF;
+    IF period - make_interval(months => months, days => days) <> interval '0' THEN
+        months := -1;
+    END IF;
+    IF months = 0 AND days = 1 THEN unit := 'day'; fmt := 'YYYY_MM_DD';
+    ELSIF months = 0 AND days = 7 THEN unit := 'week'; fmt := 'IYYY_"w"IW';
+    ELSIF months = 1 AND days = 0 THEN unit := 'month'; fmt := 'YYYY_MM';
+    ELSIF months = 12 AND days = 0 THEN unit := 'year'; fmt := 'YYYY';
+    ELSE
+        RAISE EXCEPTION 'unsupported partition period %', period
+            USING ERRCODE = '22023', HINT = 'Use 1 day, 1 week, 1 month or 1 year.';
+    END IF;
+    IF count < 1 OR count > 1000 THEN
+        RAISE EXCEPTION 'partition count % is out of range', count
+            USING ERRCODE = '22023', HINT = 'Ask for 1 to 1000 partitions.';
+    END IF;
+
+    base := date_trunc(unit, start_at AT TIME ZONE 'UTC');
+    FOR i IN 0 .. count - 1 LOOP
+        lo := base + i * period;
+        pname := to_char(lo, fmt);
+        pname := left(p.relname, 63 - 2 - length(pname)) || '_p' || pname;
+        from_time := lo AT TIME ZONE 'UTC';
+        to_time := (lo + period) AT TIME ZONE 'UTC';
+        SELECT c.oid INTO existing FROM pg_catalog.pg_class c
+         WHERE c.relnamespace = p.relnamespace AND c.relname = pname;
+        IF existing IS NULL THEN
+            EXECUTE format('CREATE TABLE %I.%I PARTITION OF %s FOR VALUES FROM (%s) TO (%s)',
+                           p.nspname, pname, parent,
+                           @extschema@.snowflake_from_timestamp(from_time),
+                           @extschema@.snowflake_from_timestamp(to_time));
+            created := true;
+        ELSIF EXISTS (SELECT FROM pg_catalog.pg_inherits i
+                       WHERE i.inhrelid = existing AND i.inhparent = parent) THEN
+            created := false;
+        ELSE
+            RAISE EXCEPTION 'relation %.% exists and is not a partition of %', p.nspname, pname, parent
+                USING ERRCODE = '42P07',
+                      HINT = 'Rename or attach that table, then call this function again.';
+        END IF;
+        partition_name := format('%I.%I', p.nspname, pname)::regclass;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
