@@ -197,6 +197,19 @@ impl Layout {
         Ok(layout)
     }
 
+    /// The ranges and the bits adding up, for a layout read back from a
+    /// file rather than built from settings.
+    pub fn check_ranges(&self) -> Result<(), LayoutError> {
+        Layout::checked(
+            self.epoch_ms,
+            self.unit_ms,
+            self.total_bits,
+            self.worker_bits,
+            self.sequence_bits,
+        )
+        .map(|_| ())
+    }
+
     /// The ranges and the bits adding up.
     fn checked(
         epoch_ms: i64,

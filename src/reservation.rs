@@ -211,7 +211,14 @@ fn parse_state_file(text: &str) -> Result<StateFile, StateFileError> {
     if version == 0 {
         return Err(StateFileError::Unreadable("format version 0".into()));
     }
-    serde_json::from_str(text).map_err(unreadable)
+    let state: StateFile = serde_json::from_str(text).map_err(unreadable)?;
+    // A damaged or hand-edited layout must not be used (a unit of 0 would
+    // divide by zero when a changed layout is accepted).
+    state
+        .layout
+        .check_ranges()
+        .map_err(|e| StateFileError::Unreadable(format!("its layout is invalid: {e}")))?;
+    Ok(state)
 }
 
 /// The temporary file the state file is written to before it is renamed.
@@ -324,5 +331,17 @@ mod tests {
             parse_state_file("{}"),
             Err(StateFileError::Unreadable(_))
         ));
+        // Well-formed, but a layout no setting can make: refused too.
+        for (field, bad) in [
+            (r#""unit_ms":1"#, r#""unit_ms":0"#),
+            (r#""total_bits":63"#, r#""total_bits":200"#),
+            (r#""sequence_bits":12"#, r#""sequence_bits":60"#),
+        ] {
+            let damaged = v1.replace(field, bad);
+            assert!(
+                matches!(&parse_state_file(&damaged), Err(StateFileError::Unreadable(p)) if p.contains("layout is invalid")),
+                "{bad}"
+            );
+        }
     }
 }
