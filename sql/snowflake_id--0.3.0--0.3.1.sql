@@ -9,7 +9,10 @@
 -- explicit-layout decoders answer differently per caller. Also:
 -- snowflake_from_timestamp(ts, epoch, ...) refuses (22008) a time past the
 -- layout's end instead of wrapping, and snowflake_convert_column() names
--- the sequence it dropped (it showed the oid).
+-- the sequence it dropped (it showed the oid). New: the trigger
+-- snowflake_registry_merge on snowflake_worker_registry, so that restoring
+-- a dump of the registry database into a server whose registry worker has
+-- already written rows merges them instead of failing on the primary key.
 --
 -- Made from src/sql_tools.sql (see sql/README.md). No object changes its
 -- signature, so column defaults, views and privileges that use them stay.
@@ -302,3 +305,27 @@ BEGIN
     END LOOP;
 END
 $fn$;
+
+-- A restored row whose worker id this server's registry worker has
+-- already recorded replaces that row, keeping the higher mark, instead of
+-- failing the restore's COPY on the primary key (and then raising nothing).
+-- The worker's next update writes its live values back.
+CREATE FUNCTION snowflake_registry_merge() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    hw timestamptz;
+BEGIN
+    DELETE FROM @extschema@.snowflake_worker_registry WHERE worker_id = NEW.worker_id
+    RETURNING high_water INTO hw;
+    IF FOUND THEN
+        NEW.high_water := greatest(NEW.high_water, hw);
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_registry_merge() IS
+  'Trigger on snowflake_worker_registry: a restored row replaces the row of the same worker id, keeping the higher high-water mark.';
+REVOKE EXECUTE ON FUNCTION snowflake_registry_merge() FROM PUBLIC;
+CREATE TRIGGER snowflake_registry_merge
+    BEFORE INSERT ON snowflake_worker_registry
+    FOR EACH ROW EXECUTE FUNCTION snowflake_registry_merge();

@@ -104,6 +104,29 @@ CREATE TRIGGER snowflake_registry_high_water
     AFTER INSERT ON snowflake_worker_registry
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION snowflake_registry_high_water();
+-- A restored row whose worker id this server's registry worker has
+-- already recorded replaces that row, keeping the higher mark, instead of
+-- failing the restore's COPY on the primary key (and then raising nothing).
+-- The worker's next update writes its live values back.
+CREATE FUNCTION snowflake_registry_merge() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    hw timestamptz;
+BEGIN
+    DELETE FROM @extschema@.snowflake_worker_registry WHERE worker_id = NEW.worker_id
+    RETURNING high_water INTO hw;
+    IF FOUND THEN
+        NEW.high_water := greatest(NEW.high_water, hw);
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_registry_merge() IS
+  'Trigger on snowflake_worker_registry: a restored row replaces the row of the same worker id, keeping the higher high-water mark.';
+REVOKE EXECUTE ON FUNCTION snowflake_registry_merge() FROM PUBLIC;
+CREATE TRIGGER snowflake_registry_merge
+    BEFORE INSERT ON snowflake_worker_registry
+    FOR EACH ROW EXECUTE FUNCTION snowflake_registry_merge();
 "#,
     name = "snowflake_worker_registry_trigger",
     requires = [
@@ -327,6 +350,13 @@ fn sync() -> Sync {
     let Ok(Some(schema)) = schema else {
         return Sync::NoExtension;
     };
+    // The worker's own rows skip the table's triggers (this transaction
+    // only): they merge restored rows and raise the floor from them, which
+    // for this server's own marks is nothing to do.
+    if let Err(e) = Spi::run("SET LOCAL session_replication_role = replica") {
+        pgrx::warning!("snowflake_id registry: could not update snowflake_worker_registry: {e}");
+        return Sync::Failed;
+    }
     match Spi::run(&UPSERT.replace("%s", &schema)) {
         Ok(()) => {
             pgrx::debug1!("snowflake_id registry: snowflake_worker_registry is up to date");

@@ -142,6 +142,39 @@ def test_dump_restore_16_to_18(make_cluster, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed")
+def test_dump_restore_into_a_server_already_making_ids(make_cluster):
+    """The target's registry worker has already written rows for the worker
+    ids its sessions used: the restored rows of the same worker ids merge
+    (keeping the higher mark) instead of failing pg_restore on the primary
+    key, and new IDs go above the restored ones."""
+    old = make_cluster(create_extension=True)
+    old_max = make_old_ids(old)
+    last_time = time_of(old, old_max)
+    wait_until(lambda: old.scalar(
+        "SELECT max(high_water) >= snowflake_timestamp(%s) FROM snowflake_worker_registry",
+        old_max), timeout=30, what="the registry's high-water mark")
+    dump = os.path.join(old.dir, "postgres.dump")
+    _run_pg([os.path.join(PG_BINDIR, "pg_dump"), "-Fc", "-f", dump,
+             "-h", old.dir, "-p", old.port, "-U", "postgres", "-d", "postgres"], cwd=old.dir)
+    old.stop()
+
+    new = make_cluster(start=False)
+    clock = FakeClock(new.dir)
+    start_behind(new, clock, last_time)
+    new.create_extension()
+    new.sql("SELECT snowflake_nextval()")
+    wait_until(lambda: new.scalar("SELECT count(*) FROM snowflake_worker_registry"),
+               timeout=30, what="the target's registry worker writing its rows")
+    _run_pg([os.path.join(PG_BINDIR, "pg_restore"), "--exit-on-error", "-d", "postgres",
+             "-h", new.dir, "-p", new.port, "-U", "postgres", dump], cwd=new.dir)
+    assert new.scalar("SELECT max(id) FROM orders") == old_max
+    assert new.scalar("SELECT max(high_water) >= snowflake_timestamp(%s)"
+                      " FROM snowflake_worker_registry", old_max)
+    assert_new_above_old(new, old_max)
+
+
+@pytest.mark.timeout(300)
 def test_dump_of_another_database_needs_one_command(make_cluster):
     """A database other than snowflake_id.registry_database has no
     high-water marks of its own: after restoring it, one command per table
