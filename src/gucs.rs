@@ -542,19 +542,12 @@ unsafe extern "C-unwind" fn check_registry(
 /// `snowflake_nextval()` fail with 55000), without echoing the value.
 /// Removes it from `configured`.
 fn refuse_invalid_registry(configured: &mut Vec<Configured>) {
-    configured.retain(|c| {
-        if !c
-            .name
-            .to_string_lossy()
-            .eq_ignore_ascii_case("snowflake_id.registry")
-        {
-            return true;
-        }
-        if let Some(problem) = registry_problem(&c.value.to_string_lossy()) {
-            errors::bad_registry_setting(&c.origin, &problem);
-        }
-        false
-    });
+    refuse_secret(
+        configured,
+        "snowflake_id.registry",
+        registry_problem,
+        errors::bad_registry_setting,
+    );
 }
 
 /// Makes this process resolve unqualified names in `pg_catalog` only:
@@ -764,16 +757,33 @@ fn define_public_key() {
 /// refuses the start as [`refuse_invalid_values`] does for the other
 /// settings, but without echoing the value. Removes it from `configured`.
 fn refuse_invalid_public_key(configured: &mut Vec<Configured>) {
+    refuse_secret(
+        configured,
+        "snowflake_id.public_key",
+        |text| {
+            crate::public_id::parse_keys(text)
+                .err()
+                .map(|e| e.to_string())
+        },
+        errors::bad_public_key_setting,
+    );
+}
+
+/// Refuses the start when the configured value of the secret setting
+/// `name` has a `problem`, reporting it with `refuse` (which never echoes
+/// the value). Removes the setting from `configured`.
+fn refuse_secret(
+    configured: &mut Vec<Configured>,
+    name: &str,
+    problem: impl Fn(&str) -> Option<String>,
+    refuse: fn(&str, &str) -> !,
+) {
     configured.retain(|c| {
-        if !c
-            .name
-            .to_string_lossy()
-            .eq_ignore_ascii_case("snowflake_id.public_key")
-        {
+        if !c.name.to_string_lossy().eq_ignore_ascii_case(name) {
             return true;
         }
-        if let Err(problem) = crate::public_id::parse_keys(&c.value.to_string_lossy()) {
-            errors::bad_public_key_setting(&c.origin, &problem.to_string());
+        if let Some(problem) = problem(&c.value.to_string_lossy()) {
+            refuse(&c.origin, &problem);
         }
         false
     });

@@ -131,13 +131,12 @@ fn snowflake_from_public(token: TokenBytes<'_>) -> i64 {
         // with any other, say so in characters, not bytes.
         let decoded = match token.iter().position(|b| !b.is_ascii()) {
             None => codec.decode(token),
-            Some(_) if chars_in(token, token.len()) != want => Err(public_id::TokenError::Length {
-                got: chars_in(token, token.len()),
-                want,
-            }),
-            Some(at) => Err(public_id::TokenError::Character {
-                position: chars_in(token, at) + 1,
-            }),
+            Some(at) => match chars_in(token, token.len()) {
+                got if got != want => Err(public_id::TokenError::Length { got, want }),
+                _ => Err(public_id::TokenError::Character {
+                    position: chars_in(token, at) + 1,
+                }),
+            },
         };
         match decoded {
             // Below 2^63 by construction (width <= 63).
