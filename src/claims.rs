@@ -275,6 +275,13 @@ fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
             && unreachable_since != 0
             && lease.blocks_held.load(Acquire) == 0
             && *waited_ms >= UNREACHABLE_WAIT_MS);
+    let undecided_problem = !decided && *waited_ms >= UNREACHABLE_WAIT_MS && {
+        let problem = lease.problem.get();
+        !problem.is_empty()
+    };
+    if undecided_problem {
+        errors::fleet_unknown(&lease.problem.get(), current_database_has_citus());
+    }
     if give_up {
         errors::no_lease(
             &lease.registry.get(),
@@ -286,6 +293,26 @@ fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
     }
     crate::clock::wait_ms(10);
     *waited_ms += 10;
+}
+
+/// Whether this session's database has the citus extension (for the hint
+/// of [`errors::fleet_unknown`]; on the error path only).
+#[cold]
+fn current_database_has_citus() -> Option<String> {
+    // SAFETY: a syscache lookup by name, missing_ok; and the name of this
+    // session's database, valid while it runs (NULL-checked).
+    unsafe {
+        let oid = pg_sys::get_extension_oid(c"citus".as_ptr(), true);
+        if oid == pg_sys::InvalidOid {
+            return None;
+        }
+        let name = pg_sys::get_database_name(pg_sys::MyDatabaseId);
+        (!name.is_null()).then(|| {
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned()
+        })
+    }
 }
 
 /// One attempt at a claim; `None` when leases are in use and no leased id

@@ -504,6 +504,27 @@ pub fn no_lease(
     )
 }
 
+/// 55000: Citus is preloaded and the lease worker cannot tell which
+/// cluster this server belongs to (see `lease_worker`): no IDs rather
+/// than every worker id unchecked. `citus_here`: this session's database,
+/// when it has the citus extension.
+pub fn fleet_unknown(problem: &str, citus_here: Option<String>) -> ! {
+    let hint = match citus_here {
+        Some(db) => format!(
+            "This database ({db}) has the citus extension: set snowflake_id.registry_database = '{}' in postgresql.conf and reload, or set snowflake_id.registry.",
+            db.replace('\'', "''")
+        ),
+        None => "Set snowflake_id.registry_database to the database where CREATE EXTENSION citus ran and reload, or set snowflake_id.registry to the fleet's registry.".into(),
+    };
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "no worker id can be leased: this server cannot tell which Citus cluster it belongs to"
+            .into(),
+        Some(problem.to_string()),
+        Some(hint),
+    )
+}
+
 /// 55000: a hot standby of a fleet that leases worker ids makes no IDs.
 pub fn no_lease_on_standby() -> ! {
     raise(

@@ -34,6 +34,41 @@
 //! rates; an offset between clocks only makes a new holder start further
 //! ahead (it waits until the floor is within `max_drift` of its clock
 //! before it uses the block, see [`Plan::activate`]).
+//!
+//! # What the registry must not forget, and what happens when it does
+//!
+//! Rules 2 and 3 assume the registry never forgets a mark it confirmed.
+//! That is made true where it can be and detected where it cannot
+//! (`leases.sql`, `holder`, docs/fleet-fencing.md):
+//!
+//! - A grant is durable before the holder uses it: the holder's session
+//!   commits synchronously (`synchronous_commit = on`, which also waits
+//!   for a synchronous standby), and the registry refuses a session that
+//!   does not.
+//! - Every way a registry can still lose committed rows is detected and
+//!   starts a new *incarnation*: a new WAL timeline (promotion, PITR, a
+//!   restored base backup), a WAL position below one a holder saw (a
+//!   snapshot restored without recovery), the incarnation row gone (the
+//!   lease table emptied, the extension made again, a pg_dump restore),
+//!   a restart with `fsync` off.
+//! - A new incarnation with any sign of holders (leased rows, live block
+//!   locks, a timeline change or a rollback, a holder that knew the older
+//!   incarnation) is *fenced*: no block is leased anew for the longest
+//!   lease time plus grace seen, by which time every grant it may have
+//!   forgotten has run out at its holder (rule: clock *rates*); and every
+//!   block's mark, and the mark of every row made later, is raised to the
+//!   registry's clock plus the largest distance by which a confirmed mark
+//!   was ever ahead of it, plus grace. A forgotten mark was asked for
+//!   before the fence began, so it is below that, as long as no holder's
+//!   clock moved further ahead of the registry's by more than the grace
+//!   since: this is the one place where clock offsets matter, and only
+//!   after the registry lost data.
+//! - During the fence, holders that knew the older incarnation re-assert
+//!   their blocks with their marks and keep them.
+//! - Not covered: an old primary that goes on granting after a standby was
+//!   promoted (split brain: fence the old primary, as any failover must),
+//!   and a snapshot restored in place over a registry whose WAL has since
+//!   passed every position its holders saw before any of them calls.
 
 use crate::ranges::WorkerRanges;
 
@@ -120,6 +155,9 @@ pub struct Held {
     pub deadline_mono_ms: i64,
     /// Whether sessions may use it now.
     pub active: bool,
+    /// Whether the registry confirmed it since this server started (a
+    /// block saved before a restart is not, until a renewal keeps it).
+    pub confirmed: bool,
     /// Since when (monotonic ms) none of its ids has had a session.
     pub idle_since_mono_ms: Option<i64>,
 }
@@ -186,6 +224,8 @@ pub fn plan(
         if h.active {
             free += u.ids - u.busy.min(u.ids);
             live.push(h);
+        } else if !h.confirmed {
+            pending += u.ids;
         } else if h.floor_ms.saturating_sub(max_drift_ms) <= now_wall_ms {
             plan.activate.push(h.block);
             free += u.ids;
@@ -237,6 +277,7 @@ mod tests {
             high_ms: T0 + 700_000,
             deadline_mono_ms: deadline,
             active,
+            confirmed: true,
             idle_since_mono_ms: idle,
         }
     }

@@ -1,38 +1,46 @@
 //! The lease worker: the background worker that leases blocks of worker ids
 //! for this server from the fleet's registry (`snowflake_id.registry`, or
-//! the Citus coordinator), renews them, gives idle ones back, and tells
-//! backends which ids they may use. The rules and the safety argument are
-//! in `lease`; the registry's side (table, view, functions) in
-//! `leases.sql`, created with the extension.
+//! the Citus coordinator). This file is glue: the holder's rules are the
+//! state machine in `holder` (tested against a fake registry), the marks
+//! and the safety argument in `lease`, the registry's side in `leases.sql`
+//! (created with the extension), the design in docs/fleet-fencing.md.
 //!
 //! - It runs when `snowflake_id.registry` is set, or when Citus is
 //!   preloaded (then it reads Citus's `pg_dist_node` in
 //!   `snowflake_id.registry_database` every second: a node in a cluster
-//!   leases from the coordinator, a node on its own uses its `worker_ids`).
-//! - It talks to the registry over an ordinary client connection (the
-//!   `postgres` crate: a maintained, pure-Rust client, so the extension
-//!   needs no libpq of its own), with timeouts, one call per renewal.
-//!   Backends never wait on the registry: they read the slots' limits.
+//!   leases from the coordinator, a node on its own uses its `worker_ids`;
+//!   when that database has no citus extension, it makes no IDs and says
+//!   why, never local mode with every worker id).
+//! - It talks to the registry over an ordinary client connection, with
+//!   timeouts, one call per renewal, committing synchronously. Backends
+//!   never wait on the registry: they read the slots' limits.
 //! - Each slot's `limit_tick` is the confirmed mark of its block (or
 //!   `NO_LEASE`); activating or revoking a block happens under the slot
 //!   table's lock and bumps the slots' `lease_epoch`, so a backend whose
 //!   block changed hands moves to another id (see `claims`).
-//! - Identity: a random node id in the file `snowflake_id.leases` (with the
-//!   blocks held and their deadlines, written durably at each change, so a
-//!   restart while the registry is down reuses them). A copy of the data
-//!   directory finds its node id's session lock taken on the registry by
-//!   the running original, takes a new id and leases afresh. The lock held
-//!   by this worker's own earlier session, left behind on the registry by
-//!   a network break, is not a copy's: the worker remembers that session
-//!   (pid and start, in memory only) and ends it.
+//! - Identity: a random node id in the file `snowflake_id.leases`, with
+//!   the blocks held and their deadlines, the registry they came from and
+//!   its incarnation, written durably at each change. After a restart the
+//!   saved blocks are used once the registry confirms them; while it is
+//!   unreachable, only when this data directory provably saved them (same
+//!   directory, same registry, not started from a backup). A copy of the
+//!   data directory finds its node id's session lock taken on the
+//!   registry by the running original, takes a new id and leases afresh.
+//!   The lock held by this worker's own earlier session, left behind on
+//!   the registry by a network break, is not a copy's: the worker
+//!   remembers that session (pid and start, in memory only) and ends it.
 //! - Problems are logged once, when they start and when they end, and
 //!   retried every renewal interval.
 
 use crate::clock;
 use crate::generator::{floor_word, unpack};
 use crate::gucs;
+use crate::holder::{
+    self, AcquireRequest, CallError, Event, Holder, Identity, Now, Registry, ReleaseReply,
+    ReleaseRequest, RenewRequest, Reply,
+};
 use crate::layout::{format_unix_ms, Layout};
-use crate::lease::{self, Held, Timing, Usage};
+use crate::lease::{self, Timing, Usage};
 use crate::reservation;
 use crate::shmem::{self, Header, MODE_CITUS, MODE_LOCAL, MODE_REGISTRY, NO_LEASE};
 use pgrx::bgworkers::{
@@ -41,6 +49,7 @@ use pgrx::bgworkers::{
 use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::ffi::CStr;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::time::{Duration, Instant};
 
@@ -50,15 +59,27 @@ const NAME: &str = "snowflake_id lease";
 const LEASE_FILE: &str = "snowflake_id.leases";
 const LEASE_FILE_C: &CStr = c"snowflake_id.leases";
 const LEASE_FILE_TMP: &CStr = c"snowflake_id.leases.tmp";
-const LEASE_FILE_VERSION: u32 = 1;
+const LEASE_FILE_VERSION: u32 = 2;
 /// How often a Citus node looks at the cluster's metadata.
 const CITUS_POLL_MS: i64 = 1_000;
+/// Files whose presence when the server starts means it starts from a
+/// backup or as a standby: the lease file may be older than the leases.
+const RESTORE_FILES: [&str; 3] = ["backup_label", "recovery.signal", "standby.signal"];
 
-/// Registers the worker. Called from `_PG_init` while preloading.
+/// Set in the postmaster when it started with one of [`RESTORE_FILES`]
+/// (inherited by the lease worker, which forks from it).
+static STARTED_FROM_BACKUP: AtomicBool = AtomicBool::new(false);
+
+/// Registers the worker. Called from `_PG_init` while preloading, in the
+/// postmaster, whose working directory is the data directory.
 pub fn init() {
     if !gucs::leases_enabled() {
         return;
     }
+    let restored = RESTORE_FILES
+        .iter()
+        .any(|f| std::path::Path::new(f).exists());
+    STARTED_FROM_BACKUP.store(restored, Relaxed);
     BackgroundWorkerBuilder::new(NAME)
         .set_type(NAME)
         .set_library("snowflake_id")
@@ -88,6 +109,14 @@ struct LeaseFile {
     /// stay usable, also while the coordinator is down.
     #[serde(default)]
     citus_registry: Option<(String, String)>,
+    /// The registry the blocks came from (as displayed: host, port,
+    /// database), its incarnation and the highest WAL position seen.
+    #[serde(default)]
+    registry: Option<String>,
+    #[serde(default)]
+    incarnation: String,
+    #[serde(default)]
+    lsn: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy)]
@@ -107,27 +136,32 @@ struct Target {
     mode: u8,
 }
 
+/// What the lease file needs besides the holder's state.
+struct FileContext {
+    data_directory: Option<(u64, u64)>,
+    target: Option<Target>,
+    started: Instant,
+    /// The last text written, to skip unchanged writes.
+    saved: String,
+}
+
 struct Worker {
     header: &'static Header,
     layout: Layout,
-    block_size: u32,
-    node_id: String,
-    name: String,
-    started: Instant,
-    target: Option<Target>,
-    client: Option<postgres::Client>,
-    /// The extension's schema on the registry, quoted.
-    schema: String,
-    held: Vec<Held>,
-    last_renew_mono: i64,
+    holder: Holder,
+    file: FileContext,
+    client: Option<PgRegistry>,
     next_connect_mono: i64,
     /// The pause before the next connection attempt: 250 ms after a
     /// working connection broke, doubling up to the renewal interval.
     connect_backoff_ms: i64,
+    /// A connection attempt failed since the last success.
+    unreachable: bool,
+    /// The saved blocks may be used while the registry is unreachable:
+    /// same data directory, same registry, not started from a backup.
+    saved_provable: bool,
     next_citus_mono: i64,
     problem: Option<String>,
-    saved: String,
-    data_directory: Option<(u64, u64)>,
     /// This worker's last session on the registry: its backend pid and
     /// start (microseconds since 1970). After a network break that session
     /// can linger there (a half-open connection), still holding the node
@@ -162,7 +196,7 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
     let mut worker = Worker::new(header);
     if citus && database.is_none() {
         worker.set_problem(
-            "Citus is preloaded but snowflake_id.registry_database is empty, so its metadata cannot be read: set snowflake_id.registry".into(),
+            "Citus is preloaded but snowflake_id.registry_database is empty, so its metadata cannot be read: set snowflake_id.registry_database to the database where CREATE EXTENSION citus ran, or set snowflake_id.registry".into(),
         );
     }
     loop {
@@ -184,7 +218,8 @@ impl Worker {
         let layout = *gucs::layout();
         let data_directory = data_directory_id();
         let mut file = read_lease_file();
-        if file.data_directory.is_some() && file.data_directory != data_directory {
+        let copied = file.data_directory.is_some() && file.data_directory != data_directory;
+        if copied {
             // Detected without the registry, so also when it is down now:
             // the original may be running and issuing from these blocks.
             pgrx::log!(
@@ -198,58 +233,86 @@ impl Worker {
             file.node_id.clone()
         };
         header.lease.node_id.set(&node_id);
+        let block_size = lease::block_size(layout.max_worker_id());
+        let holder = Holder::new(Identity {
+            node: node_id,
+            name: node_name(),
+            layout: layout_text(&layout),
+            block_size,
+            max_worker_id: layout.max_worker_id(),
+        });
+        let started = Instant::now();
         let mut worker = Worker {
             header,
             layout,
-            block_size: lease::block_size(layout.max_worker_id()),
-            node_id,
-            name: node_name(),
-            started: Instant::now(),
-            target: None,
+            holder,
+            file: FileContext {
+                data_directory,
+                target: None,
+                started,
+                saved: String::new(),
+            },
             client: None,
-            schema: String::new(),
-            held: Vec::new(),
-            last_renew_mono: i64::MIN,
             next_connect_mono: 0,
             connect_backoff_ms: 0,
+            unreachable: false,
+            saved_provable: false,
             next_citus_mono: 0,
             problem: None,
-            saved: String::new(),
-            data_directory,
             registry_session: None,
         };
-        if let Some(registry) = gucs::registry() {
-            worker.set_target(Some(Target {
+        let target = if let Some(registry) = gucs::registry() {
+            Some(Target {
                 display: redact(&registry),
                 conninfo: registry,
                 mode: MODE_REGISTRY,
-            }));
-        } else if let Some((conninfo, display)) = file.citus_registry {
-            worker.set_target(Some(Target {
-                conninfo,
-                display,
-                mode: MODE_CITUS,
-            }));
+            })
+        } else {
+            file.citus_registry
+                .clone()
+                .map(|(conninfo, display)| Target {
+                    conninfo,
+                    display,
+                    mode: MODE_CITUS,
+                })
+        };
+        worker.set_target(target);
+        let from_backup = STARTED_FROM_BACKUP.load(Relaxed);
+        let same_registry = file.registry.is_some()
+            && file.registry.as_deref() == worker.file.target.as_ref().map(|t| t.display.as_str());
+        if from_backup && !file.blocks.is_empty() {
+            pgrx::log!(
+                "snowflake_id lease: this server started from a backup or as a standby: the leases saved in \"{LEASE_FILE}\" are used only once the registry confirms them, above the registry's marks"
+            );
         }
-        // Leases saved by the last life of this data directory: usable
-        // until their deadlines even if the registry is unreachable now.
-        // Their IDs start above everything that life issued (the durable
-        // reservation), and so does the mark recorded when one is given
-        // back: the floor it was leased with may be days older than its
-        // newest ID.
-        let now_wall = clock::unix_ms();
-        let now_mono = worker.mono_ms();
-        let restart_floor_ms = header.floor_ms.load(Acquire);
-        for saved in file.blocks {
-            if saved.deadline_unix_ms > now_wall {
-                worker.held.push(Held {
-                    block: saved.block,
-                    floor_ms: saved.floor_ms.max(restart_floor_ms),
-                    high_ms: saved.high_ms,
-                    deadline_mono_ms: now_mono + (saved.deadline_unix_ms - now_wall),
-                    active: false,
-                    idle_since_mono_ms: None,
-                });
+        if !same_registry && !file.blocks.is_empty() {
+            pgrx::log!(
+                "snowflake_id lease: the leases saved in \"{LEASE_FILE}\" came from another registry than {}: they are not used",
+                worker.display()
+            );
+        }
+        if same_registry {
+            worker.saved_provable = !from_backup && file.data_directory.is_some();
+            worker.holder.from_backup = from_backup;
+            worker.holder.incarnation = file.incarnation.clone();
+            worker.holder.lsn = holder::parse_lsn(&file.lsn).unwrap_or(0);
+            // Saved by the last life of this data directory. Their IDs
+            // start above everything that life issued (the durable
+            // reservation), and so does the mark recorded when one is
+            // given back: the floor it was leased with may be days older
+            // than its newest ID.
+            let now_wall = clock::unix_ms();
+            let now_mono = worker.mono_ms();
+            let restart_floor_ms = header.floor_ms.load(Acquire);
+            for saved in &file.blocks {
+                if saved.deadline_unix_ms > now_wall {
+                    worker.holder.add_saved(
+                        saved.block,
+                        saved.floor_ms.max(restart_floor_ms),
+                        saved.high_ms,
+                        now_mono + (saved.deadline_unix_ms - now_wall),
+                    );
+                }
             }
         }
         worker.persist();
@@ -257,7 +320,7 @@ impl Worker {
     }
 
     fn mono_ms(&self) -> i64 {
-        self.started.elapsed().as_millis() as i64
+        self.file.started.elapsed().as_millis() as i64
     }
 
     fn timing(&self) -> Timing {
@@ -268,7 +331,7 @@ impl Worker {
     fn wait_ms(&self) -> i64 {
         let now = self.mono_ms();
         let mut wait = self.timing().renew_every_ms.min(CITUS_POLL_MS);
-        for h in &self.held {
+        for h in &self.holder.held {
             wait = wait.min(h.deadline_mono_ms - now);
         }
         wait.clamp(10, 5_000)
@@ -293,7 +356,8 @@ impl Worker {
     }
 
     fn display(&self) -> String {
-        self.target
+        self.file
+            .target
             .as_ref()
             .map_or_else(String::new, |t| t.display.clone())
     }
@@ -304,6 +368,7 @@ impl Worker {
             lease.unreachable_since_ms.store(clock::unix_ms(), Release);
         }
         self.client = None;
+        self.unreachable = true;
         let most = self.timing().renew_every_ms.max(1_000);
         self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
         self.next_connect_mono = self.mono_ms() + self.connect_backoff_ms;
@@ -312,43 +377,36 @@ impl Worker {
 
     /// Switches to `target` (`None`: this server's own worker_ids).
     fn set_target(&mut self, target: Option<Target>) {
-        if self.target == target && self.header.lease.mode.load(Relaxed) != shmem::MODE_UNDECIDED {
+        if self.file.target == target
+            && self.header.lease.mode.load(Relaxed) != shmem::MODE_UNDECIDED
+        {
             return;
         }
         // Another registry: nothing held from the old one is used again.
-        for block in self.held.iter().map(|h| h.block).collect::<Vec<_>>() {
-            self.revoke(block);
-        }
-        self.held.clear();
+        let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
+        self.holder.forget_all(&mut host);
         self.client = None;
         self.registry_session = None;
         self.next_connect_mono = 0;
+        self.saved_provable = false;
         let lease = &self.header.lease;
         match &target {
             Some(t) => {
                 lease.registry.set(&t.display);
                 if lease.mode.load(Relaxed) == MODE_LOCAL {
-                    self.set_all_limits(NO_LEASE);
+                    set_all_limits(self.header, NO_LEASE);
                 }
                 lease.mode.store(t.mode, Release);
                 pgrx::log!("snowflake_id lease: leasing worker ids from {}", t.display);
             }
             None => {
                 lease.registry.set("");
-                self.set_all_limits(i64::MAX);
+                set_all_limits(self.header, i64::MAX);
                 lease.mode.store(MODE_LOCAL, Release);
             }
         }
-        self.target = target;
+        self.file.target = target;
         self.persist();
-    }
-
-    fn set_all_limits(&self, limit: i64) {
-        let _guard = self.header.lock(true);
-        for slot in self.header.slots() {
-            slot.set_lease(limit);
-        }
-        self.header.lease.changes.fetch_add(1, Relaxed);
     }
 
     fn step(&mut self, citus: bool) {
@@ -356,67 +414,113 @@ impl Worker {
             self.next_citus_mono = self.mono_ms() + CITUS_POLL_MS;
             match citus_target() {
                 Ok(target) => {
-                    if self
-                        .problem
-                        .as_deref()
-                        .is_some_and(|p| p.starts_with("Citus"))
+                    if self.header.lease.mode.load(Relaxed) == shmem::MODE_UNDECIDED
+                        || self.file.target.is_some()
                     {
-                        self.clear_problem();
+                        if self
+                            .problem
+                            .as_deref()
+                            .is_some_and(|p| p.starts_with("Citus"))
+                        {
+                            self.clear_problem();
+                        }
                     }
                     self.set_target(target)
                 }
                 Err(problem) => self.set_problem(problem),
             }
         }
-        if self.target.is_none() {
+        if self.file.target.is_none() {
             return;
         }
         if self.client.is_none() && self.mono_ms() >= self.next_connect_mono {
             self.connect();
         }
-        let timing = self.timing();
-        let max_drift_ms = gucs::max_drift_ms();
+        self.holder.trust_saved = self.saved_provable && self.unreachable;
         let usage = self.usage();
-        let now_mono = self.mono_ms();
-        let plan = lease::plan(
-            &self.held,
-            &usage,
-            now_mono,
-            clock::unix_ms(),
-            &timing,
-            max_drift_ms,
-            self.block_size,
-        );
-        for block in &plan.expire {
-            pgrx::log!(
-                "snowflake_id lease: the lease of block {block} ran out before a renewal; its worker ids are no longer used here"
-            );
-            self.revoke(*block);
-        }
-        self.held.retain(|h| !plan.expire.contains(&h.block));
-        for block in &plan.activate {
-            self.activate(*block);
-        }
-        if self.client.is_some() {
-            if !self.held.is_empty()
-                && now_mono.saturating_sub(self.last_renew_mono) >= timing.renew_every_ms
-            {
-                self.renew(&timing, max_drift_ms);
+        let now = Now {
+            mono_ms: self.mono_ms(),
+            wall_ms: clock::unix_ms(),
+            timing: self.timing(),
+            max_drift_ms: gucs::max_drift_ms(),
+        };
+        let (ranges, _) = gucs::worker_ranges();
+        let allowed = lease::allowed_blocks(&ranges, self.holder.id.block_size);
+        let result = {
+            let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
+            let registry = self.client.as_mut().map(|c| c as &mut dyn Registry);
+            self.holder.step(now, &usage, &allowed, registry, &mut host)
+        };
+        self.report_events();
+        match result {
+            Ok(()) => {
+                if self
+                    .problem
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with("the registry") && p.contains("refused"))
+                {
+                    self.clear_problem();
+                }
             }
-            for block in &plan.release {
-                self.release(*block);
+            Err(CallError::Unreachable(problem)) => {
+                let display = self.display();
+                self.unreachable(format!("the registry {display} did not answer: {problem}"));
             }
-            if plan.acquire > 0 {
-                self.acquire(plan.acquire, &timing, max_drift_ms);
+            Err(CallError::Refused(problem)) => {
+                let display = self.display();
+                self.set_problem(format!("the registry {display} refused a call: {problem}"));
             }
         }
         self.publish();
         self.persist();
     }
 
+    /// Logs what the holder did.
+    fn report_events(&mut self) {
+        let display = self.display();
+        for event in std::mem::take(&mut self.holder.events) {
+            match event {
+                Event::Leased { block, floor_ms } => {
+                    let floor = if floor_ms > 0 {
+                        format!("its IDs start above {}", format_unix_ms(floor_ms))
+                    } else {
+                        "never used before".to_string()
+                    };
+                    pgrx::log!("snowflake_id lease: leased block {block} from {display}; {floor}");
+                }
+                Event::Expired { block } => pgrx::log!(
+                    "snowflake_id lease: the lease of block {block} ran out before a renewal; its worker ids are no longer used here"
+                ),
+                Event::Lost { block } => pgrx::log!(
+                    "snowflake_id lease: block {block} is no longer leased to this server (its lease expired at the registry, or the registry did not confirm it); its worker ids are no longer used here"
+                ),
+                Event::Released { block } => {
+                    pgrx::log!("snowflake_id lease: gave idle block {block} back")
+                }
+                Event::NewIncarnation { old, new } if !old.is_empty() => pgrx::log!(
+                    "snowflake_id lease: the registry {display} began a new incarnation ({new}, was {old}): it may have forgotten grants (a failover, a restore, an emptied lease table); this server re-asserts the blocks it holds"
+                ),
+                Event::NewIncarnation { .. } => {}
+                Event::Rollback { seen, reply } => self.set_problem(format!(
+                    "the registry {display} answered from WAL position {reply}, below {seen} seen before: it went back in time; its answer is not used"
+                )),
+                Event::Fenced { until_ms } => self.set_problem(format!(
+                    "the registry {display} is fenced until {} (a new incarnation after it may have forgotten grants): it leases no block anew until then",
+                    format_unix_ms(until_ms)
+                )),
+                Event::Refused(text) => {
+                    self.set_problem(format!("the registry {display} refused a call: {text}"))
+                }
+                Event::NoFreeBlock => self.set_problem(format!(
+                    "the registry {display} has no free block of worker ids for this server (snowflake_id.worker_ids limits which it may lease)"
+                )),
+            }
+        }
+    }
+
     /// Connects, introduces this node and finds the extension's schema.
     fn connect(&mut self) {
-        let Some(target) = self.target.clone() else {
+        let Some(target) = self.file.target.clone() else {
             return;
         };
         let mut config: postgres::Config = match target.conninfo.parse() {
@@ -433,9 +537,10 @@ impl Worker {
             .keepalives_idle(Duration::from_secs(10))
             // Names resolve in pg_catalog only: the session may be a
             // superuser's, and other roles may create objects on the
-            // registry's default search_path.
+            // registry's default search_path. Grants are durable before
+            // the holder uses them, whatever the registry's default.
             .options(
-                "-c statement_timeout=10s -c lock_timeout=5s -c search_path=pg_catalog,pg_temp",
+                "-c statement_timeout=10s -c lock_timeout=5s -c search_path=pg_catalog,pg_temp -c synchronous_commit=on",
             );
         let mut client = match config.connect(postgres::NoTls) {
             Ok(client) => client,
@@ -450,16 +555,16 @@ impl Worker {
         };
         let schema = client.query_opt(
             "SELECT quote_ident(n.nspname), \
-                    to_regprocedure(quote_ident(n.nspname) || '.snowflake_lease_hello(text)') IS NOT NULL \
+                    to_regprocedure(quote_ident(n.nspname) || '.snowflake_lease_begin(jsonb)') IS NOT NULL \
                FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
               WHERE e.extname = 'snowflake_id'",
             &[],
         );
-        match schema {
-            Ok(Some(row)) if row.get::<_, bool>(1) => self.schema = row.get(0),
+        let schema: String = match schema {
+            Ok(Some(row)) if row.get::<_, bool>(1) => row.get(0),
             Ok(Some(_)) => {
                 self.unreachable(format!(
-                    "the snowflake_id extension at {} predates leases: run ALTER EXTENSION snowflake_id UPDATE there",
+                    "the snowflake_id extension at {} predates this server's (0.4.0 fences leases): run ALTER EXTENSION snowflake_id UPDATE there",
                     target.display
                 ));
                 return;
@@ -475,7 +580,7 @@ impl Worker {
                 self.unreachable(format!("{}: {}", target.display, describe(&e)));
                 return;
             }
-        }
+        };
         // The node id's session lock: taken by a live session means a copy
         // of this data directory (or its original) is running, unless that
         // session is this worker's own earlier one, left behind by a broken
@@ -484,8 +589,8 @@ impl Worker {
         let mut renamed = false;
         loop {
             let hello = client.query_one(
-                &format!("SELECT {}.snowflake_lease_hello($1)", self.schema),
-                &[&self.node_id],
+                &format!("SELECT {schema}.snowflake_lease_hello($1)"),
+                &[&self.holder.id.node],
             );
             match hello {
                 Ok(row) if row.get::<_, bool>(0) => break,
@@ -495,16 +600,15 @@ impl Worker {
                 Ok(_) if !renamed => {
                     lingering = None;
                     renamed = true;
-                    let old = std::mem::replace(&mut self.node_id, new_node_id());
+                    let old = std::mem::replace(&mut self.holder.id.node, new_node_id());
                     pgrx::log!(
                         "snowflake_id lease: node id {old} is in use by another running server (this data directory is a copy of it, or it of this one): this server is now node {} and leases its own worker ids",
-                        self.node_id
+                        self.holder.id.node
                     );
-                    self.header.lease.node_id.set(&self.node_id);
-                    for block in self.held.iter().map(|h| h.block).collect::<Vec<_>>() {
-                        self.revoke(block);
-                    }
-                    self.held.clear();
+                    self.header.lease.node_id.set(&self.holder.id.node);
+                    let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
+                    self.holder.forget_all(&mut host);
+                    self.saved_provable = false;
                     self.persist();
                 }
                 Ok(_) => {
@@ -533,13 +637,14 @@ impl Worker {
                 return;
             }
         }
-        self.client = Some(client);
+        self.client = Some(PgRegistry { client, schema });
         self.connect_backoff_ms = 0;
+        self.unreachable = false;
         self.header.lease.unreachable_since_ms.store(0, Release);
         self.clear_problem();
-        // Renew at once: adopts the leases held before a restart or an
+        // Renew at once: confirms the leases held before a restart or an
         // outage, and drops those handed to another server since.
-        self.last_renew_mono = i64::MIN;
+        self.holder.reconnected();
     }
 
     /// Ends `old`, this worker's earlier registry session, if it is still
@@ -558,7 +663,7 @@ impl Worker {
                     "snowflake_id lease: ended this server's earlier session on {} (pid {}), left behind by a broken connection, to take back node id {}",
                     self.display(),
                     old.0,
-                    self.node_id
+                    self.holder.id.node
                 );
                 true
             }
@@ -576,16 +681,16 @@ impl Worker {
     }
 
     /// How many ids of each held block this server may use, and how many
-    /// have sessions; also tracks since when each block is idle.
-    fn usage(&mut self) -> Vec<Usage> {
+    /// have sessions.
+    fn usage(&self) -> Vec<Usage> {
         let (ranges, _) = gucs::worker_ranges();
         let slots = self.header.slots();
-        let now = self.mono_ms();
         let max = self.layout.max_worker_id();
-        let mut out = Vec::with_capacity(self.held.len());
+        let size = self.holder.id.block_size;
+        let mut out = Vec::with_capacity(self.holder.held.len());
         let _guard = self.header.lock(false);
-        for h in &mut self.held {
-            let (first, last) = lease::block_ids(h.block, self.block_size, max);
+        for h in &self.holder.held {
+            let (first, last) = lease::block_ids(h.block, size, max);
             let mut u = Usage {
                 block: h.block,
                 ids: 0,
@@ -597,29 +702,111 @@ impl Worker {
                     u.busy += 1;
                 }
             }
-            if u.busy > 0 || !h.active {
-                h.idle_since_mono_ms = None;
-            } else if h.idle_since_mono_ms.is_none() {
-                h.idle_since_mono_ms = Some(now);
-            }
             out.push(u);
         }
         out
     }
 
-    fn block_slots(&self, block: u32) -> &'static [shmem::Slot] {
-        let (first, last) = lease::block_ids(block, self.block_size, self.layout.max_worker_id());
-        &self.header.slots()[first as usize..=last as usize]
+    /// Publishes what backends and `snowflake_config()` report.
+    fn publish(&self) {
+        let lease = &self.header.lease;
+        let active: Vec<_> = self.holder.held.iter().filter(|h| h.active).collect();
+        lease.blocks_held.store(active.len() as u32, Release);
+        let now_mono = self.mono_ms();
+        // With nothing held, the last deadline stays: messages say when
+        // the leases ran out.
+        if let Some(d) = active.iter().map(|h| h.deadline_mono_ms).min() {
+            lease
+                .deadline_ms
+                .store(clock::unix_ms() + (d - now_mono), Release);
+        }
     }
 
-    /// Lets sessions use a held block: its floor and limit into the slots.
-    fn activate(&mut self, block: u32) {
-        let Some(h) = self.held.iter_mut().find(|h| h.block == block) else {
-            return;
-        };
-        h.active = true;
-        let floor = floor_word(&self.layout, self.layout.tick_at(h.floor_ms));
-        let limit = self.layout.tick_at(h.high_ms);
+    fn persist(&mut self) {
+        save_lease_file(&mut self.file, &self.holder);
+    }
+}
+
+fn set_all_limits(header: &Header, limit: i64) {
+    let _guard = header.lock(true);
+    for slot in header.slots() {
+        slot.set_lease(limit);
+    }
+    header.lease.changes.fetch_add(1, Relaxed);
+}
+
+/// Saves the node id and the leases, when they changed.
+fn save_lease_file(ctx: &mut FileContext, holder: &Holder) {
+    let now_mono = ctx.started.elapsed().as_millis() as i64;
+    let now_wall = clock::unix_ms();
+    let file = LeaseFile {
+        version: LEASE_FILE_VERSION,
+        node_id: holder.id.node.clone(),
+        data_directory: ctx.data_directory,
+        citus_registry: ctx
+            .target
+            .as_ref()
+            .filter(|t| t.mode == MODE_CITUS)
+            .map(|t| (t.conninfo.clone(), t.display.clone())),
+        registry: ctx.target.as_ref().map(|t| t.display.clone()),
+        incarnation: holder.incarnation.clone(),
+        lsn: holder::format_lsn(holder.lsn),
+        blocks: holder
+            .held
+            .iter()
+            .map(|h| SavedBlock {
+                block: h.block,
+                floor_ms: h.floor_ms,
+                high_ms: h.high_ms,
+                deadline_unix_ms: now_wall + (h.deadline_mono_ms - now_mono),
+            })
+            .collect(),
+    };
+    // Unchanged leases (deadlines aside) are not written again.
+    let mut key = format!(
+        "{} {:?} {} {}",
+        file.node_id, file.registry, file.incarnation, file.lsn
+    );
+    for b in &file.blocks {
+        key.push_str(&format!(" {}:{}:{}", b.block, b.high_ms, b.floor_ms));
+    }
+    if key == ctx.saved {
+        return;
+    }
+    let Ok(text) = serde_json::to_string(&file) else {
+        return;
+    };
+    reservation::write_durably(LEASE_FILE_TMP, LEASE_FILE_C, &text);
+    ctx.saved = key;
+}
+
+/// The slots of this server, as the holder changes them.
+struct ShmHost<'a> {
+    header: &'static Header,
+    layout: &'a Layout,
+    file: &'a mut FileContext,
+}
+
+impl<'a> ShmHost<'a> {
+    fn new(header: &'static Header, layout: &'a Layout, file: &'a mut FileContext) -> ShmHost<'a> {
+        ShmHost {
+            header,
+            layout,
+            file,
+        }
+    }
+
+    fn block_slots(&self, block: u32) -> &'static [shmem::Slot] {
+        let size = lease::block_size(self.layout.max_worker_id());
+        let (first, last) = lease::block_ids(block, size, self.layout.max_worker_id());
+        &self.header.slots()[first as usize..=last as usize]
+    }
+}
+
+impl holder::Host for ShmHost<'_> {
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64) {
+        let floor = floor_word(self.layout, self.layout.tick_at(floor_ms));
+        let limit = self.layout.tick_at(high_ms);
         let slots = self.block_slots(block);
         let _guard = self.header.lock(true);
         for slot in slots {
@@ -632,8 +819,14 @@ impl Worker {
         self.header.lease.changes.fetch_add(1, Relaxed);
     }
 
-    /// Stops sessions from using a block (expired, handed over, released).
-    fn revoke(&self, block: u32) {
+    fn raise(&mut self, block: u32, high_ms: i64) {
+        let limit = self.layout.tick_at(high_ms);
+        for slot in self.block_slots(block) {
+            slot.limit_tick.fetch_max(limit, AcqRel);
+        }
+    }
+
+    fn revoke(&mut self, block: u32) {
         let slots = self.block_slots(block);
         let _guard = self.header.lock(true);
         for slot in slots {
@@ -642,259 +835,75 @@ impl Worker {
         self.header.lease.changes.fetch_add(1, Relaxed);
     }
 
-    fn renew(&mut self, timing: &Timing, max_drift_ms: i64) {
-        let blocks: Vec<i32> = self.held.iter().map(|h| h.block as i32).collect();
-        let sent_mono = self.mono_ms();
-        let grant = lease::grant(sent_mono, clock::unix_ms(), timing, max_drift_ms);
-        let sql = format!(
-            "SELECT block, floor_ms FROM {}.snowflake_lease_renew($1, $2, $3, $4, $5)",
-            self.schema
-        );
-        let Some(client) = self.client.as_mut() else {
-            return;
-        };
-        let result = client.query(
-            &sql,
-            &[
-                &self.node_id,
-                &blocks,
-                &timing.lease_ms,
-                &timing.grace_ms,
-                &grant.high_ms,
-            ],
-        );
-        let rows = match result {
-            Ok(rows) => rows,
-            Err(e) => {
-                let display = self.display();
-                self.unreachable(format!(
-                    "renewing the leases at {display} failed: {}",
-                    describe(&e)
-                ));
-                return;
-            }
-        };
-        self.last_renew_mono = sent_mono;
-        let kept: Vec<u32> = rows.iter().map(|r| r.get::<_, i32>(0) as u32).collect();
-        let lost: Vec<u32> = self
-            .held
-            .iter()
-            .map(|h| h.block)
-            .filter(|b| !kept.contains(b))
-            .collect();
-        for block in &lost {
-            pgrx::log!(
-                "snowflake_id lease: block {block} is no longer leased to this server (its lease expired at the registry); its worker ids are no longer used here"
-            );
-            self.revoke(*block);
-        }
-        self.held.retain(|h| !lost.contains(&h.block));
-        let limit = self.layout.tick_at(grant.high_ms);
-        for h in &mut self.held {
-            h.high_ms = h.high_ms.max(grant.high_ms);
-            h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
-        }
-        for h in self.held.iter().filter(|h| h.active) {
-            for slot in self.block_slots(h.block) {
-                slot.limit_tick.fetch_max(limit, AcqRel);
-            }
-        }
-    }
-
-    fn acquire(&mut self, want: u32, timing: &Timing, max_drift_ms: i64) {
-        let (ranges, _) = gucs::worker_ranges();
-        let allowed: Vec<i32> = lease::allowed_blocks(&ranges, self.block_size)
-            .into_iter()
-            .map(|b| b as i32)
-            .collect();
-        let sent_mono = self.mono_ms();
-        let grant = lease::grant(sent_mono, clock::unix_ms(), timing, max_drift_ms);
-        let sql = format!(
-            "SELECT block, floor_ms FROM {}.snowflake_lease_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            self.schema
-        );
-        let layout_text = layout_text(&self.layout);
-        let Some(client) = self.client.as_mut() else {
-            return;
-        };
-        let result = client.query(
-            &sql,
-            &[
-                &self.node_id,
-                &self.name,
-                &layout_text,
-                &(self.block_size as i32),
-                &(self.layout.max_worker_id() as i32),
-                &allowed,
-                &(want as i32),
-                &timing.lease_ms,
-                &timing.grace_ms,
-                &grant.high_ms,
-            ],
-        );
-        let rows = match result {
-            Ok(rows) => rows,
-            Err(e) => {
-                let problem = describe(&e);
-                if e.as_db_error().is_some() {
-                    // The registry answered: reachable, but refused.
-                    self.set_problem(format!(
-                        "the registry {} refused a lease: {problem}",
-                        self.display()
-                    ));
-                } else {
-                    let display = self.display();
-                    self.unreachable(format!("leasing from {display} failed: {problem}"));
-                }
-                return;
-            }
-        };
-        if rows.is_empty() && self.held.is_empty() {
-            self.set_problem(format!(
-                "the registry {} has no free block of worker ids for this server (snowflake_id.worker_ids limits which it may lease)",
-                self.display()
-            ));
-        }
-        let now_wall = clock::unix_ms();
-        for row in rows {
-            let block = row.get::<_, i32>(0) as u32;
-            let floor_ms: i64 = row.get(1);
-            let floor = if floor_ms > 0 {
-                format!("its IDs start above {}", format_unix_ms(floor_ms))
-            } else {
-                "never used before".to_string()
-            };
-            pgrx::log!(
-                "snowflake_id lease: leased block {block} from {}; {floor}",
-                self.display()
-            );
-            // A block this server still counts as held (the registry's
-            // clock ran its lease out first): keep one entry, with the
-            // new grant, and its floor, which may have risen meanwhile
-            // (another holder in between): positions go above it too.
-            if let Some(h) = self.held.iter_mut().find(|h| h.block == block) {
-                h.high_ms = h.high_ms.max(grant.high_ms);
-                h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
-                h.floor_ms = h.floor_ms.max(floor_ms);
-                if h.active {
-                    self.activate(block);
-                }
-                continue;
-            }
-            self.held.push(Held {
-                block,
-                floor_ms,
-                high_ms: grant.high_ms,
-                deadline_mono_ms: grant.deadline_mono_ms,
-                active: false,
-                idle_since_mono_ms: None,
-            });
-            if floor_ms.saturating_sub(max_drift_ms) <= now_wall {
-                self.activate(block);
-            }
-        }
-    }
-
-    /// Gives an idle block back, if still idle under the slot table's lock.
-    fn release(&mut self, block: u32) {
-        let Some(h) = self.held.iter().find(|h| h.block == block).copied() else {
-            return;
-        };
+    fn stop_if_idle(&mut self, block: u32) -> Option<Option<i64>> {
         let slots = self.block_slots(block);
         let newest = {
             let _guard = self.header.lock(true);
             if slots.iter().any(|s| s.sessions.load(Relaxed) != 0) {
-                return;
+                return None;
             }
             for slot in slots {
                 slot.set_lease(NO_LEASE);
             }
+            self.header.lease.changes.fetch_add(1, Relaxed);
             slots
                 .iter()
-                .map(|s| unpack(&self.layout, s.position.load(Relaxed)).0)
+                .map(|s| unpack(self.layout, s.position.load(Relaxed)).0)
                 .max()
         };
-        // Saved without the block before the registry hears of it: a crash
-        // in between must not bring the block back from the file after its
-        // mark was lowered (another server may lease it at once).
-        self.held.retain(|h| h.block != block);
-        self.persist();
-        let mark = lease::release_mark(
-            h.floor_ms,
+        Some(
             newest
                 .filter(|&t| t >= 0)
                 .map(|t| self.layout.tick_start_unix_ms(t)),
-        );
-        let sql = format!("SELECT {}.snowflake_lease_release($1, $2, $3)", self.schema);
-        if let Some(client) = self.client.as_mut() {
-            // On failure the block simply expires at the registry, with the
-            // higher mark of its last renewal.
-            if client
-                .query_one(&sql, &[&self.node_id, &(block as i32), &mark])
-                .is_ok()
-            {
-                pgrx::log!("snowflake_id lease: gave idle block {block} back");
+        )
+    }
+
+    fn save(&mut self, holder: &Holder) {
+        save_lease_file(self.file, holder);
+    }
+}
+
+/// The registry over a client session that took the node's lock.
+struct PgRegistry {
+    client: postgres::Client,
+    /// The extension's schema on the registry, quoted.
+    schema: String,
+}
+
+impl PgRegistry {
+    fn call<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        function: &str,
+        req: &impl Serialize,
+    ) -> Result<T, CallError> {
+        let body = serde_json::to_string(req)
+            .map_err(|e| CallError::Refused(format!("request not encoded: {e}")))?;
+        let sql = format!("SELECT {}.{function}($1::text::jsonb)::text", self.schema);
+        let row = self.client.query_one(&sql, &[&body]).map_err(|e| {
+            if e.as_db_error().is_some() {
+                CallError::Refused(describe(&e))
+            } else {
+                CallError::Unreachable(describe(&e))
             }
-        }
+        })?;
+        let text: String = row.get(0);
+        serde_json::from_str(&text).map_err(|e| {
+            CallError::Refused(format!(
+                "{function} answered what this server cannot read: {e}"
+            ))
+        })
     }
+}
 
-    /// Publishes what backends and `snowflake_config()` report.
-    fn publish(&self) {
-        let lease = &self.header.lease;
-        let active: Vec<&Held> = self.held.iter().filter(|h| h.active).collect();
-        lease.blocks_held.store(active.len() as u32, Release);
-        let now_mono = self.mono_ms();
-        // With nothing held, the last deadline stays: messages say when
-        // the leases ran out.
-        if let Some(d) = active.iter().map(|h| h.deadline_mono_ms).min() {
-            lease
-                .deadline_ms
-                .store(clock::unix_ms() + (d - now_mono), Release);
-        }
+impl Registry for PgRegistry {
+    fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
+        self.call("snowflake_lease_acquire", req)
     }
-
-    /// Saves the node id and the leases, when they changed.
-    fn persist(&mut self) {
-        let now_mono = self.mono_ms();
-        let now_wall = clock::unix_ms();
-        let file = LeaseFile {
-            version: LEASE_FILE_VERSION,
-            node_id: self.node_id.clone(),
-            data_directory: self.data_directory,
-            citus_registry: self
-                .target
-                .as_ref()
-                .filter(|t| t.mode == MODE_CITUS)
-                .map(|t| (t.conninfo.clone(), t.display.clone())),
-            blocks: self
-                .held
-                .iter()
-                .map(|h| SavedBlock {
-                    block: h.block,
-                    floor_ms: h.floor_ms,
-                    high_ms: h.high_ms,
-                    // Rounded to the renewal interval so that an unchanged
-                    // set of leases is not rewritten at every step.
-                    deadline_unix_ms: now_wall + (h.deadline_mono_ms - now_mono),
-                })
-                .collect(),
-        };
-        let mut key = file.node_id.clone();
-        if let Some((_, display)) = &file.citus_registry {
-            key.push_str(display);
-        }
-        for b in &file.blocks {
-            key.push_str(&format!(" {}:{}:{}", b.block, b.high_ms, b.floor_ms));
-        }
-        if key == self.saved {
-            return;
-        }
-        let text = match serde_json::to_string(&file) {
-            Ok(text) => text,
-            Err(_) => return,
-        };
-        reservation::write_durably(LEASE_FILE_TMP, LEASE_FILE_C, &text);
-        self.saved = key;
+    fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
+        self.call("snowflake_lease_renew", req)
+    }
+    fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
+        self.call("snowflake_lease_release", req)
     }
 }
 
@@ -1056,7 +1065,10 @@ fn citus_target() -> Result<Option<Target>, String> {
     });
     match found {
         Err(e) => Err(format!("Citus metadata could not be read: {e}")),
-        Ok(None) => Ok(None),
+        // Citus is preloaded: never every worker id, unchecked.
+        Ok(None) => Err(format!(
+            "Citus is preloaded but database \"{database}\" (snowflake_id.registry_database) has no citus extension, so this server cannot tell which cluster it belongs to: set snowflake_id.registry_database to the database where CREATE EXTENSION citus ran, or set snowflake_id.registry"
+        )),
         Ok(Some((_, _, 0, _))) => Ok(None),
         Ok(Some((host, _, _, _))) if host.is_empty() => Err(
             "Citus metadata has nodes but no coordinator: run SELECT citus_set_coordinator_host('<host>', <port>) on the coordinator, or set snowflake_id.registry"

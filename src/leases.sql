@@ -1,5 +1,6 @@
 -- The registry side of fleet leases (see src/lease.rs for the rules and
--- the safety argument, src/lease_worker.rs for the holder side).
+-- the safety argument, src/holder.rs for the holder side, and
+-- docs/fleet-fencing.md for incarnations and fences).
 --
 -- Any server with the extension created can be a fleet's registry: the
 -- holders' lease workers connect to it and call the functions below. No
@@ -53,21 +54,48 @@ COMMENT ON VIEW snowflake_leases IS
   'Every block of worker ids known to this registry: holder (name and node id), leased at, expires at (registry clock), floor (new holders start above it), and whether the holder''s session is live.';
 REVOKE ALL ON snowflake_leases FROM PUBLIC;
 
--- The block locks a holder's registry session holds (class 1936613751,
--- objsubid 2: two-key advisory locks). Session-level advisory locks
--- stack: taken twice, one unlock leaves them held. So the lease functions
--- take a block's lock only when this session does not hold it yet, and
--- drop it completely, so that `snowflake_leases.live` stays true.
-CREATE FUNCTION snowflake_lease_locks_held() RETURNS SETOF int
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT l.objid::int FROM pg_catalog.pg_locks l
-     WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_catalog.pg_backend_pid()
-       AND l.classid = 1936613751::oid AND l.objsubid = 2
-       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                          WHERE d.datname = pg_catalog.current_database())
+-- The registry's incarnation: one row. A registry that may have forgotten
+-- grants it confirmed (a new WAL timeline after promotion or PITR, its
+-- WAL position below one a holder saw, the row gone because the lease
+-- table was emptied or the extension made again, a restart with fsync
+-- off) starts a new incarnation, and fences it when holders may be using
+-- grants it no longer knows: no block is leased anew until every such
+-- grant has run out (the longest lease time plus grace), and every
+-- block's mark is raised above what such a grant allowed. Not dumped by
+-- pg_dump: a restored copy starts a new incarnation.
+CREATE TABLE snowflake_lease_registry (
+    incarnation       text NOT NULL,
+    timeline          int NOT NULL,
+    postmaster_start  timestamptz NOT NULL,
+    started_at        timestamptz NOT NULL,
+    fenced_until      timestamptz,
+    fence_floor_ms    bigint NOT NULL DEFAULT 0,
+    max_lease_ms      bigint NOT NULL DEFAULT 0,
+    max_grace_ms      bigint NOT NULL DEFAULT 0,
+    max_ahead_ms      bigint NOT NULL DEFAULT 0,
+    cause             text NOT NULL
+);
+CREATE UNIQUE INDEX snowflake_lease_registry_one_row ON snowflake_lease_registry ((true));
+COMMENT ON TABLE snowflake_lease_registry IS
+  'This registry''s incarnation: a new one, fenced, whenever it may have forgotten grants it confirmed (new timeline, restore, emptied lease table).';
+REVOKE ALL ON snowflake_lease_registry FROM PUBLIC;
+
+-- Emptying the lease table (DELETE, TRUNCATE) forgets grants: the next
+-- call starts a new incarnation.
+CREATE FUNCTION snowflake_lease_forget() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    DELETE FROM @extschema@.snowflake_lease_registry;
+    RETURN NULL;
+END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_locks_held() IS
-  'Used by the lease functions: the blocks whose lock this registry session holds.';
+COMMENT ON FUNCTION snowflake_lease_forget() IS
+  'Trigger: rows of snowflake_lease_blocks deleted means grants forgotten; the next lease call starts a new, fenced incarnation.';
+REVOKE EXECUTE ON FUNCTION snowflake_lease_forget() FROM PUBLIC;
+CREATE TRIGGER snowflake_lease_blocks_forget AFTER DELETE ON snowflake_lease_blocks
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_lease_forget();
+CREATE TRIGGER snowflake_lease_blocks_truncate AFTER TRUNCATE ON snowflake_lease_blocks
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_lease_forget();
 
 -- A holder introduces itself: takes the session lock of its node id.
 -- false: another live session holds that node id (a copy of a data
@@ -79,37 +107,183 @@ $fn$;
 COMMENT ON FUNCTION snowflake_lease_hello(text) IS
   'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory).';
 
+-- The start of every lease call: checks that this session holds the
+-- node's lock (only the holder's own session renews or releases its
+-- blocks), starts a new incarnation when the registry may have forgotten
+-- grants, and returns it with the fence and the block locks this session
+-- holds (one look at pg_locks: it briefly takes every lock partition).
+CREATE FUNCTION snowflake_lease_begin(req jsonb, OUT incarnation text, OUT fenced_until timestamptz,
+                                      OUT locked int[], OUT fence_floor_ms bigint)
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    node text := req->>'node';
+    known text := coalesce(req->>'incarnation', '');
+    seen pg_lsn := coalesce(req->>'lsn', '0/0')::pg_lsn;
+    lease_ms bigint := coalesce((req->>'lease_ms')::bigint, 0);
+    grace_ms bigint := coalesce((req->>'grace_ms')::bigint, 0);
+    high_ms bigint := (req->>'high_ms')::bigint;
+    key bigint;
+    mydb oid := (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database());
+    has_node boolean;
+    tli int := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int;
+    now_ms bigint := (extract(epoch FROM now()) * 1000)::bigint;
+    r @extschema@.snowflake_lease_registry;
+    cause text;
+    evidence boolean := false;
+BEGIN
+    IF node IS NULL THEN
+        RAISE EXCEPTION 'lease request has no node' USING ERRCODE = '22023';
+    END IF;
+    IF current_setting('synchronous_commit') = 'off' THEN
+        RAISE EXCEPTION 'lease sessions must commit synchronously'
+            USING ERRCODE = '55000',
+                  DETAIL = 'synchronous_commit is off in this session: a grant could be lost in a crash after the holder used it.',
+                  HINT = 'Do not set synchronous_commit = off for the role the lease workers connect as (the lease worker asks for on).';
+    END IF;
+    key := hashtextextended('snowflake_id node ' || node, 0);
+    SELECT coalesce(bool_or(l.objsubid = 1 AND l.classid = ((key >> 32) & 4294967295)::oid
+                            AND l.objid = (key & 4294967295)::oid), false),
+           coalesce(array_agg(l.objid::int) FILTER (WHERE l.objsubid = 2
+                                                     AND l.classid = 1936613751::oid), '{}')
+      INTO has_node, locked
+      FROM pg_catalog.pg_locks l
+     WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_catalog.pg_backend_pid()
+       AND l.database = mydb;
+    IF NOT has_node THEN
+        RAISE EXCEPTION 'this session does not hold the lock of node %', node
+            USING ERRCODE = '42501',
+                  DETAIL = 'Only the registry session of the server that is this node (after snowflake_lease_hello) may lease, renew or release its blocks.',
+                  HINT = 'Lease functions are called by the snowflake_id lease worker of each server; do not call them by hand.';
+    END IF;
+    SELECT * INTO r FROM @extschema@.snowflake_lease_registry FOR UPDATE;
+    IF NOT FOUND THEN
+        cause := 'a registry with no incarnation (new, made again, lease table emptied or restored)';
+        -- Holders may be using grants it forgot: the caller knew an older
+        -- incarnation or holds block locks, leased rows (restored), or
+        -- other live sessions holding block locks here.
+        evidence := known <> '' OR cardinality(locked) > 0
+                 OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b WHERE b.holder_node IS NOT NULL)
+                 OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                             WHERE l.locktype = 'advisory' AND l.classid = 1936613751::oid
+                               AND l.objsubid = 2 AND l.database = mydb
+                               AND l.pid <> pg_catalog.pg_backend_pid());
+    ELSIF r.timeline <> tli THEN
+        cause := format('WAL timeline %s, was %s (promotion or point-in-time recovery)', tli, r.timeline);
+        evidence := true;
+    ELSIF seen > pg_current_wal_insert_lsn() THEN
+        cause := format('a holder saw WAL position %s, above this server''s %s (the registry went back in time)',
+                        seen, pg_current_wal_insert_lsn());
+        evidence := true;
+    ELSIF current_setting('fsync') = 'off' AND r.postmaster_start <> pg_postmaster_start_time() THEN
+        cause := 'a restart with fsync off';
+        evidence := true;
+    ELSIF known <> '' AND known <> r.incarnation AND (r.fenced_until IS NULL OR r.fenced_until < now())
+          AND now() < r.started_at + (greatest(r.max_lease_ms, lease_ms) + greatest(r.max_grace_ms, grace_ms))
+                                     * interval '1 millisecond' THEN
+        -- A holder of an older incarnation soon after this one began
+        -- unfenced: it may be using a grant this one forgot.
+        cause := format('node %s knew incarnation %s', node, known);
+        evidence := true;
+    END IF;
+    IF cause IS NOT NULL THEN
+        DELETE FROM @extschema@.snowflake_lease_registry;
+        r.incarnation := md5(gen_random_uuid()::text);
+        r.timeline := tli;
+        r.postmaster_start := pg_postmaster_start_time();
+        r.started_at := now();
+        r.cause := cause;
+        r.max_lease_ms := greatest(coalesce(r.max_lease_ms, 0), lease_ms);
+        r.max_grace_ms := greatest(coalesce(r.max_grace_ms, 0), grace_ms);
+        r.max_ahead_ms := greatest(coalesce(r.max_ahead_ms, 0), coalesce(high_ms - now_ms, 0));
+        r.fence_floor_ms := coalesce(r.fence_floor_ms, 0);
+        r.fenced_until := NULL;
+        IF evidence THEN
+            r.fenced_until := now() + (r.max_lease_ms + r.max_grace_ms) * interval '1 millisecond';
+            r.fence_floor_ms := now_ms + r.max_ahead_ms + r.max_grace_ms;
+            UPDATE @extschema@.snowflake_lease_blocks b
+               SET high_water_ms = greatest(b.high_water_ms, r.fence_floor_ms);
+            RAISE LOG 'snowflake_id registry: new incarnation % after %: no block is leased anew until %, and every block''s floor is raised to %',
+                r.incarnation, cause, r.fenced_until, to_timestamp(r.fence_floor_ms / 1000.0);
+        ELSE
+            RAISE LOG 'snowflake_id registry: new incarnation % (%)', r.incarnation, cause;
+        END IF;
+        INSERT INTO @extschema@.snowflake_lease_registry SELECT r.*;
+    ELSIF lease_ms > r.max_lease_ms OR grace_ms > r.max_grace_ms OR high_ms - now_ms > r.max_ahead_ms THEN
+        UPDATE @extschema@.snowflake_lease_registry g
+           SET max_lease_ms = greatest(g.max_lease_ms, lease_ms),
+               max_grace_ms = greatest(g.max_grace_ms, grace_ms),
+               max_ahead_ms = greatest(g.max_ahead_ms, coalesce(high_ms - now_ms, 0));
+    END IF;
+    incarnation := r.incarnation;
+    fence_floor_ms := r.fence_floor_ms;
+    fenced_until := CASE WHEN r.fenced_until > now() THEN r.fenced_until END;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_lease_begin(jsonb) IS
+  'Used by the lease functions: checks the caller holds the node''s lock and returns the registry''s incarnation and fence, starting a new one when grants may have been forgotten.';
+
+-- The reply every lease call ends with.
+CREATE FUNCTION snowflake_lease_reply(incarnation text, fenced_until timestamptz, extra jsonb)
+RETURNS jsonb
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT jsonb_build_object(
+        'incarnation', incarnation,
+        'lsn', pg_current_wal_insert_lsn()::text,
+        'fenced_until_ms', (extract(epoch FROM fenced_until) * 1000)::bigint) || extra
+$fn$;
+COMMENT ON FUNCTION snowflake_lease_reply(text, timestamptz, jsonb) IS
+  'Used by the lease functions: the reply with the incarnation, WAL position and fence.';
+
 -- Leases up to `want` free blocks among `allowed` (block numbers of
 -- `block_size` ids each) to `node`: the least recently used first (the
 -- lowest high-water mark), a free block, or one whose lease expired more
--- than its grace ago by this server's clock. Returns each block with the
--- floor its new holder must start above (the highest ID time any earlier
--- holder may have issued) and records the new holder's own bound `high_ms`.
-CREATE FUNCTION snowflake_lease_acquire(node text, name text, layout text, block_size int,
-                                        max_worker_id int, allowed int[], want int,
-                                        lease_ms bigint, grace_ms bigint, high_ms bigint)
-RETURNS TABLE (block int, first_worker_id int, last_worker_id int, floor_ms bigint)
+-- than its grace ago by this server's clock; none while fenced. Returns
+-- each block with the floor its new holder must start above (the highest
+-- ID time any earlier holder may have issued) and records the new
+-- holder's own bound `high_ms`.
+CREATE FUNCTION snowflake_lease_acquire(req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
+    node text := req->>'node';
+    name text := req->>'name';
+    lay text := req->>'layout';
+    block_size int := (req->>'block_size')::int;
+    max_worker_id int := (req->>'max_worker_id')::int;
+    allowed int[] := ARRAY(SELECT pg_catalog.jsonb_array_elements_text(req->'allowed')::int);
+    want int := (req->>'want')::int;
+    lease_ms bigint := (req->>'lease_ms')::bigint;
+    grace_ms bigint := (req->>'grace_ms')::bigint;
+    high_ms bigint := (req->>'high_ms')::bigint;
+    g record;
     other text;
+    granted jsonb;
 BEGIN
-    IF block_size < 1 OR want < 1 THEN
-        RAISE EXCEPTION 'snowflake_lease_acquire: block_size and want must be positive';
+    IF name IS NULL OR lay IS NULL OR block_size IS NULL OR max_worker_id IS NULL OR want IS NULL
+       OR lease_ms IS NULL OR grace_ms IS NULL OR high_ms IS NULL OR block_size < 1 OR want < 1 THEN
+        RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
+            DETAIL = 'name, layout, block_size, max_worker_id, want, lease_ms, grace_ms and high_ms are required; block_size and want must be positive.';
     END IF;
-    INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout)
-    SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), layout
+    SELECT * INTO g FROM @extschema@.snowflake_lease_begin(req);
+    -- New rows start at the last fence's floor: a registry that forgot
+    -- rows may meet blocks that holders used under grants it lost.
+    INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout,
+                                                         high_water_ms)
+    SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), lay,
+           g.fence_floor_ms
       FROM unnest(allowed) a
      WHERE a >= 0 AND a * block_size <= max_worker_id
     ON CONFLICT DO NOTHING;
     SELECT b.layout INTO other FROM @extschema@.snowflake_lease_blocks b
-     WHERE b.block = ANY (allowed) AND b.layout <> snowflake_lease_acquire.layout LIMIT 1;
+     WHERE b.block = ANY (allowed) AND b.layout <> lay LIMIT 1;
     IF other IS NOT NULL THEN
-        RAISE EXCEPTION 'snowflake_id: this fleet''s leases were made under another layout'
+        RAISE EXCEPTION 'this fleet''s leases were made under another layout'
             USING ERRCODE = '55000',
-                  DETAIL = format('The registry''s blocks use %s; the server %s uses %s.', other, name, layout),
+                  DETAIL = format('The registry''s blocks use %s; the server %s uses %s.', other, name, lay),
                   HINT = 'Every server of a fleet must use the same snowflake_id layout settings.';
     END IF;
-    RETURN QUERY
+    IF g.fenced_until IS NOT NULL THEN
+        RETURN @extschema@.snowflake_lease_reply(g.incarnation, g.fenced_until, '{"blocks": []}');
+    END IF;
     WITH picked AS (
         SELECT b.block FROM @extschema@.snowflake_lease_blocks b
          WHERE b.block = ANY (allowed)
@@ -120,88 +294,149 @@ BEGIN
     ), old AS (
         SELECT b.block, b.high_water_ms FROM @extschema@.snowflake_lease_blocks b
          WHERE b.block IN (SELECT p.block FROM picked p)
+    ), done AS (
+        UPDATE @extschema@.snowflake_lease_blocks b
+           SET holder_node = node, holder_name = name, leased_at = now(), renewed_at = now(),
+               expires_at = now() + lease_ms * interval '1 millisecond',
+               grace = grace_ms * interval '1 millisecond',
+               high_water_ms = greatest(b.high_water_ms, high_ms), released_at = NULL,
+               leases = b.leases + 1
+          FROM old
+         WHERE b.block = old.block
+     RETURNING b.block, old.high_water_ms
     )
-    UPDATE @extschema@.snowflake_lease_blocks b
-       SET holder_node = node, holder_name = name, leased_at = now(), renewed_at = now(),
-           expires_at = now() + lease_ms * interval '1 millisecond',
-           grace = grace_ms * interval '1 millisecond',
-           high_water_ms = greatest(b.high_water_ms, high_ms), released_at = NULL,
-           leases = b.leases + 1
-      FROM old
-     WHERE b.block = old.block
- RETURNING b.block, b.first_worker_id, b.last_worker_id, old.high_water_ms;
+    SELECT coalesce(jsonb_agg(jsonb_build_object('block', d.block, 'floor_ms', d.high_water_ms)
+                              ORDER BY d.block), '[]')
+      INTO granted FROM done d;
     PERFORM pg_try_advisory_lock(1936613751, b.block)
        FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (allowed)
-        AND b.block NOT IN (SELECT h FROM @extschema@.snowflake_lease_locks_held() h);
+      WHERE b.holder_node = node AND b.block = ANY (allowed) AND b.block <> ALL (g.locked);
+    RETURN @extschema@.snowflake_lease_reply(g.incarnation, g.fenced_until,
+                                             jsonb_build_object('blocks', granted));
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_acquire(text, text, text, int, int, int[], int, bigint, bigint, bigint) IS
-  'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, and returns the floor each must start above.';
+COMMENT ON FUNCTION snowflake_lease_acquire(jsonb) IS
+  'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, and returns the floor each must start above; none while the registry is fenced.';
 
--- Renews `node`'s leases of `blocks`: a new expiry by this server's clock
--- and the holder's new bound. Returns the blocks still leased to `node`
--- with their marks before the renewal (a block missing from the result
--- was handed to another holder after its lease expired).
-CREATE FUNCTION snowflake_lease_renew(node text, blocks int[], lease_ms bigint, grace_ms bigint,
-                                      high_ms bigint)
-RETURNS TABLE (block int, floor_ms bigint)
+-- Renews `node`'s leases of the blocks it names: a new expiry by this
+-- server's clock and the holder's new bound. During a fence, a holder that
+-- knew an older incarnation re-asserts its blocks: each one not leased to
+-- another live holder is its again, with the greater of the marks. Returns
+-- the blocks still leased to `node` with their marks before the renewal
+-- (a block missing from the result was handed to another holder after its
+-- lease expired, or was not re-asserted).
+CREATE FUNCTION snowflake_lease_renew(req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    -- One look at pg_locks per renewal (it briefly takes every lock
-    -- partition of the registry).
-    locked int[] := ARRAY(SELECT h FROM @extschema@.snowflake_lease_locks_held() h);
+    node text := req->>'node';
+    lease_ms bigint := (req->>'lease_ms')::bigint;
+    grace_ms bigint := (req->>'grace_ms')::bigint;
+    high_ms bigint := (req->>'high_ms')::bigint;
+    block_size int := (req->>'block_size')::int;
+    max_worker_id int := (req->>'max_worker_id')::int;
+    lay text := req->>'layout';
+    known text := coalesce(req->>'incarnation', '');
+    g record;
+    reassert boolean;
+    blocks int[];
+    kept jsonb;
 BEGIN
-    RETURN QUERY
-    WITH old AS (
-        SELECT b.block, b.high_water_ms FROM @extschema@.snowflake_lease_blocks b
-         WHERE b.block = ANY (blocks) AND b.holder_node = node
-           FOR UPDATE
+    IF lease_ms IS NULL OR grace_ms IS NULL OR high_ms IS NULL OR jsonb_typeof(req->'blocks') <> 'array' THEN
+        RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
+            DETAIL = 'blocks, lease_ms, grace_ms and high_ms are required.';
+    END IF;
+    SELECT * INTO g FROM @extschema@.snowflake_lease_begin(req);
+    reassert := g.fenced_until IS NOT NULL AND known <> '' AND known <> g.incarnation;
+    blocks := ARRAY(SELECT DISTINCT a.block
+                      FROM pg_catalog.jsonb_to_recordset(req->'blocks') AS a(block int, high_ms bigint)
+                     WHERE a.block IS NOT NULL);
+    IF reassert AND block_size > 0 AND lay IS NOT NULL THEN
+        -- Rows the registry forgot altogether (an emptied table).
+        INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout,
+                                                             high_water_ms)
+        SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), lay,
+               g.fence_floor_ms
+          FROM unnest(blocks) a
+         WHERE a >= 0 AND a * block_size <= max_worker_id
+        ON CONFLICT DO NOTHING;
+    END IF;
+    WITH asked AS (
+        SELECT a.block, max(coalesce(a.high_ms, 0)) AS high_ms
+          FROM pg_catalog.jsonb_to_recordset(req->'blocks') AS a(block int, high_ms bigint)
+         GROUP BY a.block
+    ), old AS (
+        SELECT b.block, b.high_water_ms, a.high_ms AS asserted, b.holder_node = node AS mine
+          FROM @extschema@.snowflake_lease_blocks b
+          JOIN asked a ON a.block = b.block
+         WHERE b.holder_node = node
+            OR (reassert AND (b.holder_node IS NULL OR b.expires_at + b.grace < now()))
+           FOR UPDATE OF b
+    ), done AS (
+        UPDATE @extschema@.snowflake_lease_blocks b
+           SET holder_node = node,
+               leased_at = CASE WHEN old.mine THEN b.leased_at ELSE now() END,
+               leases = b.leases + CASE WHEN old.mine THEN 0 ELSE 1 END,
+               released_at = NULL,
+               renewed_at = now(), expires_at = now() + lease_ms * interval '1 millisecond',
+               grace = grace_ms * interval '1 millisecond',
+               high_water_ms = greatest(b.high_water_ms, high_ms,
+                                        CASE WHEN old.mine THEN 0 ELSE old.asserted END)
+          FROM old
+         WHERE b.block = old.block
+     RETURNING b.block, old.high_water_ms
     )
-    UPDATE @extschema@.snowflake_lease_blocks b
-       SET renewed_at = now(), expires_at = now() + lease_ms * interval '1 millisecond',
-           grace = grace_ms * interval '1 millisecond',
-           high_water_ms = greatest(b.high_water_ms, high_ms)
-      FROM old
-     WHERE b.block = old.block
- RETURNING b.block, old.high_water_ms;
+    SELECT coalesce(jsonb_agg(jsonb_build_object('block', d.block, 'floor_ms', d.high_water_ms)
+                              ORDER BY d.block), '[]')
+      INTO kept FROM done d;
     -- After a reconnect the session locks are gone: take them again.
     PERFORM pg_try_advisory_lock(1936613751, b.block)
        FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (blocks) AND b.block <> ALL (locked);
+      WHERE b.holder_node = node AND b.block = ANY (blocks) AND b.block <> ALL (g.locked);
     -- Blocks handed to another holder: this session's lock is stale.
     PERFORM pg_advisory_unlock(1936613751, h)
-       FROM unnest(locked) h
+       FROM unnest(g.locked) h
       WHERE h = ANY (blocks)
         AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
                          WHERE b.block = h AND b.holder_node = node);
+    RETURN @extschema@.snowflake_lease_reply(g.incarnation, g.fenced_until,
+                                             jsonb_build_object('blocks', kept));
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_renew(text, int[], bigint, bigint, bigint) IS
-  'Called by a holder''s lease worker: extends its leases and raises their marks; returns the blocks it still holds.';
+COMMENT ON FUNCTION snowflake_lease_renew(jsonb) IS
+  'Called by a holder''s lease worker: extends its leases and raises their marks (re-asserting them to a new incarnation while fenced); returns the blocks it still holds.';
 
 -- Gives a block back. The holder has stopped issuing from it and passes
 -- the time of the newest ID it issued there (not below the block's floor
 -- when it leased it), which becomes the next holder's floor.
-CREATE FUNCTION snowflake_lease_release(node text, blk int, high_ms bigint) RETURNS boolean
+CREATE FUNCTION snowflake_lease_release(req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
+    node text := req->>'node';
+    blk int := (req->>'block')::int;
+    high_ms bigint := (req->>'high_ms')::bigint;
+    g record;
     done boolean;
 BEGIN
+    IF blk IS NULL OR high_ms IS NULL THEN
+        RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
+            DETAIL = 'block and high_ms are required.';
+    END IF;
+    SELECT * INTO g FROM @extschema@.snowflake_lease_begin(req);
     UPDATE @extschema@.snowflake_lease_blocks b
        SET holder_node = NULL, released_at = now(), expires_at = NULL, high_water_ms = high_ms
      WHERE b.block = blk AND b.holder_node = node;
     done := FOUND;
-    PERFORM pg_advisory_unlock(1936613751, h)
-       FROM @extschema@.snowflake_lease_locks_held() h WHERE h = blk;
-    RETURN done;
+    PERFORM pg_advisory_unlock(1936613751, blk) WHERE blk = ANY (g.locked);
+    RETURN @extschema@.snowflake_lease_reply(g.incarnation, g.fenced_until,
+                                             jsonb_build_object('released', done));
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_release(text, int, bigint) IS
+COMMENT ON FUNCTION snowflake_lease_release(jsonb) IS
   'Called by a holder''s lease worker: returns an idle block, recording the time of the newest ID it issued there.';
 
-REVOKE EXECUTE ON FUNCTION snowflake_lease_locks_held() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_lease_hello(text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_lease_acquire(text, text, text, int, int, int[], int, bigint, bigint, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_lease_renew(text, int[], bigint, bigint, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_lease_release(text, int, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_begin(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_reply(text, timestamptz, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_acquire(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_renew(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_release(jsonb) FROM PUBLIC;

@@ -12,6 +12,7 @@
 //! - `claims`     worker id claims, one per backend, and the hot path
 //! - `registry_worker` the background workers that keep the registry table, and its DDL
 //! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument (pure)
+//! - `holder`     the holder side of leases as a state machine over a registry client (pure)
 //! - `lease_worker` the background worker that leases from the registry; `leases.sql` the registry's side
 //! - `api`        the SQL functions and views
 //! - `public_id`  the keyed, reversible text form of IDs (pure)
@@ -26,6 +27,7 @@ mod clock;
 mod errors;
 pub mod generator;
 mod gucs;
+pub mod holder;
 pub mod layout;
 pub mod lease;
 mod lease_worker;

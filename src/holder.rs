@@ -1,0 +1,588 @@
+//! The holder's side of fleet leases as a state machine, in plain Rust:
+//! what a server does with the registry's replies, over a [`Registry`]
+//! client and a [`Host`] (the slots in shared memory and the lease file).
+//! No PostgreSQL calls: `lease_worker` is the glue (connections, Citus
+//! discovery, the lease file's format), `leases.sql` the registry, and
+//! `lease` the rules of marks and the safety argument. The tests at the
+//! bottom drive it against a fake registry that forgets, stalls, reorders
+//! and lies.
+//!
+//! # What the holder trusts
+//!
+//! - A block is used only under a mark the registry confirmed in a reply
+//!   of the *incarnation* the holder knows, or re-asserted to a new one
+//!   (see `leases.sql`: a registry that may have forgotten grants starts a
+//!   new incarnation and fences).
+//! - A reply whose WAL position is below one the holder has already seen
+//!   from the same incarnation comes from a registry that went back in
+//!   time without knowing it: nothing in it is used, and the next call
+//!   tells the registry (which then starts a new, fenced incarnation).
+//! - Blocks saved before a restart are used once a renewal confirms them;
+//!   before that only while the registry is unreachable and the glue
+//!   vouches that this data directory saved them ([`Holder::trust_saved`]).
+//! - A reply naming blocks the holder did not ask for is ignored for
+//!   those blocks.
+
+use crate::lease::{self, Held, Plan, Timing, Usage};
+use serde::{Deserialize, Serialize};
+
+/// One block in a request or reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockMark {
+    pub block: u32,
+    /// Request: the mark the holder holds (re-assertion). Reply: the
+    /// block's mark before this call (the floor a new holder starts above).
+    #[serde(alias = "floor_ms")]
+    pub high_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AcquireRequest {
+    pub node: String,
+    pub name: String,
+    pub layout: String,
+    pub block_size: u32,
+    pub max_worker_id: u32,
+    pub allowed: Vec<u32>,
+    pub want: u32,
+    pub lease_ms: i64,
+    pub grace_ms: i64,
+    pub high_ms: i64,
+    pub incarnation: String,
+    pub lsn: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RenewRequest {
+    pub node: String,
+    /// With a re-assertion to a registry that forgot the blocks' rows.
+    pub layout: String,
+    pub block_size: u32,
+    pub max_worker_id: u32,
+    pub blocks: Vec<BlockMark>,
+    pub lease_ms: i64,
+    pub grace_ms: i64,
+    pub high_ms: i64,
+    pub incarnation: String,
+    pub lsn: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReleaseRequest {
+    pub node: String,
+    pub block: u32,
+    pub high_ms: i64,
+    pub incarnation: String,
+    pub lsn: String,
+}
+
+/// The registry's reply to an acquire or a renewal.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Reply {
+    pub incarnation: String,
+    pub lsn: String,
+    /// Registry-clock Unix ms until which no block is leased anew.
+    #[serde(default)]
+    pub fenced_until_ms: Option<i64>,
+    /// Acquire: the blocks granted, each with its floor. Renew: the blocks
+    /// still held, each with its mark before the renewal.
+    #[serde(default)]
+    pub blocks: Vec<BlockMark>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct ReleaseReply {
+    pub incarnation: String,
+    pub lsn: String,
+    pub released: bool,
+}
+
+/// Why a call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallError {
+    /// No answer (connection lost, timeout): the glue reconnects.
+    Unreachable(String),
+    /// The registry answered with an error (for example another layout).
+    Refused(String),
+}
+
+/// The registry, as the holder calls it (one connected session that took
+/// the node's lock).
+pub trait Registry {
+    fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError>;
+    fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError>;
+    fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError>;
+}
+
+/// This server's side: the slots of each block, and the lease file.
+pub trait Host {
+    /// Sessions may use `block` above `floor_ms`, up to `high_ms`.
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64);
+    /// A confirmed renewal raised the mark of an active block.
+    fn raise(&mut self, block: u32, high_ms: i64);
+    /// No session may use `block` any more.
+    fn revoke(&mut self, block: u32);
+    /// Stops `block` if none of its ids has a session: the start of its
+    /// newest tick issued (Unix ms), `Some(None)` when it never issued,
+    /// `None` when it is busy (and stays in use).
+    fn stop_if_idle(&mut self, block: u32) -> Option<Option<i64>>;
+    /// Saves the holder's state durably (the lease file).
+    fn save(&mut self, holder: &Holder);
+}
+
+/// What happened, for the server log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Leased {
+        block: u32,
+        floor_ms: i64,
+    },
+    Expired {
+        block: u32,
+    },
+    Lost {
+        block: u32,
+    },
+    Released {
+        block: u32,
+    },
+    /// The registry began another incarnation (it may have forgotten
+    /// grants); `old` is empty on the first contact after a restart that
+    /// saved none.
+    NewIncarnation {
+        old: String,
+        new: String,
+    },
+    /// A reply went back in time: not used.
+    Rollback {
+        seen: String,
+        reply: String,
+    },
+    /// No block is leased anew until this registry-clock Unix ms.
+    Fenced {
+        until_ms: i64,
+    },
+    /// The registry refused a call.
+    Refused(String),
+    /// The registry granted nothing and this server holds nothing.
+    NoFreeBlock,
+}
+
+/// The static facts of a holder's requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub node: String,
+    pub name: String,
+    pub layout: String,
+    pub block_size: u32,
+    pub max_worker_id: u32,
+}
+
+/// The holder's state.
+#[derive(Clone, Debug)]
+pub struct Holder {
+    pub id: Identity,
+    pub held: Vec<Held>,
+    /// The registry incarnation last seen ('' for none).
+    pub incarnation: String,
+    /// The highest registry WAL position seen from that incarnation.
+    pub lsn: u64,
+    /// Monotonic ms when the last confirmed renewal was sent.
+    pub last_renew_mono: Option<i64>,
+    /// Saved blocks may be used before a renewal confirms them (set by the
+    /// glue while the registry is unreachable and this data directory
+    /// provably saved them).
+    pub trust_saved: bool,
+    /// This server started from a backup: a saved block, once confirmed,
+    /// is used only above the registry's mark for it.
+    pub from_backup: bool,
+    /// Registry-clock Unix ms of the last fence reported.
+    pub fenced_until_ms: Option<i64>,
+    pub events: Vec<Event>,
+}
+
+/// Clock readings and settings for one step.
+#[derive(Clone, Copy, Debug)]
+pub struct Now {
+    pub mono_ms: i64,
+    pub wall_ms: i64,
+    pub timing: Timing,
+    pub max_drift_ms: i64,
+}
+
+impl Holder {
+    pub fn new(id: Identity) -> Holder {
+        Holder {
+            id,
+            held: Vec::new(),
+            incarnation: String::new(),
+            lsn: 0,
+            last_renew_mono: None,
+            trust_saved: false,
+            from_backup: false,
+            fenced_until_ms: None,
+            events: Vec::new(),
+        }
+    }
+
+    /// A block saved before a restart: used once confirmed (or trusted).
+    pub fn add_saved(&mut self, block: u32, floor_ms: i64, high_ms: i64, deadline_mono_ms: i64) {
+        if self.held.iter().any(|h| h.block == block) {
+            return;
+        }
+        self.held.push(Held {
+            block,
+            floor_ms,
+            high_ms,
+            deadline_mono_ms,
+            active: false,
+            confirmed: false,
+            idle_since_mono_ms: None,
+        });
+    }
+
+    /// Drops every block (another registry, another node id).
+    pub fn forget_all(&mut self, host: &mut dyn Host) {
+        for h in std::mem::take(&mut self.held) {
+            host.revoke(h.block);
+        }
+        self.incarnation.clear();
+        self.lsn = 0;
+        self.last_renew_mono = None;
+    }
+
+    /// A new session on the registry: renew at once (adopts saved blocks,
+    /// drops those handed over since).
+    pub fn reconnected(&mut self) {
+        self.last_renew_mono = None;
+    }
+
+    /// Idle tracking from the slots' usage (`usage` per held block).
+    fn track_idle(&mut self, usage: &[Usage], now_mono: i64) {
+        for h in &mut self.held {
+            let busy = usage
+                .iter()
+                .find(|u| u.block == h.block)
+                .is_some_and(|u| u.busy > 0);
+            if busy || !h.active {
+                h.idle_since_mono_ms = None;
+            } else if h.idle_since_mono_ms.is_none() {
+                h.idle_since_mono_ms = Some(now_mono);
+            }
+        }
+    }
+
+    /// One round: expire, activate, renew, release, acquire. `registry` is
+    /// `None` while there is no session. Returns the call error that ended
+    /// the round, if any (the glue drops the session on `Unreachable`).
+    pub fn step(
+        &mut self,
+        now: Now,
+        usage: &[Usage],
+        allowed: &[u32],
+        mut registry: Option<&mut dyn Registry>,
+        host: &mut dyn Host,
+    ) -> Result<(), CallError> {
+        self.track_idle(usage, now.mono_ms);
+        if self.trust_saved && registry.is_none() {
+            for h in self.held.iter_mut().filter(|h| !h.confirmed) {
+                h.confirmed = true;
+            }
+        }
+        let plan = lease::plan(
+            &self.held,
+            usage,
+            now.mono_ms,
+            now.wall_ms,
+            &now.timing,
+            now.max_drift_ms,
+            self.id.block_size,
+        );
+        self.apply_local(&plan, host);
+        let Some(registry) = registry.as_deref_mut() else {
+            return Ok(());
+        };
+        let due = self
+            .last_renew_mono
+            .is_none_or(|t| now.mono_ms.saturating_sub(t) >= now.timing.renew_every_ms);
+        if !self.held.is_empty() && due {
+            self.renew(now, registry, host)?;
+        }
+        for block in &plan.release {
+            self.release(*block, registry, host)?;
+        }
+        // Unconfirmed saved blocks are not supply yet: the renewal above
+        // confirms or drops them first.
+        if plan.acquire > 0 && self.held.iter().all(|h| h.confirmed) {
+            self.acquire(plan.acquire, allowed, now, registry, host)?;
+        }
+        Ok(())
+    }
+
+    fn apply_local(&mut self, plan: &Plan, host: &mut dyn Host) {
+        for &block in &plan.expire {
+            self.events.push(Event::Expired { block });
+            host.revoke(block);
+        }
+        self.held.retain(|h| !plan.expire.contains(&h.block));
+        for &block in &plan.activate {
+            self.activate(block, host);
+        }
+    }
+
+    fn activate(&mut self, block: u32, host: &mut dyn Host) {
+        if let Some(h) = self.held.iter_mut().find(|h| h.block == block) {
+            h.active = true;
+            host.activate(block, h.floor_ms, h.high_ms);
+        }
+    }
+
+    fn lsn_text(&self) -> String {
+        format_lsn(self.lsn)
+    }
+
+    /// Checks a reply's incarnation and WAL position; false: not usable.
+    fn accept(&mut self, incarnation: &str, lsn: &str) -> bool {
+        let Some(lsn) = parse_lsn(lsn) else {
+            self.events.push(Event::Refused(format!(
+                "invalid WAL position {lsn:?} in a reply"
+            )));
+            return false;
+        };
+        if incarnation != self.incarnation {
+            self.events.push(Event::NewIncarnation {
+                old: std::mem::take(&mut self.incarnation),
+                new: incarnation.to_string(),
+            });
+            self.incarnation = incarnation.to_string();
+            self.lsn = lsn;
+            return true;
+        }
+        if lsn < self.lsn {
+            self.events.push(Event::Rollback {
+                seen: format_lsn(self.lsn),
+                reply: format_lsn(lsn),
+            });
+            return false;
+        }
+        self.lsn = lsn;
+        true
+    }
+
+    fn note_fence(&mut self, until: Option<i64>) {
+        if until.is_some() && until != self.fenced_until_ms {
+            if let Some(until_ms) = until {
+                self.events.push(Event::Fenced { until_ms });
+            }
+        }
+        self.fenced_until_ms = until;
+    }
+
+    fn renew(
+        &mut self,
+        now: Now,
+        registry: &mut dyn Registry,
+        host: &mut dyn Host,
+    ) -> Result<(), CallError> {
+        let grant = lease::grant(now.mono_ms, now.wall_ms, &now.timing, now.max_drift_ms);
+        let req = RenewRequest {
+            node: self.id.node.clone(),
+            layout: self.id.layout.clone(),
+            block_size: self.id.block_size,
+            max_worker_id: self.id.max_worker_id,
+            blocks: self
+                .held
+                .iter()
+                .map(|h| BlockMark {
+                    block: h.block,
+                    high_ms: h.high_ms,
+                })
+                .collect(),
+            lease_ms: now.timing.lease_ms,
+            grace_ms: now.timing.grace_ms,
+            high_ms: grant.high_ms,
+            incarnation: self.incarnation.clone(),
+            lsn: self.lsn_text(),
+        };
+        let reply = match registry.renew(&req) {
+            Ok(reply) => reply,
+            Err(e) => return self.failed(e),
+        };
+        if !self.accept(&reply.incarnation, &reply.lsn) {
+            return Ok(());
+        }
+        self.note_fence(reply.fenced_until_ms);
+        self.last_renew_mono = Some(now.mono_ms);
+        let asked: Vec<u32> = req.blocks.iter().map(|b| b.block).collect();
+        let kept: Vec<BlockMark> = reply
+            .blocks
+            .iter()
+            .filter(|b| asked.contains(&b.block))
+            .copied()
+            .collect();
+        let lost: Vec<u32> = asked
+            .iter()
+            .copied()
+            .filter(|b| !kept.iter().any(|k| k.block == *b))
+            .collect();
+        for &block in &lost {
+            self.events.push(Event::Lost { block });
+            host.revoke(block);
+        }
+        self.held.retain(|h| !lost.contains(&h.block));
+        for k in kept {
+            let Some(h) = self.held.iter_mut().find(|h| h.block == k.block) else {
+                continue;
+            };
+            if !h.confirmed && self.from_backup {
+                // A backup's saved block: its IDs since the backup are
+                // unknown here, the registry's mark bounds them.
+                h.floor_ms = h.floor_ms.max(k.high_ms);
+            }
+            h.confirmed = true;
+            h.high_ms = h.high_ms.max(grant.high_ms);
+            h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
+            if h.active {
+                host.raise(h.block, h.high_ms);
+            }
+        }
+        Ok(())
+    }
+
+    fn acquire(
+        &mut self,
+        want: u32,
+        allowed: &[u32],
+        now: Now,
+        registry: &mut dyn Registry,
+        host: &mut dyn Host,
+    ) -> Result<(), CallError> {
+        let grant = lease::grant(now.mono_ms, now.wall_ms, &now.timing, now.max_drift_ms);
+        let req = AcquireRequest {
+            node: self.id.node.clone(),
+            name: self.id.name.clone(),
+            layout: self.id.layout.clone(),
+            block_size: self.id.block_size,
+            max_worker_id: self.id.max_worker_id,
+            allowed: allowed.to_vec(),
+            want,
+            lease_ms: now.timing.lease_ms,
+            grace_ms: now.timing.grace_ms,
+            high_ms: grant.high_ms,
+            incarnation: self.incarnation.clone(),
+            lsn: self.lsn_text(),
+        };
+        let reply = match registry.acquire(&req) {
+            Ok(reply) => reply,
+            Err(e) => return self.failed(e),
+        };
+        // A new incarnation seen here: the blocks held were not re-asserted
+        // by this call; the next renewal does that (at once).
+        let known = self.incarnation.clone();
+        if !self.accept(&reply.incarnation, &reply.lsn) {
+            return Ok(());
+        }
+        if known != self.incarnation && !self.held.is_empty() {
+            self.last_renew_mono = None;
+        }
+        self.note_fence(reply.fenced_until_ms);
+        if reply.blocks.is_empty() && self.held.is_empty() && reply.fenced_until_ms.is_none() {
+            self.events.push(Event::NoFreeBlock);
+        }
+        for b in reply.blocks {
+            if !allowed.contains(&b.block) {
+                continue;
+            }
+            self.events.push(Event::Leased {
+                block: b.block,
+                floor_ms: b.high_ms,
+            });
+            // A block this server still counts as held (the registry's
+            // clock ran its lease out first): one entry, the new grant,
+            // and a floor that may have risen meanwhile.
+            if let Some(h) = self.held.iter_mut().find(|h| h.block == b.block) {
+                h.high_ms = h.high_ms.max(grant.high_ms);
+                h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
+                h.floor_ms = h.floor_ms.max(b.high_ms);
+                h.confirmed = true;
+                if h.active {
+                    host.activate(h.block, h.floor_ms, h.high_ms);
+                }
+                continue;
+            }
+            self.held.push(Held {
+                block: b.block,
+                floor_ms: b.high_ms,
+                high_ms: grant.high_ms,
+                deadline_mono_ms: grant.deadline_mono_ms,
+                active: false,
+                confirmed: true,
+                idle_since_mono_ms: None,
+            });
+            if b.high_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
+                self.activate(b.block, host);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives an idle block back (if still idle when stopped).
+    fn release(
+        &mut self,
+        block: u32,
+        registry: &mut dyn Registry,
+        host: &mut dyn Host,
+    ) -> Result<(), CallError> {
+        let Some(h) = self.held.iter().find(|h| h.block == block).copied() else {
+            return Ok(());
+        };
+        let Some(newest) = host.stop_if_idle(block) else {
+            return Ok(());
+        };
+        // Saved without the block before the registry hears of it: a crash
+        // in between must not bring the block back from the file after its
+        // mark was lowered.
+        self.held.retain(|h| h.block != block);
+        host.save(self);
+        let req = ReleaseRequest {
+            node: self.id.node.clone(),
+            block,
+            high_ms: lease::release_mark(h.floor_ms, newest),
+            incarnation: self.incarnation.clone(),
+            lsn: self.lsn_text(),
+        };
+        // On failure the block simply expires at the registry, with the
+        // higher mark of its last renewal.
+        match registry.release(&req) {
+            Ok(reply) => {
+                if self.accept(&reply.incarnation, &reply.lsn) && reply.released {
+                    self.events.push(Event::Released { block });
+                }
+                Ok(())
+            }
+            Err(e) => self.failed(e),
+        }
+    }
+
+    fn failed(&mut self, e: CallError) -> Result<(), CallError> {
+        if let CallError::Refused(text) = &e {
+            self.events.push(Event::Refused(text.clone()));
+        }
+        Err(e)
+    }
+}
+
+/// A WAL position as PostgreSQL prints it (`16/B374D848`).
+pub fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    let hi = u32::from_str_radix(hi, 16).ok()?;
+    let lo = u32::from_str_radix(lo, 16).ok()?;
+    Some(u64::from(hi) << 32 | u64::from(lo))
+}
+
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+#[cfg(test)]
+mod tests;

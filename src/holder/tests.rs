@@ -1,0 +1,702 @@
+//! The holder against a fake registry that keeps the rules of
+//! `leases.sql` (incarnations, fences, re-assertion, authorisation is the
+//! session's) and can forget, stall, reorder and lie. Every test checks
+//! the one property that matters: two servers never hold usable ID-time
+//! ranges of the same block that overlap.
+
+use super::*;
+use std::collections::BTreeMap;
+
+const T0: i64 = 1_795_305_600_000;
+const LEASE: i64 = 6_000;
+const DRIFT: i64 = 1_000;
+
+fn timing() -> Timing {
+    Timing::new(LEASE)
+}
+
+#[derive(Clone, Debug, Default)]
+struct Row {
+    holder: Option<String>,
+    expires: i64,
+    grace: i64,
+    mark: i64,
+}
+
+/// The registry's state that a restore or a crash can take back.
+#[derive(Clone, Debug, Default)]
+struct Stored {
+    rows: BTreeMap<u32, Row>,
+    incarnation: Option<(String, i64)>, // (name, started at)
+    fenced_until: i64,
+    fence_floor: i64,
+    max_ahead: i64,
+    max_lease: i64,
+    max_grace: i64,
+}
+
+#[derive(Default)]
+struct FakeRegistry {
+    now: i64,
+    stored: Stored,
+    lsn: u64,
+    next_incarnation: u32,
+    /// Calls fail as if the registry stalled.
+    stalled: bool,
+    /// Replies carry this (stale) reply instead: a reordered answer.
+    replay: Option<Reply>,
+    /// Replies name this extra block (a lie).
+    extra_block: Option<u32>,
+    /// Forgetting is not detected (a registry without fencing).
+    no_fencing: bool,
+    /// Live sessions holding block locks (evidence of holders).
+    live_holders: bool,
+}
+
+impl FakeRegistry {
+    fn snapshot(&self) -> (Stored, u64) {
+        (self.stored.clone(), self.lsn)
+    }
+
+    /// Goes back to a snapshot, as a restore, a crash that lost commits or
+    /// a failover to a standby behind does. `new_timeline`: the WAL
+    /// timeline changes (promotion, PITR).
+    fn forget(&mut self, to: (Stored, u64), new_timeline: bool) {
+        self.stored = to.0;
+        self.lsn = to.1;
+        if new_timeline && !self.no_fencing {
+            self.stored.incarnation = None;
+        }
+    }
+
+    fn new_incarnation(&mut self, evidence: bool, lease_ms: i64, grace_ms: i64) {
+        self.next_incarnation += 1;
+        self.stored.incarnation = Some((format!("inc{}", self.next_incarnation), self.now));
+        let s = &mut self.stored;
+        s.max_lease = s.max_lease.max(lease_ms);
+        s.max_grace = s.max_grace.max(grace_ms);
+        let evidence = evidence || self.live_holders || s.rows.values().any(|r| r.holder.is_some());
+        if evidence {
+            s.fenced_until = self.now + s.max_lease + s.max_grace;
+            s.fence_floor = self.now + s.max_ahead + s.max_grace;
+            for r in s.rows.values_mut() {
+                r.mark = r.mark.max(s.fence_floor);
+            }
+        }
+    }
+
+    /// The start of every call: `leases.sql`'s snowflake_lease_begin.
+    fn begin(
+        &mut self,
+        known: &str,
+        lsn: &str,
+        lease_ms: i64,
+        grace_ms: i64,
+    ) -> Result<(), CallError> {
+        if self.stalled {
+            return Err(CallError::Unreachable("timeout".into()));
+        }
+        let seen = parse_lsn(lsn).unwrap_or(0);
+        let rollback = !self.no_fencing && seen > self.lsn;
+        match &self.stored.incarnation {
+            None => self.new_incarnation(false, lease_ms, grace_ms),
+            Some(_) if rollback => self.new_incarnation(true, lease_ms, grace_ms),
+            Some((name, started)) => {
+                let (name, started) = (name.clone(), *started);
+                let s = &self.stored;
+                if !known.is_empty()
+                    && known != name
+                    && self.now < started + s.max_lease.max(lease_ms) + s.max_grace.max(grace_ms)
+                    && self.now >= s.fenced_until
+                    && !self.no_fencing
+                {
+                    // A holder of an older incarnation, soon after this
+                    // one began without a fence: fence now.
+                    self.new_incarnation(true, lease_ms, grace_ms);
+                }
+            }
+        }
+        self.lsn += 100;
+        Ok(())
+    }
+
+    fn fenced(&self) -> Option<i64> {
+        (self.now < self.stored.fenced_until).then_some(self.stored.fenced_until)
+    }
+
+    fn reply(&self, blocks: Vec<BlockMark>) -> Reply {
+        let mut blocks = blocks;
+        if let Some(b) = self.extra_block {
+            blocks.push(BlockMark {
+                block: b,
+                high_ms: 0,
+            });
+        }
+        Reply {
+            incarnation: self
+                .stored
+                .incarnation
+                .clone()
+                .map(|i| i.0)
+                .unwrap_or_default(),
+            lsn: format_lsn(self.lsn),
+            fenced_until_ms: self.fenced(),
+            blocks,
+        }
+    }
+
+    fn note_ahead(&mut self, high_ms: i64) {
+        self.stored.max_ahead = self.stored.max_ahead.max(high_ms - self.now);
+    }
+}
+
+impl Registry for FakeRegistry {
+    fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
+        self.begin(&req.incarnation, &req.lsn, req.lease_ms, req.grace_ms)?;
+        if let Some(r) = self.replay.take() {
+            return Ok(r);
+        }
+        self.note_ahead(req.high_ms);
+        let mut granted = Vec::new();
+        if self.fenced().is_none() {
+            for &b in &req.allowed {
+                if granted.len() as u32 >= req.want {
+                    break;
+                }
+                let floor = self.stored.fence_floor;
+                let row = self.stored.rows.entry(b).or_insert_with(|| Row {
+                    mark: floor,
+                    ..Row::default()
+                });
+                let free = row.holder.is_none() || row.expires + row.grace < self.now;
+                if free {
+                    granted.push(BlockMark {
+                        block: b,
+                        high_ms: row.mark,
+                    });
+                    row.holder = Some(req.node.clone());
+                    row.expires = self.now + req.lease_ms;
+                    row.grace = req.grace_ms;
+                    row.mark = row.mark.max(req.high_ms);
+                }
+            }
+        }
+        Ok(self.reply(granted))
+    }
+
+    fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
+        self.begin(&req.incarnation, &req.lsn, req.lease_ms, req.grace_ms)?;
+        if let Some(r) = self.replay.take() {
+            return Ok(r);
+        }
+        self.note_ahead(req.high_ms);
+        let current = self
+            .stored
+            .incarnation
+            .clone()
+            .map(|i| i.0)
+            .unwrap_or_default();
+        let reassert = self.fenced().is_some() && req.incarnation != current;
+        let now = self.now;
+        let mut kept = Vec::new();
+        let floor = self.stored.fence_floor;
+        for b in &req.blocks {
+            let row = self.stored.rows.entry(b.block).or_insert_with(|| Row {
+                mark: floor,
+                ..Row::default()
+            });
+            let mine = row.holder.as_deref() == Some(req.node.as_str());
+            let free = row.holder.is_none() || row.expires + row.grace < now;
+            if mine || (reassert && free) {
+                kept.push(BlockMark {
+                    block: b.block,
+                    high_ms: row.mark,
+                });
+                row.holder = Some(req.node.clone());
+                row.expires = now + req.lease_ms;
+                row.grace = req.grace_ms;
+                row.mark = row
+                    .mark
+                    .max(req.high_ms)
+                    .max(if mine { 0 } else { b.high_ms });
+            }
+        }
+        Ok(self.reply(kept))
+    }
+
+    fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
+        self.begin(&req.incarnation, &req.lsn, 0, 0)?;
+        let row = self.stored.rows.entry(req.block).or_default();
+        let released = row.holder.as_deref() == Some(req.node.as_str());
+        if released {
+            row.holder = None;
+            row.mark = req.high_ms;
+        }
+        let reply = self.reply(Vec::new());
+        Ok(ReleaseReply {
+            incarnation: reply.incarnation,
+            lsn: reply.lsn,
+            released,
+        })
+    }
+}
+
+/// The slots of one server, recording every range it could use.
+#[derive(Default)]
+struct FakeHost {
+    name: &'static str,
+    /// block → (floor, high) while usable.
+    active: BTreeMap<u32, (i64, i64)>,
+    /// Every (block, floor, high) this server could ever issue in.
+    used: Vec<(u32, i64, i64)>,
+    busy: Vec<u32>,
+    saves: u32,
+}
+
+impl Host for FakeHost {
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64) {
+        self.active.insert(block, (floor_ms, high_ms));
+        self.used.push((block, floor_ms, high_ms));
+    }
+    fn raise(&mut self, block: u32, high_ms: i64) {
+        if let Some(r) = self.active.get_mut(&block) {
+            r.1 = r.1.max(high_ms);
+            self.used.push((block, r.0, r.1));
+        }
+    }
+    fn revoke(&mut self, block: u32) {
+        self.active.remove(&block);
+    }
+    fn stop_if_idle(&mut self, block: u32) -> Option<Option<i64>> {
+        if self.busy.contains(&block) {
+            return None;
+        }
+        // Conservatively, the newest ID is at the top of the range.
+        let newest = self.active.remove(&block).map(|r| r.1);
+        Some(newest)
+    }
+    fn save(&mut self, _holder: &Holder) {
+        self.saves += 1;
+    }
+}
+
+struct Server {
+    holder: Holder,
+    host: FakeHost,
+    /// Offset of this server's clock from the registry's.
+    skew: i64,
+    connected: bool,
+}
+
+impl Server {
+    fn new(name: &'static str, skew: i64) -> Server {
+        Server {
+            holder: Holder::new(Identity {
+                node: format!("node-{name}"),
+                name: name.into(),
+                layout: "classic".into(),
+                block_size: 16,
+                max_worker_id: 63,
+            }),
+            host: FakeHost {
+                name,
+                ..FakeHost::default()
+            },
+            skew,
+            connected: true,
+        }
+    }
+
+    fn usage(&self) -> Vec<Usage> {
+        self.holder
+            .held
+            .iter()
+            .map(|h| Usage {
+                block: h.block,
+                ids: 16,
+                busy: if self.host.busy.contains(&h.block) {
+                    16
+                } else {
+                    0
+                },
+            })
+            .collect()
+    }
+
+    fn step(&mut self, t: i64, registry: &mut FakeRegistry, allowed: &[u32]) {
+        let now = Now {
+            mono_ms: t - T0,
+            wall_ms: t + self.skew,
+            timing: timing(),
+            max_drift_ms: DRIFT,
+        };
+        let usage = self.usage();
+        registry.now = t;
+        let reg: Option<&mut dyn Registry> = if self.connected { Some(registry) } else { None };
+        if let Err(CallError::Unreachable(_)) =
+            self.holder.step(now, &usage, allowed, reg, &mut self.host)
+        {
+            self.holder.reconnected();
+        }
+    }
+}
+
+/// No two servers' usable ranges of a block overlap.
+fn assert_disjoint(servers: &[&Server]) {
+    for (i, a) in servers.iter().enumerate() {
+        for b in &servers[i + 1..] {
+            for &(block, lo_a, hi_a) in &a.host.used {
+                for &(block_b, lo_b, hi_b) in &b.host.used {
+                    if block == block_b {
+                        assert!(
+                            hi_a <= lo_b || hi_b <= lo_a,
+                            "{} ({lo_a}, {hi_a}] and {} ({lo_b}, {hi_b}] overlap on block {block}",
+                            a.host.name,
+                            b.host.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs both servers every 100 ms of registry time from `from` to `to`.
+fn run(
+    servers: &mut [&mut Server],
+    registry: &mut FakeRegistry,
+    from: i64,
+    to: i64,
+    allowed: &[u32],
+) {
+    let mut t = from;
+    while t < to {
+        for s in servers.iter_mut() {
+            s.step(t, registry, allowed);
+        }
+        t += 100;
+    }
+}
+
+#[test]
+fn two_servers_get_disjoint_blocks_and_hand_over_safely() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    let mut b = Server::new("b", 0);
+    // One block for both: b gets it only after a gives it back.
+    a.host.busy.push(0);
+    run(&mut [&mut a, &mut b], &mut reg, T0, T0 + 2_000, &[0]);
+    assert!(a.host.active.contains_key(&0));
+    assert!(b.holder.held.is_empty());
+    // a stops renewing (partitioned): b gets it after expiry + grace.
+    a.connected = false;
+    run(
+        &mut [&mut a, &mut b],
+        &mut reg,
+        T0 + 2_000,
+        T0 + 20_000,
+        &[0],
+    );
+    assert!(!a.host.active.contains_key(&0), "a stops at its deadline");
+    assert!(b.host.active.contains_key(&0));
+    assert_disjoint(&[&a, &b]);
+}
+
+/// A registry in use: server z holds block 1 (its row is evidence that
+/// holders exist when the registry later forgets).
+fn registry_in_use() -> (FakeRegistry, Server) {
+    let mut reg = FakeRegistry::default();
+    let mut z = Server::new("z", 0);
+    run(&mut [&mut z], &mut reg, T0 - 1_000, T0, &[1]);
+    assert!(z.host.active.contains_key(&1));
+    (reg, z)
+}
+
+/// The fault in the issue: the registry loses a grant it confirmed (a
+/// failover to a standby that was behind, a restore). With fencing, the
+/// other server waits; both never overlap.
+#[test]
+fn a_registry_that_forgets_a_confirmed_grant_fences_until_the_holder_stopped() {
+    let (mut reg, mut z) = registry_in_use();
+    let mut a = Server::new("a", 0);
+    let mut b = Server::new("b", 0);
+    let before = reg.snapshot();
+    run(&mut [&mut a, &mut z], &mut reg, T0, T0 + 1_000, &[0, 1]);
+    assert!(a.host.active.contains_key(&0));
+    // A new timeline: b may call first.
+    reg.forget(before, true);
+    run(
+        &mut [&mut b, &mut a, &mut z],
+        &mut reg,
+        T0 + 1_000,
+        T0 + 30_000,
+        &[0],
+    );
+    assert_disjoint(&[&a, &b]);
+    assert!(
+        a.holder
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::NewIncarnation { old, .. } if !old.is_empty())),
+        "{:?}",
+        a.holder.events
+    );
+    assert!(b.host.active.contains_key(&0) || a.host.active.contains_key(&0));
+}
+
+/// The same without a new timeline (a snapshot restored in place): the
+/// holder's WAL position tells the registry, at its next call.
+#[test]
+fn a_registry_that_went_back_in_time_learns_it_from_the_holder() {
+    let (mut reg, mut z) = registry_in_use();
+    let mut a = Server::new("a", 0);
+    let mut b = Server::new("b", 0);
+    let before = reg.snapshot();
+    run(&mut [&mut a, &mut z], &mut reg, T0, T0 + 1_000, &[0, 1]);
+    reg.forget(before, false);
+    a.holder.last_renew_mono = None;
+    run(
+        &mut [&mut a, &mut b, &mut z],
+        &mut reg,
+        T0 + 1_000,
+        T0 + 30_000,
+        &[0],
+    );
+    assert_disjoint(&[&a, &b]);
+    assert!(
+        reg.next_incarnation >= 2,
+        "the rollback started an incarnation"
+    );
+}
+
+/// The same fault when the holder was away (not renewing) while the
+/// registry forgot: the fence still keeps the block from the other
+/// server until the holder's lease ran out, and its mark high.
+#[test]
+fn a_forgetting_registry_fences_even_when_the_holder_is_away() {
+    let (mut reg, mut z) = registry_in_use();
+    let mut a = Server::new("a", 0);
+    let mut b = Server::new("b", 0);
+    let before = reg.snapshot();
+    run(&mut [&mut a, &mut z], &mut reg, T0, T0 + 1_000, &[0, 1]);
+    a.connected = false;
+    reg.forget(before, true);
+    run(
+        &mut [&mut b, &mut a, &mut z],
+        &mut reg,
+        T0 + 1_000,
+        T0 + 30_000,
+        &[0],
+    );
+    assert!(
+        b.host.active.contains_key(&0),
+        "b gets the block after the fence"
+    );
+    assert_disjoint(&[&a, &b]);
+}
+
+/// The extension dropped and created again, or its table emptied, while
+/// holders' sessions are live: fenced too.
+#[test]
+fn a_recreated_registry_with_live_holders_fences() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    let mut b = Server::new("b", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    reg.forget((Stored::default(), reg.lsn), false);
+    reg.live_holders = true;
+    run(
+        &mut [&mut b, &mut a],
+        &mut reg,
+        T0 + 1_000,
+        T0 + 30_000,
+        &[0],
+    );
+    assert_disjoint(&[&a, &b]);
+}
+
+/// Without fencing (0.3.1's registry), the same run overlaps: the test
+/// above can fail.
+#[test]
+fn without_fencing_the_same_fault_overlaps() {
+    let mut reg = FakeRegistry {
+        no_fencing: true,
+        ..FakeRegistry::default()
+    };
+    let mut a = Server::new("a", 0);
+    let mut b = Server::new("b", 0);
+    let before = reg.snapshot();
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    reg.forget(before, false);
+    a.connected = false;
+    run(
+        &mut [&mut b, &mut a],
+        &mut reg,
+        T0 + 1_000,
+        T0 + 5_000,
+        &[0],
+    );
+    let result = std::panic::catch_unwind(|| assert_disjoint(&[&a, &b]));
+    assert!(
+        result.is_err(),
+        "a forgetting registry without fencing must overlap"
+    );
+}
+
+/// A registry that went back in time and does not know it answers with a
+/// WAL position below one the holder saw: nothing in that reply is used.
+#[test]
+fn a_reply_from_the_past_is_not_used() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    let high = a.host.active[&0].1;
+    let stale = Reply {
+        incarnation: a.holder.incarnation.clone(),
+        lsn: format_lsn(1),
+        fenced_until_ms: None,
+        blocks: vec![BlockMark {
+            block: 0,
+            high_ms: 0,
+        }],
+    };
+    reg.replay = Some(stale);
+    a.holder.last_renew_mono = None;
+    a.step(T0 + 1_100, &mut reg, &[0]);
+    assert!(a
+        .holder
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Rollback { .. })));
+    assert_eq!(a.host.active[&0].1, high, "the stale reply raised no mark");
+}
+
+/// A stalled registry: the holder stops at its deadline and never uses a
+/// mark it was not confirmed.
+#[test]
+fn a_stalled_registry_stops_the_holder_at_its_deadline() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    let high = a.host.used.iter().map(|u| u.2).max().unwrap_or(0);
+    reg.stalled = true;
+    run(&mut [&mut a], &mut reg, T0 + 1_000, T0 + 10_000, &[0]);
+    assert!(a.host.active.is_empty());
+    assert_eq!(a.host.used.iter().map(|u| u.2).max().unwrap_or(0), high);
+}
+
+/// A reply that names a block not asked for is not used for it.
+#[test]
+fn a_lying_reply_gives_no_block_that_was_not_asked_for() {
+    let mut reg = FakeRegistry {
+        extra_block: Some(3),
+        ..FakeRegistry::default()
+    };
+    let mut a = Server::new("a", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 3_000, &[0]);
+    assert!(a.host.active.contains_key(&0));
+    assert!(!a.host.active.contains_key(&3));
+}
+
+/// Saved blocks after a restart: used once confirmed while the registry
+/// answers; while it does not, only when trusted; from a backup, only
+/// above the registry's mark.
+#[test]
+fn saved_blocks_wait_for_confirmation_unless_trusted() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    let saved = a.holder.held[0];
+    let inc = a.holder.incarnation.clone();
+    let restarted = |trust: bool, backup: bool| {
+        let mut s = Server::new("a", 0);
+        s.holder.incarnation = inc.clone();
+        s.holder
+            .add_saved(0, saved.floor_ms, saved.high_ms, saved.deadline_mono_ms);
+        s.holder.trust_saved = trust;
+        s.holder.from_backup = backup;
+        s
+    };
+    // Registry down, not trusted: nothing used.
+    let mut r = restarted(false, false);
+    r.connected = false;
+    r.step(T0 + 1_100, &mut reg, &[0]);
+    assert!(r.host.active.is_empty());
+    // Registry down, trusted (same data directory): used.
+    let mut r = restarted(true, false);
+    r.connected = false;
+    r.step(T0 + 1_100, &mut reg, &[0]);
+    assert!(r.host.active.contains_key(&0));
+    // Registry up: the first step confirms, the next uses.
+    let mut r = restarted(false, false);
+    r.step(T0 + 1_100, &mut reg, &[0]);
+    r.step(T0 + 1_200, &mut reg, &[0]);
+    assert_eq!(r.host.active.get(&0).map(|a| a.0), Some(saved.floor_ms));
+    // From a backup: above the registry's mark, so not at once.
+    let mut r = restarted(false, true);
+    r.step(T0 + 1_100, &mut reg, &[0]);
+    r.step(T0 + 1_200, &mut reg, &[0]);
+    assert!(r.holder.held[0].floor_ms >= saved.high_ms);
+    assert!(r.host.active.is_empty());
+}
+
+/// A backup restored in place whose block was given back and leased to
+/// another server: with the registry up, the restored server loses it at
+/// the first renewal and never used it.
+#[test]
+fn a_restored_backup_never_uses_a_block_that_moved_on() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    let mut c = Server::new("c", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    let saved = a.holder.held[0];
+    let inc = a.holder.incarnation.clone();
+    a.connected = false;
+    run(
+        &mut [&mut c, &mut a],
+        &mut reg,
+        T0 + 1_000,
+        T0 + 20_000,
+        &[0],
+    );
+    assert!(c.host.active.contains_key(&0));
+    let mut restored = Server::new("a", 0);
+    restored.holder.incarnation = inc;
+    restored.holder.from_backup = true;
+    restored
+        .holder
+        .add_saved(0, saved.floor_ms, saved.high_ms, 20_000 + LEASE);
+    run(
+        &mut [&mut restored, &mut c],
+        &mut reg,
+        T0 + 20_000,
+        T0 + 25_000,
+        &[0],
+    );
+    assert!(restored.host.used.is_empty(), "{:?}", restored.host.used);
+    assert_disjoint(&[&a, &c]);
+}
+
+#[test]
+fn wal_positions_round_trip() {
+    assert_eq!(parse_lsn("16/B374D848"), Some(0x16_B374_D848));
+    assert_eq!(format_lsn(0x16_B374_D848), "16/B374D848");
+    assert_eq!(parse_lsn("0/0"), Some(0));
+    assert_eq!(parse_lsn("x"), None);
+    assert_eq!(parse_lsn("1/FFFFFFFFF"), None);
+}
+
+#[test]
+fn replies_parse_from_the_registrys_json() {
+    let r: Reply = serde_json::from_str(
+        r#"{"incarnation":"a","lsn":"0/10","fenced_until_ms":null,"blocks":[{"block":3,"floor_ms":7}]}"#,
+    )
+    .expect("valid reply");
+    assert_eq!(
+        r.blocks,
+        vec![BlockMark {
+            block: 3,
+            high_ms: 7
+        }]
+    );
+}
