@@ -64,7 +64,7 @@ CREATE TRIGGER snowflake_lease_blocks_truncate AFTER TRUNCATE ON snowflake_lease
 -- grants, and returns it with the fence and the block locks this session
 -- holds (one look at pg_locks: it briefly takes every lock partition).
 CREATE FUNCTION snowflake_lease_begin(req jsonb, OUT incarnation text, OUT fenced_until timestamptz,
-                                      OUT locked int[])
+                                      OUT locked int[], OUT fence_floor_ms bigint)
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
@@ -109,9 +109,11 @@ BEGIN
     SELECT * INTO r FROM @extschema@.snowflake_lease_registry FOR UPDATE;
     IF NOT FOUND THEN
         cause := 'a registry with no incarnation (new, made again, lease table emptied or restored)';
-        -- Holders may be using grants it forgot: leased rows (restored),
-        -- or live sessions holding block locks here.
-        evidence := EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b WHERE b.holder_node IS NOT NULL)
+        -- Holders may be using grants it forgot: the caller knew an older
+        -- incarnation or holds block locks, leased rows (restored), or
+        -- other live sessions holding block locks here.
+        evidence := known <> '' OR cardinality(locked) > 0
+                 OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b WHERE b.holder_node IS NOT NULL)
                  OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
                              WHERE l.locktype = 'advisory' AND l.classid = 1936613751::oid
                                AND l.objsubid = 2 AND l.database = mydb
@@ -164,6 +166,7 @@ BEGIN
                max_ahead_ms = greatest(g.max_ahead_ms, coalesce(high_ms - now_ms, 0));
     END IF;
     incarnation := r.incarnation;
+    fence_floor_ms := r.fence_floor_ms;
     fenced_until := CASE WHEN r.fenced_until > now() THEN r.fenced_until END;
 END
 $fn$;
@@ -194,7 +197,7 @@ LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
     name text := req->>'name';
-    layout text := req->>'layout';
+    lay text := req->>'layout';
     block_size int := (req->>'block_size')::int;
     max_worker_id int := (req->>'max_worker_id')::int;
     allowed int[] := ARRAY(SELECT pg_catalog.jsonb_array_elements_text(req->'allowed')::int);
@@ -206,23 +209,27 @@ DECLARE
     other text;
     granted jsonb;
 BEGIN
-    IF name IS NULL OR layout IS NULL OR block_size IS NULL OR max_worker_id IS NULL OR want IS NULL
+    IF name IS NULL OR lay IS NULL OR block_size IS NULL OR max_worker_id IS NULL OR want IS NULL
        OR lease_ms IS NULL OR grace_ms IS NULL OR high_ms IS NULL OR block_size < 1 OR want < 1 THEN
         RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
             DETAIL = 'name, layout, block_size, max_worker_id, want, lease_ms, grace_ms and high_ms are required; block_size and want must be positive.';
     END IF;
     SELECT * INTO g FROM @extschema@.snowflake_lease_begin(req);
-    INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout)
-    SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), layout
+    -- New rows start at the last fence's floor: a registry that forgot
+    -- rows may meet blocks that holders used under grants it lost.
+    INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout,
+                                                         high_water_ms)
+    SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), lay,
+           g.fence_floor_ms
       FROM unnest(allowed) a
      WHERE a >= 0 AND a * block_size <= max_worker_id
     ON CONFLICT DO NOTHING;
     SELECT b.layout INTO other FROM @extschema@.snowflake_lease_blocks b
-     WHERE b.block = ANY (allowed) AND b.layout <> snowflake_lease_acquire.layout LIMIT 1;
+     WHERE b.block = ANY (allowed) AND b.layout <> lay LIMIT 1;
     IF other IS NOT NULL THEN
         RAISE EXCEPTION 'this fleet''s leases were made under another layout'
             USING ERRCODE = '55000',
-                  DETAIL = format('The registry''s blocks use %s; the server %s uses %s.', other, name, layout),
+                  DETAIL = format('The registry''s blocks use %s; the server %s uses %s.', other, name, lay),
                   HINT = 'Every server of a fleet must use the same snowflake_id layout settings.';
     END IF;
     IF g.fenced_until IS NOT NULL THEN
@@ -278,7 +285,7 @@ DECLARE
     high_ms bigint := (req->>'high_ms')::bigint;
     block_size int := (req->>'block_size')::int;
     max_worker_id int := (req->>'max_worker_id')::int;
-    layout text := req->>'layout';
+    lay text := req->>'layout';
     known text := coalesce(req->>'incarnation', '');
     g record;
     reassert boolean;
@@ -294,10 +301,12 @@ BEGIN
     blocks := ARRAY(SELECT DISTINCT a.block
                       FROM pg_catalog.jsonb_to_recordset(req->'blocks') AS a(block int, high_ms bigint)
                      WHERE a.block IS NOT NULL);
-    IF reassert AND block_size > 0 AND layout IS NOT NULL THEN
+    IF reassert AND block_size > 0 AND lay IS NOT NULL THEN
         -- Rows the registry forgot altogether (an emptied table).
-        INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout)
-        SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), layout
+        INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout,
+                                                             high_water_ms)
+        SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), lay,
+               g.fence_floor_ms
           FROM unnest(blocks) a
          WHERE a >= 0 AND a * block_size <= max_worker_id
         ON CONFLICT DO NOTHING;
