@@ -154,7 +154,9 @@ def test_zero_configuration(make_cluster):
 def test_registry_naming_the_coordinator(make_cluster):
     def settings(i, coordinator):
         # The coordinator names itself: its port is known only once made.
-        return {} if coordinator is None else {
+        # It is the registry and restarts: fsync on (a registry with fsync
+        # off fences after every restart, see tests/test_fencing.py).
+        return {"fsync": True} if coordinator is None else {
             "snowflake_id.registry": coordinator.conninfo()}
     nodes = citus_cluster(make_cluster, settings)
     nodes[0].configure(**{"snowflake_id.registry": nodes[0].conninfo()})
