@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 #
-# scripts/package.sh -- build a Debian package of snowflake_id per PostgreSQL
-# version:  target/debs/postgresql-NN-snowflake-id_<version>_<arch>.deb
+# scripts/package.sh -- the release artifacts of snowflake_id, in target/dist/:
+#
+#   postgresql-NN-snowflake-id_<version>_<arch>.deb   one per PostgreSQL version
+#   snowflake_id-<version>.tar.gz                     the source (PGXN layout:
+#                                                     META.json at its top)
+#   SHA256SUMS                                        of the files above
 #
 # Run as root on Debian 12:   bash scripts/package.sh [NN ...]
-#                             (default: every supported version, 15 16 18)
+#                             (default: every supported version, 15 16 17 18)
+#
+# It needs only what building needs (scripts/lib.sh ensure_build_deps: the
+# build tools, Rust, cargo-pgrx and each version's PostgreSQL), none of the
+# test dependencies (Python test environment, Citus, faketime, npm). It
+# prints the path of each artifact, one per line; SHA256SUMS lists exactly
+# the files this run made. CARGO_TARGET_DIR moves target/ as for cargo.
 #
 # Each package holds the release build made by `cargo pgrx package` against
 # PostgreSQL NN, laid out where Debian's (and the PostgreSQL project's apt
@@ -12,55 +22,71 @@
 #   /usr/lib/postgresql/NN/lib/snowflake_id.so
 #   /usr/share/postgresql/NN/extension/snowflake_id.control, snowflake_id--*.sql
 # and depends on postgresql-NN, the server package of that major version
-# (Debian 12 ships postgresql-15; 16 and 18 come from apt.postgresql.org).
+# (Debian 12 ships postgresql-15, Debian 13 postgresql-17; the others come
+# from apt.postgresql.org), and on the libc6 its symbols need.
 #
-# Install:  apt-get install ./target/debs/postgresql-15-snowflake-id_0.3.1_amd64.deb
-# Remove:   dpkg -r postgresql-15-snowflake-id
+# The source tarball holds the files git tracks, as they are in the working
+# tree (uncommitted changes to tracked files included, untracked files not;
+# a release is made from a clean tree), with the last commit's time.
+#
+# Install:  apt-get install ./target/dist/postgresql-17-snowflake-id_<version>_amd64.deb
+# Remove:   dpkg -r postgresql-17-snowflake-id
 
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-OUT="$REPO_ROOT/target/debs"
 versions=("$@")
 [[ ${#versions[@]} -gt 0 ]] || versions=("${PG_VERSIONS[@]}")
+for v in "${versions[@]}"; do pg_config_for "$v" >/dev/null; done
 
 PG_VERSIONS=("${versions[@]}")
-ensure_deps
+ensure_build_deps
 cd "$REPO_ROOT"
+TARGET="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
+OUT="$TARGET/dist"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
+[[ -n $version ]] || die "no version in Cargo.toml"
 arch="$(dpkg --print-architecture)"
 mkdir -p "$OUT"
+made=()
 
 for v in "${versions[@]}"; do
     pgc="$(pg_config_for "$v")"
     name="postgresql-$v-snowflake-id"
-    stage="$REPO_ROOT/target/deb-stage/$name"
+    stage="$TARGET/deb-stage/$name"
+    src="$TARGET/deb-stage/pgrx-$v"
     log "PostgreSQL $v: cargo pgrx package"
-    rm -rf "$stage" "$REPO_ROOT/target/deb-stage/pgrx-$v"
+    rm -rf "$stage" "$src"
     cargo pgrx package --pg-config "$pgc" --no-default-features --features "pg$v" \
-        --out-dir "$REPO_ROOT/target/deb-stage/pgrx-$v" >&2
+        --out-dir "$src" >&2
     # cargo pgrx package mirrors pg_config's directories: find our files in
     # it wherever that PostgreSQL lives, and lay them out the Debian way.
     pkglibdir="$("$pgc" --pkglibdir)"
     sharedir="$("$pgc" --sharedir)"
-    src="$REPO_ROOT/target/deb-stage/pgrx-$v"
     mkdir -p "$stage/DEBIAN" "$stage/usr/lib/postgresql/$v/lib" \
         "$stage/usr/share/postgresql/$v/extension" "$stage/usr/share/doc/$name"
     install -m 0644 "$src$pkglibdir/snowflake_id.so" "$stage/usr/lib/postgresql/$v/lib/"
     install -m 0644 "$src$sharedir/extension/snowflake_id"* "$stage/usr/share/postgresql/$v/extension/"
     install -m 0644 README.md "$stage/usr/share/doc/$name/README.md"
-    cat >"$stage/usr/share/doc/$name/copyright" <<EOF
-snowflake_id $version
-License: PostgreSQL
-EOF
+    install -m 0644 CHANGELOG.md "$stage/usr/share/doc/$name/changelog"
+    {
+        echo "snowflake_id $version"
+        echo "License: PostgreSQL"
+        echo
+        cat LICENSE
+    } >"$stage/usr/share/doc/$name/copyright"
+    # The newest glibc symbol version the library uses: the libc6 it needs.
+    glibc="$(objdump -T "$stage/usr/lib/postgresql/$v/lib/snowflake_id.so" \
+        | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1)"
+    [[ -n $glibc ]] || die "no glibc symbol versions in snowflake_id.so"
     size_kb="$(du -sk "$stage/usr" | cut -f1)"
     cat >"$stage/DEBIAN/control" <<EOF
 Package: $name
 Version: $version
 Architecture: $arch
 Maintainer: snowflake_id developers <snowflake-id@localhost>
-Depends: postgresql-$v, libc6
+Depends: postgresql-$v, libc6 (>= $glibc)
 Section: database
 Priority: optional
 Installed-Size: $size_kb
@@ -74,5 +100,21 @@ EOF
     deb="$OUT/${name}_${version}_${arch}.deb"
     dpkg-deb --root-owner-group -Zxz --build "$stage" "$deb" >/dev/null
     log "built $deb"
-    echo "$deb"
+    made+=("$deb")
 done
+
+# The source: the tracked files under snowflake_id-<version>/.
+tarball="$OUT/snowflake_id-$version.tar.gz"
+[[ -z "$(git status --porcelain --untracked-files=no)" ]] \
+    || log "the working tree has uncommitted changes: they are in the tarball"
+git ls-files -z | while IFS= read -r -d '' f; do
+    [[ -e $f ]] && printf '%s\0' "$f"
+done | tar --null -T - --sort=name --owner=0 --group=0 --numeric-owner \
+    --mtime="@$(git log -1 --format=%ct)" --transform "s,^,snowflake_id-$version/," \
+    -cf - | gzip -n >"$tarball"
+log "built $tarball"
+made+=("$tarball")
+
+(cd "$OUT" && sha256sum "${made[@]##*/}" >SHA256SUMS)
+log "wrote $OUT/SHA256SUMS"
+printf '%s\n' "${made[@]}" "$OUT/SHA256SUMS"
