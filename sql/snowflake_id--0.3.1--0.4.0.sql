@@ -41,8 +41,8 @@ COMMENT ON TABLE snowflake_lease_registry IS
   'This registry''s incarnation: a new one, fenced, whenever it may have forgotten grants it confirmed (new timeline, restore, emptied lease table).';
 REVOKE ALL ON snowflake_lease_registry FROM PUBLIC;
 
--- Emptying the lease table (DELETE, TRUNCATE) forgets grants: the next
--- call starts a new incarnation.
+-- Emptying the lease table (DELETE, TRUNCATE) or restoring it forgets
+-- grants: the next call starts a new incarnation.
 CREATE FUNCTION snowflake_lease_forget() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
@@ -57,6 +57,11 @@ CREATE TRIGGER snowflake_lease_blocks_forget AFTER DELETE ON snowflake_lease_blo
     FOR EACH STATEMENT EXECUTE FUNCTION snowflake_lease_forget();
 CREATE TRIGGER snowflake_lease_blocks_truncate AFTER TRUNCATE ON snowflake_lease_blocks
     FOR EACH STATEMENT EXECUTE FUNCTION snowflake_lease_forget();
+-- Rows that arrive leased come from a restore (pg_restore, COPY): the
+-- registry's record is older than its holders'. (The lease functions
+-- insert rows unleased.)
+CREATE TRIGGER snowflake_lease_blocks_restored AFTER INSERT ON snowflake_lease_blocks
+    FOR EACH ROW WHEN (NEW.holder_node IS NOT NULL) EXECUTE FUNCTION snowflake_lease_forget();
 
 -- The start of every lease call: checks that this session holds the
 -- node's lock (only the holder's own session renews or releases its
@@ -390,6 +395,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_lease_reply(text, timestamptz, jsonb) FROM 
 REVOKE EXECUTE ON FUNCTION snowflake_lease_acquire(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_lease_renew(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_lease_release(jsonb) FROM PUBLIC;
+
 
 -- An update forgets nothing: this registry's first incarnation starts
 -- unfenced, so that its holders lease on at once.

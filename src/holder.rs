@@ -208,6 +208,8 @@ pub struct Now {
     pub wall_ms: i64,
     pub timing: Timing,
     pub max_drift_ms: i64,
+    /// `snowflake_id.max_blocks`.
+    pub max_blocks: u32,
 }
 
 impl Holder {
@@ -280,7 +282,7 @@ impl Holder {
         now: Now,
         usage: &[Usage],
         allowed: &[u32],
-        mut registry: Option<&mut dyn Registry>,
+        registry: Option<&mut dyn Registry>,
         host: &mut dyn Host,
     ) -> Result<(), CallError> {
         self.track_idle(usage, now.mono_ms);
@@ -297,9 +299,10 @@ impl Holder {
             &now.timing,
             now.max_drift_ms,
             self.id.block_size,
+            now.max_blocks,
         );
         self.apply_local(&plan, host);
-        let Some(registry) = registry.as_deref_mut() else {
+        let Some(registry) = registry else {
             return Ok(());
         };
         let due = self

@@ -190,6 +190,7 @@ pub struct Plan {
 pub const MAX_FAR_WAITING: usize = 2;
 
 /// Decides the next steps from the held blocks and their usage.
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     held: &[Held],
     usage: &[Usage],
@@ -198,6 +199,7 @@ pub fn plan(
     timing: &Timing,
     max_drift_ms: i64,
     block_size: u32,
+    max_blocks: u32,
 ) -> Plan {
     let mut plan = Plan::default();
     let use_of = |block: u32| usage.iter().find(|u| u.block == block).copied();
@@ -235,7 +237,12 @@ pub fn plan(
             far += 1;
         }
     }
-    if free + pending < low_water && far < MAX_FAR_WAITING {
+    // At most `max_blocks` (snowflake_id.max_blocks): past that, sessions
+    // share ids rather than drain the fleet's blocks.
+    if free + pending < low_water
+        && far < MAX_FAR_WAITING
+        && held.len() - plan.expire.len() < max_blocks as usize
+    {
         plan.acquire = 1;
     }
     // Give back idle blocks while enough free ids remain without them.
@@ -310,7 +317,7 @@ mod tests {
     #[test]
     fn no_block_leases_one_and_a_busy_server_leases_more() {
         let t = Timing::new(600_000);
-        let p = plan(&[], &[], 0, T0, &t, 60_000, 16);
+        let p = plan(&[], &[], 0, T0, &t, 60_000, 16, 64);
         assert_eq!(p.acquire, 1);
         let h = [held(0, 1_000, true, None)];
         // Low water: a quarter of a block free.
@@ -319,23 +326,23 @@ mod tests {
             ids: 16,
             busy: 12,
         }];
-        assert_eq!(plan(&h, &busy, 0, T0, &t, 60_000, 16).acquire, 0);
+        assert_eq!(plan(&h, &busy, 0, T0, &t, 60_000, 16, 64).acquire, 0);
         let busier = [Usage {
             block: 0,
             ids: 16,
             busy: 13,
         }];
-        assert_eq!(plan(&h, &busier, 0, T0, &t, 60_000, 16).acquire, 1);
+        assert_eq!(plan(&h, &busier, 0, T0, &t, 60_000, 16, 64).acquire, 1);
     }
 
     #[test]
     fn a_block_past_its_deadline_is_expired_and_replaced() {
         let t = Timing::new(600_000);
         let h = [held(0, 1_000, true, None)];
-        let p = plan(&h, &[], 1_000, T0, &t, 60_000, 16);
+        let p = plan(&h, &[], 1_000, T0, &t, 60_000, 16, 64);
         assert_eq!(p.expire, vec![0]);
         assert_eq!(p.acquire, 1);
-        let p = plan(&h, &[], 999, T0, &t, 60_000, 16);
+        let p = plan(&h, &[], 999, T0, &t, 60_000, 16, 64);
         assert!(p.expire.is_empty());
     }
 
@@ -349,13 +356,13 @@ mod tests {
             ids: 16,
             busy: 0,
         }];
-        let p = plan(&[h], &u, 0, T0 + 25_000, &t, 60_000, 16);
+        let p = plan(&[h], &u, 0, T0 + 25_000, &t, 60_000, 16, 64);
         assert!(p.activate.is_empty());
         assert_eq!(
             p.acquire, 0,
             "a block usable within a renewal counts as supply"
         );
-        let p = plan(&[h], &u, 0, T0 + 30_000, &t, 60_000, 16);
+        let p = plan(&[h], &u, 0, T0 + 30_000, &t, 60_000, 16, 64);
         assert_eq!(p.activate, vec![0]);
     }
 
@@ -370,13 +377,13 @@ mod tests {
             busy: 0,
         };
         // 25 s to wait (max_drift 60 s): another block is leased.
-        let p = plan(&[h], &[u(0)], 0, T0 + 5_000, &t, 60_000, 16);
+        let p = plan(&[h], &[u(0)], 0, T0 + 5_000, &t, 60_000, 16, 64);
         assert!(p.activate.is_empty());
         assert_eq!(p.acquire, 1);
         // With two such blocks, no third.
         let mut h2 = h;
         h2.block = 1;
-        let p = plan(&[h, h2], &[u(0), u(1)], 0, T0 + 5_000, &t, 60_000, 16);
+        let p = plan(&[h, h2], &[u(0), u(1)], 0, T0 + 5_000, &t, 60_000, 16, 64);
         assert_eq!(p.acquire, 0);
     }
 
@@ -399,11 +406,31 @@ mod tests {
             held(0, i64::MAX, true, Some(0)),
             held(1, i64::MAX, true, Some(0)),
         ];
-        let early = plan(&h, &u, t.idle_ms - 1, T0, &t, 60_000, 16);
+        let early = plan(&h, &u, t.idle_ms - 1, T0, &t, 60_000, 16, 64);
         assert!(early.release.is_empty());
-        let late = plan(&h, &u, t.idle_ms, T0, &t, 60_000, 16);
+        let late = plan(&h, &u, t.idle_ms, T0, &t, 60_000, 16, 64);
         assert_eq!(late.release, vec![0]);
         assert_eq!(late.acquire, 0);
+    }
+
+    #[test]
+    fn a_server_leases_no_more_than_max_blocks() {
+        let t = Timing::new(600_000);
+        let h = [held(0, i64::MAX, true, None), held(1, i64::MAX, true, None)];
+        let u = [
+            Usage {
+                block: 0,
+                ids: 16,
+                busy: 16,
+            },
+            Usage {
+                block: 1,
+                ids: 16,
+                busy: 16,
+            },
+        ];
+        assert_eq!(plan(&h, &u, 0, T0, &t, 60_000, 16, 3).acquire, 1);
+        assert_eq!(plan(&h, &u, 0, T0, &t, 60_000, 16, 2).acquire, 0);
     }
 
     #[test]

@@ -41,6 +41,7 @@ use crate::holder::{
 };
 use crate::layout::{format_unix_ms, Layout};
 use crate::lease::{self, Timing, Usage};
+use crate::registry_client::{self, Connection};
 use crate::reservation;
 use crate::shmem::{self, Header, MODE_CITUS, MODE_LOCAL, MODE_REGISTRY, NO_LEASE};
 use pgrx::bgworkers::{
@@ -169,6 +170,9 @@ struct Worker {
     /// Kept in this process only, never in the lease file: a copy of the
     /// data directory must not end its original's session.
     registry_session: Option<(i32, i64)>,
+    /// Whether the warning that PUBLIC may connect to the registry's
+    /// database was given (once per worker).
+    public_warned: bool,
 }
 
 #[pg_guard]
@@ -206,7 +210,9 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
         }
         worker.step(citus && database.is_some());
         let wait = worker.wait_ms();
-        if !BackgroundWorker::wait_latch(Some(Duration::from_millis(wait as u64))) {
+        if registry_client::terminating()
+            || !BackgroundWorker::wait_latch(Some(Duration::from_millis(wait as u64)))
+        {
             break;
         }
     }
@@ -260,6 +266,7 @@ impl Worker {
             next_citus_mono: 0,
             problem: None,
             registry_session: None,
+            public_warned: false,
         };
         let target = if let Some(registry) = gucs::registry() {
             Some(Target {
@@ -276,7 +283,11 @@ impl Worker {
                     mode: MODE_CITUS,
                 })
         };
-        worker.set_target(target);
+        // Without a known target, a Citus node waits for its first look at
+        // the metadata (mode stays undecided: no IDs), never local mode.
+        if target.is_some() {
+            worker.set_target(target);
+        }
         let from_backup = STARTED_FROM_BACKUP.load(Relaxed);
         let same_registry = file.registry.is_some()
             && file.registry.as_deref() == worker.file.target.as_ref().map(|t| t.display.as_str());
@@ -414,20 +425,26 @@ impl Worker {
             self.next_citus_mono = self.mono_ms() + CITUS_POLL_MS;
             match citus_target() {
                 Ok(target) => {
-                    if self.header.lease.mode.load(Relaxed) == shmem::MODE_UNDECIDED
-                        || self.file.target.is_some()
+                    if self
+                        .problem
+                        .as_deref()
+                        .is_some_and(|p| p.starts_with("Citus"))
                     {
-                        if self
-                            .problem
-                            .as_deref()
-                            .is_some_and(|p| p.starts_with("Citus"))
-                        {
-                            self.clear_problem();
-                        }
+                        self.clear_problem();
                     }
                     self.set_target(target)
                 }
-                Err(problem) => self.set_problem(problem),
+                Err(problem) => {
+                    // Which cluster this node is in is not known: no local
+                    // mode (a registry already found stays in use).
+                    if self.file.target.is_none()
+                        && self.header.lease.mode.load(Relaxed) == MODE_LOCAL
+                    {
+                        set_all_limits(self.header, NO_LEASE);
+                        self.header.lease.mode.store(shmem::MODE_UNDECIDED, Release);
+                    }
+                    self.set_problem(problem)
+                }
             }
         }
         if self.file.target.is_none() {
@@ -443,6 +460,7 @@ impl Worker {
             wall_ms: clock::unix_ms(),
             timing: self.timing(),
             max_drift_ms: gucs::max_drift_ms(),
+            max_blocks: gucs::max_blocks(),
         };
         let (ranges, _) = gucs::worker_ranges();
         let allowed = lease::allowed_blocks(&ranges, self.holder.id.block_size);
@@ -523,45 +541,42 @@ impl Worker {
         let Some(target) = self.file.target.clone() else {
             return;
         };
-        let mut config: postgres::Config = match target.conninfo.parse() {
-            Ok(config) => config,
-            Err(e) => {
-                self.unreachable(format!("invalid connection string for the registry: {e}"));
-                return;
-            }
-        };
-        config
-            .application_name("snowflake_id lease")
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_user_timeout(Duration::from_secs(10))
-            .keepalives_idle(Duration::from_secs(10))
-            // Names resolve in pg_catalog only: the session may be a
-            // superuser's, and other roles may create objects on the
-            // registry's default search_path. Grants are durable before
-            // the holder uses them, whatever the registry's default.
-            .options(
-                "-c statement_timeout=10s -c lock_timeout=5s -c search_path=pg_catalog,pg_temp -c synchronous_commit=on",
-            );
-        let mut client = match config.connect(postgres::NoTls) {
+        // Names resolve in pg_catalog only: the session may be a
+        // superuser's, and other roles may create objects on the
+        // registry's default search_path. Grants are durable before the
+        // holder uses them, whatever the registry's default.
+        let options = "-c statement_timeout=10s -c lock_timeout=5s -c search_path=pg_catalog,pg_temp -c synchronous_commit=on";
+        let mut client = match Connection::connect(&target.conninfo, "snowflake_id lease", options)
+        {
             Ok(client) => client,
             Err(e) => {
                 self.unreachable(format!(
                     "could not connect to {}: {}",
                     target.display,
-                    describe(&e)
+                    call_error_text(&e)
                 ));
                 return;
             }
         };
-        let schema = client.query_opt(
+        let found = client.query(
             "SELECT quote_ident(n.nspname), \
-                    to_regprocedure(quote_ident(n.nspname) || '.snowflake_lease_begin(jsonb)') IS NOT NULL \
+                    to_regprocedure(quote_ident(n.nspname) || '.snowflake_lease_begin(jsonb)') IS NOT NULL, \
+                    has_database_privilege('public', current_database(), 'CONNECT') \
                FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
               WHERE e.extname = 'snowflake_id'",
             &[],
         );
-        let schema: String = match schema {
-            Ok(Some(row)) if row.get::<_, bool>(1) => row.get(0),
+        let schema: String = match found.map(|rows| rows.into_iter().next()) {
+            Ok(Some(row)) if row.get(1).cloned().flatten().as_deref() == Some("t") => {
+                if row.get(2).cloned().flatten().as_deref() == Some("t") && !self.public_warned {
+                    self.public_warned = true;
+                    pgrx::warning!(
+                        "snowflake_id lease: every role may connect to the registry database at {}: any role that can log in there sees this server's lock keys in pg_locks and can take them, holding up its leases",
+                        target.display
+                    );
+                }
+                row.into_iter().next().flatten().unwrap_or_default()
+            }
             Ok(Some(_)) => {
                 self.unreachable(format!(
                     "the snowflake_id extension at {} predates this server's (0.4.0 fences leases): run ALTER EXTENSION snowflake_id UPDATE there",
@@ -577,7 +592,7 @@ impl Worker {
                 return;
             }
             Err(e) => {
-                self.unreachable(format!("{}: {}", target.display, describe(&e)));
+                self.unreachable(format!("{}: {}", target.display, call_error_text(&e)));
                 return;
             }
         };
@@ -588,12 +603,13 @@ impl Worker {
         let mut lingering = self.registry_session.take();
         let mut renamed = false;
         loop {
-            let hello = client.query_one(
+            let node = self.holder.id.node.clone();
+            let hello = client.value(
                 &format!("SELECT {schema}.snowflake_lease_hello($1)"),
-                &[&self.holder.id.node],
+                &[&node],
             );
             match hello {
-                Ok(row) if row.get::<_, bool>(0) => break,
+                Ok(Some(t)) if t == "t" => break,
                 Ok(_) if lingering.is_some_and(|old| self.end_lingering(&mut client, old)) => {
                     lingering = None;
                 }
@@ -616,24 +632,27 @@ impl Worker {
                     return;
                 }
                 Err(e) => {
-                    self.unreachable(format!("{}: {}", target.display, describe(&e)));
+                    self.unreachable(format!("{}: {}", target.display, call_error_text(&e)));
                     return;
                 }
             }
         }
-        match client.query_one(
-            "SELECT pg_backend_pid(), \
-                    (SELECT (extract(epoch FROM backend_start) * 1000000)::int8 \
+        let session = client.query(
+            "SELECT pg_backend_pid()::text, \
+                    (SELECT (extract(epoch FROM backend_start) * 1000000)::int8::text \
                        FROM pg_stat_activity WHERE pid = pg_backend_pid())",
             &[],
-        ) {
-            Ok(row) => {
-                self.registry_session = row
-                    .get::<_, Option<i64>>(1)
-                    .map(|start| (row.get::<_, i32>(0), start));
+        );
+        match session {
+            Ok(rows) => {
+                self.registry_session = rows.into_iter().next().and_then(|row| {
+                    let pid = row.first().cloned().flatten()?.parse().ok()?;
+                    let start = row.get(1).cloned().flatten()?.parse().ok()?;
+                    Some((pid, start))
+                });
             }
             Err(e) => {
-                self.unreachable(format!("{}: {}", target.display, describe(&e)));
+                self.unreachable(format!("{}: {}", target.display, call_error_text(&e)));
                 return;
             }
         }
@@ -650,15 +669,15 @@ impl Worker {
     /// Ends `old`, this worker's earlier registry session, if it is still
     /// there (same pid and start, so not a reused pid): true when it ended,
     /// and with it its hold on the node id and the blocks' locks.
-    fn end_lingering(&mut self, client: &mut postgres::Client, old: (i32, i64)) -> bool {
-        let ended = client.query_one(
+    fn end_lingering(&mut self, client: &mut Connection, old: (i32, i64)) -> bool {
+        let ended = client.value(
             "SELECT coalesce(bool_or(pg_terminate_backend(pid, 5000)), false) \
                FROM pg_stat_activity \
-              WHERE pid = $1 AND (extract(epoch FROM backend_start) * 1000000)::int8 = $2",
-            &[&old.0, &old.1],
+              WHERE pid = $1::int AND (extract(epoch FROM backend_start) * 1000000)::int8 = $2::int8",
+            &[&old.0.to_string(), &old.1.to_string()],
         );
         match ended {
-            Ok(row) if row.get::<_, bool>(0) => {
+            Ok(Some(t)) if t == "t" => {
                 pgrx::log!(
                     "snowflake_id lease: ended this server's earlier session on {} (pid {}), left behind by a broken connection, to take back node id {}",
                     self.display(),
@@ -673,7 +692,7 @@ impl Worker {
                     "snowflake_id lease: could not end this server's earlier session on {} (pid {}): {}",
                     self.display(),
                     old.0,
-                    describe(&e)
+                    call_error_text(&e)
                 );
                 false
             }
@@ -865,7 +884,7 @@ impl holder::Host for ShmHost<'_> {
 
 /// The registry over a client session that took the node's lock.
 struct PgRegistry {
-    client: postgres::Client,
+    client: Connection,
     /// The extension's schema on the registry, quoted.
     schema: String,
 }
@@ -878,15 +897,11 @@ impl PgRegistry {
     ) -> Result<T, CallError> {
         let body = serde_json::to_string(req)
             .map_err(|e| CallError::Refused(format!("request not encoded: {e}")))?;
-        let sql = format!("SELECT {}.{function}($1::text::jsonb)::text", self.schema);
-        let row = self.client.query_one(&sql, &[&body]).map_err(|e| {
-            if e.as_db_error().is_some() {
-                CallError::Refused(describe(&e))
-            } else {
-                CallError::Unreachable(describe(&e))
-            }
-        })?;
-        let text: String = row.get(0);
+        let sql = format!("SELECT {}.{function}($1::jsonb)::text", self.schema);
+        let text = self
+            .client
+            .value(&sql, &[&body])?
+            .ok_or_else(|| CallError::Refused(format!("{function} answered nothing")))?;
         serde_json::from_str(&text).map_err(|e| {
             CallError::Refused(format!(
                 "{function} answered what this server cannot read: {e}"
@@ -907,15 +922,10 @@ impl Registry for PgRegistry {
     }
 }
 
-/// A client error with its cause ("error connecting to server: Connection
-/// refused"), or the server's message when the registry answered.
-fn describe(e: &postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return db.message().to_string();
-    }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
+/// A call's error as text.
+fn call_error_text(e: &CallError) -> String {
+    match e {
+        CallError::Unreachable(text) | CallError::Refused(text) => text.clone(),
     }
 }
 
@@ -993,32 +1003,33 @@ fn layout_text(layout: &Layout) -> String {
     )
 }
 
-/// A connection string without its password, for messages.
+/// A connection string without its password, for messages: its hosts,
+/// ports and database as libpq reads them.
 fn redact(conninfo: &str) -> String {
-    match conninfo.parse::<postgres::Config>() {
-        Ok(config) => {
-            let hosts: Vec<String> = config
-                .get_hosts()
-                .iter()
-                .map(|h| match h {
-                    postgres::config::Host::Tcp(name) => name.clone(),
-                    postgres::config::Host::Unix(path) => path.display().to_string(),
-                })
-                .collect();
-            let ports: Vec<String> = config.get_ports().iter().map(|p| p.to_string()).collect();
+    match registry_client::parse_conninfo(conninfo) {
+        Ok(options) => {
+            let get = |key: &str| {
+                options
+                    .iter()
+                    .find(|(k, v)| k == key && !v.is_empty())
+                    .map(|(_, v)| v.clone())
+            };
             format!(
                 "\"host={} port={} dbname={}\"",
-                hosts.join(","),
-                if ports.is_empty() {
-                    "5432".into()
-                } else {
-                    ports.join(",")
-                },
-                config.get_dbname().unwrap_or("(user name)")
+                get("host")
+                    .or_else(|| get("hostaddr"))
+                    .unwrap_or_else(|| "(default)".into()),
+                get("port").unwrap_or_else(|| "5432".into()),
+                get("dbname").unwrap_or_else(|| "(user name)".into())
             )
         }
         Err(_) => "(an invalid connection string)".into(),
     }
+}
+
+/// A value for a single-quoted libpq connection-string value.
+fn conninfo_quote(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('\'', "\\'")
 }
 
 /// The coordinator of the Citus cluster this node belongs to (from
@@ -1075,7 +1086,15 @@ fn citus_target() -> Result<Option<Target>, String> {
                 .into(),
         ),
         Ok(Some((host, port, _, user))) => Ok(Some(Target {
-            conninfo: format!("host='{host}' port={port} dbname='{database}' user='{user}'"),
+            // snowflake_id.registry_options last: its user, TLS and
+            // passfile settings win.
+            conninfo: format!(
+                "host='{}' port={port} dbname='{}' user='{}' {}",
+                conninfo_quote(&host),
+                conninfo_quote(&database),
+                conninfo_quote(&user),
+                gucs::registry_options()
+            ),
             display: format!("\"Citus coordinator {host}:{port} dbname={database}\""),
             mode: MODE_CITUS,
         })),

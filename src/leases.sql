@@ -80,8 +80,8 @@ COMMENT ON TABLE snowflake_lease_registry IS
   'This registry''s incarnation: a new one, fenced, whenever it may have forgotten grants it confirmed (new timeline, restore, emptied lease table).';
 REVOKE ALL ON snowflake_lease_registry FROM PUBLIC;
 
--- Emptying the lease table (DELETE, TRUNCATE) forgets grants: the next
--- call starts a new incarnation.
+-- Emptying the lease table (DELETE, TRUNCATE) or restoring it forgets
+-- grants: the next call starts a new incarnation.
 CREATE FUNCTION snowflake_lease_forget() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
@@ -96,6 +96,11 @@ CREATE TRIGGER snowflake_lease_blocks_forget AFTER DELETE ON snowflake_lease_blo
     FOR EACH STATEMENT EXECUTE FUNCTION snowflake_lease_forget();
 CREATE TRIGGER snowflake_lease_blocks_truncate AFTER TRUNCATE ON snowflake_lease_blocks
     FOR EACH STATEMENT EXECUTE FUNCTION snowflake_lease_forget();
+-- Rows that arrive leased come from a restore (pg_restore, COPY): the
+-- registry's record is older than its holders'. (The lease functions
+-- insert rows unleased.)
+CREATE TRIGGER snowflake_lease_blocks_restored AFTER INSERT ON snowflake_lease_blocks
+    FOR EACH ROW WHEN (NEW.holder_node IS NOT NULL) EXECUTE FUNCTION snowflake_lease_forget();
 
 -- A holder introduces itself: takes the session lock of its node id.
 -- false: another live session holds that node id (a copy of a data
@@ -440,3 +445,18 @@ REVOKE EXECUTE ON FUNCTION snowflake_lease_reply(text, timestamptz, jsonb) FROM 
 REVOKE EXECUTE ON FUNCTION snowflake_lease_acquire(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_lease_renew(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_lease_release(jsonb) FROM PUBLIC;
+
+-- A registry made with no holder alive starts its first incarnation here,
+-- unfenced, so that a standby made from it has the row and its timeline
+-- (its promotion is then a timeline change, fenced). Made again while
+-- holders' sessions hold block locks (the extension dropped and created
+-- again), no row: the first lease call fences.
+INSERT INTO @extschema@.snowflake_lease_registry
+       (incarnation, timeline, postmaster_start, started_at, cause)
+SELECT md5(gen_random_uuid()::text),
+       ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int,
+       pg_postmaster_start_time(), now(), 'created'
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.classid = 1936613751::oid AND l.objsubid = 2
+                      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                         WHERE d.datname = pg_catalog.current_database()));

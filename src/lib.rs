@@ -5,11 +5,14 @@
 //! - `generator`  the clock and sequence rules (pure, injected clock)
 //! - `ranges`     worker id range parsing (pure)
 //! - `gucs`       the `snowflake_id.*` settings
+//! - `conninfo`   finding a password in a connection string (pure)
+//! - `key_file`   reading and checking the public key file (pure)
 //! - `shmem`      shared-memory structures, hooks, lock guard (locking
 //!   rules and lock order at the top)
 //! - `reservation` the state file, the floor and WAL replay: no ID repeats
 //! - `wal`        WAL records of the reservation (a leaf `reservation` calls)
 //! - `claims`     worker id claims, one per backend, and the hot path
+//! - `registry_client` the lease worker's libpq connection: non-blocking, on the latch, bounded
 //! - `registry_worker` the background workers that keep the registry table, and its DDL
 //! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument (pure)
 //! - `holder`     the holder side of leases as a state machine over a registry client (pure)
@@ -24,16 +27,19 @@
 mod api;
 mod claims;
 mod clock;
+mod conninfo;
 mod errors;
 pub mod generator;
 mod gucs;
 pub mod holder;
+mod key_file;
 pub mod layout;
 pub mod lease;
 mod lease_worker;
 pub mod public_id;
 mod public_sql;
 pub mod ranges;
+mod registry_client;
 mod registry_worker;
 mod reservation;
 mod shmem;

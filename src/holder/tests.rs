@@ -329,6 +329,7 @@ impl Server {
             wall_ms: t + self.skew,
             timing: timing(),
             max_drift_ms: DRIFT,
+            max_blocks: 64,
         };
         let usage = self.usage();
         registry.now = t;
