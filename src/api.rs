@@ -276,15 +276,7 @@ fn snowflake_config() -> TableIterator<
     // node id this server has there are for superusers and members of
     // pg_read_all_settings (a role that can reach the registry could hold
     // the node id's lock there and make this server take itself for a copy).
-    // SAFETY: catalog lookups for the current user.
-    let privileged = unsafe {
-        pg_sys::superuser()
-            || pg_sys::has_privs_of_role(
-                pg_sys::GetUserId(),
-                pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_SETTINGS),
-            )
-    };
-    let (registry, node_id) = if privileged {
+    let (registry, node_id) = if gucs::may_read_hidden_settings() {
         (lease.registry.get(), lease.node_id.get())
     } else {
         (String::new(), String::new())

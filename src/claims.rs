@@ -280,7 +280,11 @@ fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
         !problem.is_empty()
     };
     if undecided_problem {
-        errors::fleet_unknown(&lease.problem.get(), current_database_has_citus());
+        errors::fleet_unknown(
+            &lease.problem.get(),
+            current_database_has_citus(),
+            gucs::may_read_hidden_settings(),
+        );
     }
     if give_up {
         errors::no_lease(
@@ -289,6 +293,7 @@ fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
             lease.deadline_ms.load(Acquire),
             &lease.problem.get(),
             *waited_ms,
+            gucs::may_read_hidden_settings(),
         );
     }
     crate::clock::wait_ms(10);

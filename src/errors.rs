@@ -2,10 +2,11 @@
 //! message, detail and hint, so wording stays consistent and testable.
 
 use crate::generator::GenError;
+use crate::key_file::KeyFileError;
 use crate::layout::{format_unix_ms, Layout, PartError};
 use pgrx::pg_sys;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 fn raise(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: Option<String>) -> ! {
     let mut report = pgrx::pg_sys::panic::ErrorReport::new(code, message, "snowflake_id");
@@ -365,21 +366,98 @@ pub fn registry_not_read(waited_ms: i64) -> ! {
     )
 }
 
-/// Makes a check hook's failure of `snowflake_id.public_key` say what is
-/// wrong without PostgreSQL's usual echo of the value (it is a secret).
-pub fn public_key_check_failed(detail: &str) {
-    let message =
-        c"invalid value for parameter \"snowflake_id.public_key\" (the value is not shown)";
+/// Why `snowflake_id.public_key` is refused, and what to do instead.
+const PUBLIC_KEY_REMOVED_DETAIL: &str = "Since snowflake_id 0.4.0 the keys of public IDs are read from a file: PostgreSQL writes a changed setting's value to the server log and shows it to members of pg_read_all_settings.";
+const PUBLIC_KEY_REMOVED_HINT: &str = "Write the keys into a file only the server's OS user can read (chmod 0600), set snowflake_id.public_key_file to its path, and remove snowflake_id.public_key (ALTER SYSTEM RESET snowflake_id.public_key, or from postgresql.conf). See the README's upgrade notes.";
+
+/// Sets the message, detail and hint of a check hook's failure of a
+/// setting that may hold a secret, in place of PostgreSQL's usual message,
+/// which would echo the value. Also keeps the statement that set it (an
+/// `ALTER SYSTEM` with the value in its text) out of the log line of the
+/// error that follows (`log_min_error_statement`).
+fn guc_check_failure(message: &CStr, detail: &str, hint: &str) {
     let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
-    let hint = c"Write one or more keys of exactly 32 hex digits, separated by commas; generate one with: openssl rand -hex 16";
+    let hint = CString::new(hint.replace('\0', " ")).unwrap_or_default();
     // SAFETY: the GUC_check_* strings are plain globals that PostgreSQL
     // reads after the check hook returns false; pstrdup copies our strings
     // into the current memory context, as PostgreSQL's macros do.
+    // debug_query_string is only read to log the statement with an error
+    // report (and by extensions for the same purpose); PostgreSQL sets it
+    // again for the next statement and clears it after an error.
     unsafe {
         pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
         pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
         pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(hint.as_ptr());
+        pg_sys::debug_query_string = std::ptr::null();
     }
+}
+
+/// Check hook failure of the removed `snowflake_id.public_key` (any value
+/// but empty), without PostgreSQL's echo of the value (a key).
+pub fn public_key_removed_check_failed() {
+    guc_check_failure(
+        c"parameter \"snowflake_id.public_key\" is no longer supported (the value is not shown)",
+        PUBLIC_KEY_REMOVED_DETAIL,
+        PUBLIC_KEY_REMOVED_HINT,
+    );
+}
+
+/// 22023 at start: the configuration sets the removed
+/// `snowflake_id.public_key`. The value is not shown.
+pub fn public_key_removed_setting(origin: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "parameter \"snowflake_id.public_key\" is no longer supported (the value is not shown)"
+            .into(),
+        Some(format!("Set in {origin}. {PUBLIC_KEY_REMOVED_DETAIL}")),
+        Some(format!(
+            "{PUBLIC_KEY_REMOVED_HINT} Then start the server again."
+        )),
+    )
+}
+
+/// What to do about a password in `snowflake_id.registry`.
+const REGISTRY_PASSWORD_HINT: &str = "Remove it from the connection string and put it into a passfile: ~/.pgpass of the server's OS user, or a file named with passfile=..., mode 0600 (hostname:port:database:username:password).";
+
+fn registry_password_detail(keyword: &str) -> String {
+    let what = match keyword {
+        "sslpassword" => "sslpassword (the passphrase of the client key)",
+        _ => "a password",
+    };
+    format!("The connection string holds {what}. A setting's value is readable by members of pg_read_all_settings and may be written to the server log.")
+}
+
+/// Check hook failure of `snowflake_id.registry` holding a password
+/// (`keyword`): refused without echoing the value.
+pub fn registry_password_check_failed(keyword: &str) {
+    let detail = registry_password_detail(keyword);
+    let hint = if keyword == "sslpassword" {
+        "Remove sslpassword and give the lease worker an unencrypted client key that only the server's OS user can read (sslkey=..., mode 0600)."
+    } else {
+        REGISTRY_PASSWORD_HINT
+    };
+    guc_check_failure(
+        c"invalid value for parameter \"snowflake_id.registry\" (the value is not shown: it holds a password)",
+        &detail,
+        hint,
+    );
+}
+
+/// 22023 at start: a configured `snowflake_id.registry` that holds a
+/// password (`keyword`). The value is not shown.
+pub fn registry_password_setting(origin: &str, keyword: &str) -> ! {
+    let hint = if keyword == "sslpassword" {
+        "Remove sslpassword and give the lease worker an unencrypted client key that only the server's OS user can read (sslkey=..., mode 0600), and start the server again."
+            .to_string()
+    } else {
+        format!("{REGISTRY_PASSWORD_HINT} Then start the server again.")
+    };
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "invalid value for parameter \"snowflake_id.registry\" in the configuration (the value is not shown: it holds a password)".into(),
+        Some(format!("Set in {origin}. {}", registry_password_detail(keyword))),
+        Some(hint),
+    )
 }
 
 /// Check hook message for `snowflake_id.registry`: never the value, which
@@ -387,14 +465,11 @@ pub fn public_key_check_failed(detail: &str) {
 pub fn registry_check_failed(detail: &str) {
     let message =
         c"invalid value for parameter \"snowflake_id.registry\" (the value is not shown: it may hold a password)";
-    let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
-    let hint = c"Write a libpq key=value connection string or a postgresql:// URI (host, port, dbname, user, password, connect_timeout, ...).";
-    // SAFETY: as in `public_key_check_failed`.
-    unsafe {
-        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
-        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
-        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(hint.as_ptr());
-    }
+    guc_check_failure(
+        message,
+        detail,
+        "Write a libpq key=value connection string or a postgresql:// URI (host, port, dbname, user, sslmode, passfile, connect_timeout, ...).",
+    );
 }
 
 /// 22023 at start: a configured `snowflake_id.registry` that the lease
@@ -404,7 +479,7 @@ pub fn bad_registry_setting(origin: &str, problem: &str) -> ! {
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         "invalid value for parameter \"snowflake_id.registry\" in the configuration (the value is not shown: it may hold a password)".into(),
         Some(format!("Set in {origin}: {problem}. The server would start without a usable registry, and every snowflake_nextval() would fail.")),
-        Some("Write a libpq key=value connection string or a postgresql:// URI (host, port, dbname, user, password, connect_timeout, ...), and start the server again.".into()),
+        Some("Write a libpq key=value connection string or a postgresql:// URI (host, port, dbname, user, sslmode, passfile, connect_timeout, ...), and start the server again.".into()),
     )
 }
 
@@ -412,10 +487,97 @@ pub fn bad_registry_setting(origin: &str, problem: &str) -> ! {
 pub fn no_public_key(function: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        format!("{function}() needs a key, and snowflake_id.public_key is not set"),
-        Some("Public IDs are IDs encrypted with a secret key, so that they reveal neither time, worker nor volume. If you did set a key, the server log says why it was refused.".into()),
-        Some("As a superuser: ALTER SYSTEM SET snowflake_id.public_key = '<32 hex digits>'; SELECT pg_reload_conf(); Generate a key with openssl rand -hex 16 (or, with pgcrypto, SELECT encode(gen_random_bytes(16), 'hex')), and keep it with your backups: without it, tokens cannot be turned back into IDs.".into()),
+        format!("{function}() needs a key, and snowflake_id.public_key_file is not set"),
+        Some("Public IDs are IDs encrypted with a secret key, so that they reveal neither time, worker nor volume.".into()),
+        Some("As the server's OS user, write a key (openssl rand -hex 16 makes one) into a file only that user can read (chmod 0600); as a superuser, set snowflake_id.public_key_file to its path and reload. Keep the key with your backups: without it, tokens cannot be turned back into IDs.".into()),
     )
+}
+
+/// The parts of an error about the file of `snowflake_id.public_key_file`.
+/// `path`: the file's name, or `None` for a role that may not read the
+/// setting. Never any of the file's text.
+fn key_file_parts(
+    path: Option<&str>,
+    err: &KeyFileError,
+) -> (PgSqlErrorCode, String, Option<String>, String) {
+    let file = match path {
+        Some(path) => format!("public key file \"{path}\""),
+        None => "the file of snowflake_id.public_key_file".to_string(),
+    };
+    let permissions = "Make it owned by the server's OS user with mode 0600 (chown postgres FILE; chmod 0600 FILE), then reload.";
+    let (code, message, detail, hint) = match err {
+        KeyFileError::Missing(_) => (
+            PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
+            format!("could not open {file}: {err}"),
+            None,
+            "Create the file, or correct snowflake_id.public_key_file (a relative path is relative to the data directory), then reload.".to_string(),
+        ),
+        KeyFileError::Denied(_) => (
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("could not open {file}: {err}"),
+            None,
+            format!("The server's OS user must be able to read the file and to search every directory above it. {permissions}"),
+        ),
+        KeyFileError::Io(_) => (
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            format!("could not read {file}: {err}"),
+            None,
+            "Check the file and the file system holding it.".to_string(),
+        ),
+        KeyFileError::Owner { uid } => (
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("{file} must be owned by the database server's OS user or root"),
+            Some(format!("It is owned by uid {uid}.")),
+            permissions.to_string(),
+        ),
+        KeyFileError::Mode { mode } => (
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("{file} has group or world access"),
+            Some(format!(
+                "It has mode {:04o}. The file must have permissions u=rw (0600) or less if owned by the database server's OS user, or u=rw,g=r (0640) or less if owned by root.",
+                mode & 0o7777
+            )),
+            permissions.to_string(),
+        ),
+        KeyFileError::NotFile => (
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{file} is not a regular file"),
+            None,
+            "Set snowflake_id.public_key_file to the path of a file holding the keys, then reload.".to_string(),
+        ),
+        KeyFileError::Content(problem) => (
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{file} does not hold valid keys: {problem}"),
+            Some("The file's text is not shown.".to_string()),
+            "Write one or more keys of exactly 32 hex digits, one a line or separated by commas (openssl rand -hex 16 makes one); the first makes tokens, all of them read tokens. Then reload.".to_string(),
+        ),
+    };
+    let detail = match (path, detail) {
+        (Some(_), detail) => detail,
+        (None, detail) => Some(
+            detail.map_or(String::new(), |d| format!("{d} "))
+                + "The file's name is shown to superusers and members of pg_read_all_settings.",
+        ),
+    };
+    (code, message, detail, hint)
+}
+
+/// The keys of public IDs cannot be read from their file: 58P01 (missing),
+/// 42501 (permissions, owner), 22023 (content, not a file) or 58030.
+pub fn public_key_file(path: Option<&str>, err: &KeyFileError) -> ! {
+    let (code, message, detail, hint) = key_file_parts(path, err);
+    raise(code, message, detail, Some(hint))
+}
+
+/// A WARNING about the key file, for the postmaster's reload: the server
+/// runs on, and public IDs fail until the file is fixed.
+pub fn public_key_file_warning(path: &str, err: &KeyFileError) {
+    let (code, message, detail, hint) = key_file_parts(Some(path), err);
+    let mut report = pgrx::pg_sys::panic::ErrorReport::new(code, message, "snowflake_id");
+    if let Some(detail) = detail {
+        report = report.set_detail(detail);
+    }
+    report.set_hint(hint).report(PgLogLevel::WARNING);
 }
 
 /// 22P02: a token that is not a public ID of this server.
@@ -434,17 +596,6 @@ pub fn bad_public_id(token: &str, problem: &str, len: usize) -> ! {
     )
 }
 
-/// 22023 at start: a configured `snowflake_id.public_key` that is not a
-/// list of keys. Like `bad_setting`, but the value is a secret: not shown.
-pub fn bad_public_key_setting(origin: &str, problem: &str) -> ! {
-    raise(
-        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        "invalid value for parameter \"snowflake_id.public_key\" in the configuration (the value is not shown)".into(),
-        Some(format!("Set in {origin}: {problem}.")),
-        Some("Write one or more keys of exactly 32 hex digits, separated by commas (generate one with: openssl rand -hex 16), and start the server again.".into()),
-    )
-}
-
 /// 55000: a function of an older version of the extension's SQL objects,
 /// whose C code the installed library no longer has.
 pub fn old_extension_version(function: &str, version: &str) -> ! {
@@ -456,17 +607,27 @@ pub fn old_extension_version(function: &str, version: &str) -> ! {
     )
 }
 
+/// What replaces the registry's address, and the lease worker's last
+/// problem (which may name it), for a role that may not read it.
+const REGISTRY_HIDDEN: &str =
+    "(address hidden: shown to superusers and members of pg_read_all_settings)";
+
 /// 55000: leases are in use and this server holds no usable worker id: the
 /// registry is unreachable (for `unreachable_ms`), or no block was leased
-/// within `waited_ms`.
+/// within `waited_ms`. `shown`: whether the role may read the registry's
+/// address (`gucs::may_read_hidden_settings`); else neither it nor the
+/// problem is in the error.
 pub fn no_lease(
     registry: &str,
     unreachable_ms: Option<i64>,
     deadline_ms: i64,
     problem: &str,
     waited_ms: i64,
+    shown: bool,
 ) -> ! {
-    let registry = if registry.is_empty() {
+    let registry = if !shown {
+        REGISTRY_HIDDEN.to_string()
+    } else if registry.is_empty() {
         "(not known yet)".to_string()
     } else {
         registry.to_string()
@@ -494,7 +655,11 @@ pub fn no_lease(
         ),
     };
     if !problem.is_empty() {
-        detail.push_str(&format!(" Last problem: {problem}"));
+        if shown {
+            detail.push_str(&format!(" Last problem: {problem}"));
+        } else {
+            detail.push_str(" The lease worker's last problem is in this server's log and in this error as a superuser or a member of pg_read_all_settings sees it.");
+        }
     }
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -507,8 +672,9 @@ pub fn no_lease(
 /// 55000: Citus is preloaded and the lease worker cannot tell which
 /// cluster this server belongs to (see `lease_worker`): no IDs rather
 /// than every worker id unchecked. `citus_here`: this session's database,
-/// when it has the citus extension.
-pub fn fleet_unknown(problem: &str, citus_here: Option<String>) -> ! {
+/// when it has the citus extension. `shown`: as for [`no_lease`] (the
+/// problem may name the coordinator).
+pub fn fleet_unknown(problem: &str, citus_here: Option<String>, shown: bool) -> ! {
     let hint = match citus_here {
         Some(db) => format!(
             "This database ({db}) has the citus extension: set snowflake_id.registry_database = '{}' in postgresql.conf and reload, or set snowflake_id.registry.",
@@ -520,7 +686,11 @@ pub fn fleet_unknown(problem: &str, citus_here: Option<String>) -> ! {
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         "no worker id can be leased: this server cannot tell which Citus cluster it belongs to"
             .into(),
-        Some(problem.to_string()),
+        Some(if shown {
+            problem.to_string()
+        } else {
+            "The reason may name servers of the fleet: it is in this server's log, and in this error as a superuser or a member of pg_read_all_settings sees it.".to_string()
+        }),
         Some(hint),
     )
 }

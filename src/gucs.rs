@@ -5,11 +5,15 @@
 //! ([`layout`]). `worker_ids` and `max_drift` can change on reload.
 
 use crate::errors;
+use crate::key_file::KeyFileError;
 use crate::layout::{self, Layout, PRESETS};
 use crate::ranges::WorkerRanges;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{pg_guard, pg_sys, PostgresGucEnum};
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::OnceLock;
 
 /// `snowflake_id.layout`: the preset the individual layout settings start from.
@@ -46,6 +50,11 @@ static REGISTRY_DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static LEASE_TIME_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
+/// `snowflake_id.max_blocks`: the most blocks this server leases.
+static MAX_BLOCKS: GucSetting<i32> = GucSetting::<i32>::new(8);
+/// `snowflake_id.registry_options`: connection options added to the
+/// Citus coordinator's connection string (user, TLS, passfile).
+static REGISTRY_OPTIONS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// The shortest and longest `snowflake_id.lease_time`, in milliseconds.
 const LEASE_TIME_MIN_MS: i32 = 2_000;
 const LEASE_TIME_MAX_MS: i32 = 86_400_000;
@@ -252,12 +261,34 @@ pub fn init(preloading: bool) {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"snowflake_id.max_blocks",
+        c"The most blocks of worker ids this server leases from the registry.",
+        c"Sessions beyond the leased ids share them. Keeps one server from taking every block of the fleet.",
+        &MAX_BLOCKS,
+        1,
+        crate::lease::BLOCKS_PER_LAYOUT as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"snowflake_id.registry_options",
+        c"Connection options for the Citus coordinator the lease worker finds (libpq key=value: user, sslmode, sslrootcert, passfile, ...).",
+        c"Added to the host, port and database read from Citus's metadata. No password: use a passfile.",
+        &REGISTRY_OPTIONS,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
 
-    define_public_key();
-    refuse_invalid_public_key(&mut configured);
+    define_public_keys();
+    refuse_removed_public_key(&mut configured);
     refuse_invalid_registry(&mut configured);
     refuse_invalid_values(&mut configured);
     refuse_unknown_names(&configured);
+
+    if preloading {
+        check_public_key_file_at_start();
+    }
 
     // SAFETY: a plain call into PostgreSQL with a static C string.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"snowflake_id".as_ptr()) };
@@ -490,6 +521,22 @@ pub fn registry_worker_enabled() -> bool {
     registry_database().is_some() && !unsafe { pg_sys::IsBinaryUpgrade }
 }
 
+/// Whether the current role may read superuser-only settings such as
+/// `snowflake_id.registry` (`SHOW` allows superusers and members of
+/// `pg_read_all_settings`): the one rule for everything that shows or
+/// hides the registry's address (`snowflake_config()`, errors) or the
+/// public key file's name.
+pub fn may_read_hidden_settings() -> bool {
+    // SAFETY: catalog lookups for the current user, in a backend.
+    unsafe {
+        pg_sys::superuser()
+            || pg_sys::has_privs_of_role(
+                pg_sys::GetUserId(),
+                pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_SETTINGS),
+            )
+    }
+}
+
 /// `snowflake_id.registry`, trimmed, or `None` when empty.
 pub fn registry() -> Option<String> {
     REGISTRY
@@ -506,12 +553,25 @@ fn registry_problem(text: &str) -> Option<String> {
     if text.is_empty() {
         return None;
     }
-    text.parse::<postgres::Config>()
+    // libpq's own parser: what it accepts, the lease worker's client does.
+    crate::registry_client::parse_conninfo(text)
         .err()
-        .map(|e| match std::error::Error::source(&e) {
-            Some(cause) => format!("{e}: {cause}"),
-            None => e.to_string(),
-        })
+        .map(|e| format!("invalid connection string: {}", unquote_values(&e)))
+}
+
+/// libpq's message about a connection string, with every quoted token
+/// that is not a plain keyword left out (it may be part of a password).
+fn unquote_values(message: &str) -> String {
+    let mut out = String::new();
+    for (i, part) in message.split('"').enumerate() {
+        let keyword = part.len() <= 32 && part.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+        match (i % 2 == 1, keyword) {
+            (true, true) => out.push_str(&format!("\"{part}\"")),
+            (true, false) => out.push_str("(not shown)"),
+            (false, _) => out.push_str(part),
+        }
+    }
+    out
 }
 
 #[pg_guard]
@@ -528,9 +588,13 @@ unsafe extern "C-unwind" fn check_registry(
         }
         CStr::from_ptr(*newval).to_string_lossy().into_owned()
     };
-    match registry_problem(&text) {
+    match registry_refusal(&text) {
         None => true,
-        Some(problem) => {
+        Some(RegistryRefusal::Password(keyword)) => {
+            errors::registry_password_check_failed(keyword);
+            false
+        }
+        Some(RegistryRefusal::Unusable(problem)) => {
             errors::registry_check_failed(&problem);
             false
         }
@@ -545,9 +609,33 @@ fn refuse_invalid_registry(configured: &mut Vec<Configured>) {
     refuse_secret(
         configured,
         "snowflake_id.registry",
-        registry_problem,
-        errors::bad_registry_setting,
+        registry_refusal,
+        |origin, refusal| match refusal {
+            RegistryRefusal::Password(keyword) => {
+                errors::registry_password_setting(origin, keyword)
+            }
+            RegistryRefusal::Unusable(problem) => errors::bad_registry_setting(origin, &problem),
+        },
     );
+}
+
+/// Why a value of `snowflake_id.registry` is refused.
+enum RegistryRefusal {
+    /// It holds a password (the keyword: `password`, `sslpassword`): a
+    /// setting's value is readable by `pg_read_all_settings` and logged
+    /// when it changes. libpq reads passwords from a passfile instead.
+    Password(&'static str),
+    /// The lease worker could not use it ([`registry_problem`]).
+    Unusable(String),
+}
+
+/// Why `text` is refused as `snowflake_id.registry`, if it is: first what
+/// makes it unusable, then a password in it.
+fn registry_refusal(text: &str) -> Option<RegistryRefusal> {
+    if let Some(problem) = registry_problem(text) {
+        return Some(RegistryRefusal::Unusable(problem));
+    }
+    crate::conninfo::secret_in(text).map(RegistryRefusal::Password)
 }
 
 /// Makes this process resolve unqualified names in `pg_catalog` only:
@@ -565,6 +653,19 @@ pub fn pin_search_path() {
             pg_sys::GucSource::PGC_S_OVERRIDE,
         );
     }
+}
+
+/// `snowflake_id.max_blocks`.
+pub fn max_blocks() -> u32 {
+    MAX_BLOCKS.get().max(1) as u32
+}
+
+/// `snowflake_id.registry_options`, trimmed (empty when unset).
+pub fn registry_options() -> String {
+    REGISTRY_OPTIONS
+        .get()
+        .map(|s| s.to_string_lossy().trim().to_string())
+        .unwrap_or_default()
 }
 
 /// `snowflake_id.lease_time` in milliseconds.
@@ -721,92 +822,187 @@ unsafe extern "C-unwind" fn check_sequence_bits(
     check_at_least("snowflake_id.sequence_bits", unsafe { *newval }, 1, source)
 }
 
-// ------------------------------------------------ snowflake_id.public_key
+// ------------------------------------------- snowflake_id.public_key_file
 
-/// `snowflake_id.public_key`: the keys of public IDs (see `public_id`).
+/// `snowflake_id.public_key_file`: the file holding the keys of public IDs
+/// (see `public_id`, `key_file`). Only its name is a setting: PostgreSQL
+/// logs a changed value and shows it to `pg_read_all_settings`, so no key
+/// may be one.
+static PUBLIC_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `snowflake_id.public_key`, removed in 0.4.0: still defined, so that any
+/// value is refused without being shown rather than taken for an unknown
+/// name (which the log would show with its value).
 static PUBLIC_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
-/// Bumped by the assign hook whenever `snowflake_id.public_key` changes in
-/// this process, so the SQL functions re-derive their round keys only then.
-static PUBLIC_KEY_VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Bumped by the assign hook whenever `snowflake_id.public_key_file` is
+/// set in this process: a new name, or the same again on a reload.
+static PUBLIC_KEY_FILE_VERSION: AtomicU64 = AtomicU64::new(0);
+/// Set in the postmaster once `init` has checked the key file: later calls
+/// of the assign hook there are reloads, which check the file again.
+static POSTMASTER_CHECKS_RELOADS: AtomicBool = AtomicBool::new(false);
 
-/// Defines `snowflake_id.public_key`. Superuser-only and left out of
-/// `SHOW ALL`, `pg_settings` and postgresql.conf.sample; its show hook
-/// prints the keys' tags, never the keys, so no SQL reads the key back,
-/// not even a superuser's. A refused value is reported without echoing it.
-/// Called from [`init`], with or without preloading: a sighup setting can
-/// be defined at any time.
-fn define_public_key() {
+/// Defines `snowflake_id.public_key_file` (superuser-only, as
+/// `ssl_key_file`) and the removed `snowflake_id.public_key`. Called from
+/// [`init`], with or without preloading: sighup settings can be defined at
+/// any time.
+fn define_public_keys() {
     // SAFETY: the hooks are #[pg_guard] functions with the signatures
-    // PostgreSQL expects; they read only the value given or the setting.
+    // PostgreSQL expects; they read only the value given.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
+            c"snowflake_id.public_key_file",
+            c"File holding the keys of public IDs (absolute, or relative to the data directory; empty: none).",
+            c"Keys of 32 hex digits, one a line or comma-separated; the first makes tokens, all read them. \
+              The file must be owned by the server's OS user with mode 0600 or less (or by root, 0640); \
+              it is read again after each reload.",
+            &PUBLIC_KEY_FILE,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            Some(assign_public_key_file),
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
             c"snowflake_id.public_key",
-            c"Keys of public IDs: 32 hex digits each, comma-separated; the first makes tokens, all read them.",
-            c"Used by snowflake_to_public() and snowflake_from_public(). Generate a key with openssl rand -hex 16.",
+            c"Removed in 0.4.0: the keys of public IDs are read from snowflake_id.public_key_file.",
+            c"Any value but empty is refused, without being shown.",
             &PUBLIC_KEY,
             GucContext::Sighup,
             GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL | GucFlags::NO_RESET_ALL,
             Some(check_public_key),
-            Some(assign_public_key),
-            Some(show_public_key),
+            None,
+            None,
         );
     }
 }
 
-/// At start, a configured `snowflake_id.public_key` that does not parse
-/// refuses the start as [`refuse_invalid_values`] does for the other
-/// settings, but without echoing the value. Removes it from `configured`.
-fn refuse_invalid_public_key(configured: &mut Vec<Configured>) {
+/// At start: a configured `snowflake_id.public_key` refuses the start,
+/// without echoing the value (PostgreSQL has only warned). Removes it from
+/// `configured`.
+fn refuse_removed_public_key(configured: &mut Vec<Configured>) {
     refuse_secret(
         configured,
         "snowflake_id.public_key",
-        |text| {
-            crate::public_id::parse_keys(text)
-                .err()
-                .map(|e| e.to_string())
-        },
-        errors::bad_public_key_setting,
+        |text| (!text.trim().is_empty()).then_some(()),
+        |origin, ()| errors::public_key_removed_setting(origin),
     );
+}
+
+/// At start, in the postmaster: a key file that cannot be used refuses
+/// the start, as an unusable `ssl_key_file` does. From then on, the
+/// postmaster checks it again on each reload (and only warns).
+fn check_public_key_file_at_start() {
+    // SAFETY: a flag PostgreSQL sets before loading preload libraries.
+    if unsafe { pg_sys::IsUnderPostmaster } {
+        return;
+    }
+    if let Err((path, err)) = public_keys() {
+        errors::public_key_file(Some(&path), &err);
+    }
+    POSTMASTER_CHECKS_RELOADS.store(true, Relaxed);
 }
 
 /// Refuses the start when the configured value of the secret setting
 /// `name` has a `problem`, reporting it with `refuse` (which never echoes
 /// the value). Removes the setting from `configured`.
-fn refuse_secret(
+fn refuse_secret<P>(
     configured: &mut Vec<Configured>,
     name: &str,
-    problem: impl Fn(&str) -> Option<String>,
-    refuse: fn(&str, &str) -> !,
+    problem: impl Fn(&str) -> Option<P>,
+    refuse: fn(&str, P) -> !,
 ) {
     configured.retain(|c| {
         if !c.name.to_string_lossy().eq_ignore_ascii_case(name) {
             return true;
         }
         if let Some(problem) = problem(&c.value.to_string_lossy()) {
-            refuse(&c.origin, &problem);
+            refuse(&c.origin, problem);
         }
         false
     });
 }
 
-fn public_key_text() -> String {
-    PUBLIC_KEY
+/// The path of the key file named by `setting` (trimmed; relative to the
+/// data directory), or `None` when it is empty.
+fn key_file_path(setting: &str) -> Option<PathBuf> {
+    let setting = setting.trim();
+    if setting.is_empty() {
+        return None;
+    }
+    let path = Path::new(setting);
+    if path.is_absolute() {
+        return Some(path.to_path_buf());
+    }
+    // SAFETY: DataDir is set (absolute) before preload libraries load and
+    // stays valid for the life of the process; NULL-checked.
+    let data_dir = unsafe {
+        let dir = pg_sys::DataDir;
+        (!dir.is_null()).then(|| CStr::from_ptr(dir).to_string_lossy().into_owned())
+    };
+    Some(match data_dir {
+        Some(dir) => Path::new(&dir).join(path),
+        None => path.to_path_buf(), // the process runs in the data directory
+    })
+}
+
+/// Reads the keys of the file named by `setting`: `Ok(None)` when none is
+/// named; on error, the file's path (for the message) and the problem.
+fn read_public_keys(
+    setting: &str,
+) -> Result<Option<Vec<crate::public_id::Key>>, (String, KeyFileError)> {
+    let Some(path) = key_file_path(setting) else {
+        return Ok(None);
+    };
+    // SAFETY: a plain system call without arguments.
+    let euid = unsafe { libc::geteuid() };
+    crate::key_file::read_keys(&path, euid)
+        .map(Some)
+        .map_err(|err| (path.to_string_lossy().into_owned(), err))
+}
+
+/// The keys of `snowflake_id.public_key_file`, read from the file now:
+/// `Ok(None)` when no file is named.
+pub fn public_keys() -> Result<Option<Vec<crate::public_id::Key>>, (String, KeyFileError)> {
+    let setting = PUBLIC_KEY_FILE
         .get()
         .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    read_public_keys(&setting)
 }
 
-/// The keys of `snowflake_id.public_key` (empty when none is set). The check
-/// hook has already accepted the text.
-pub fn public_keys() -> Vec<crate::public_id::Key> {
-    crate::public_id::parse_keys(&public_key_text()).unwrap_or_default()
+/// Changes when the keys in force may have changed: when this process sets
+/// `snowflake_id.public_key_file` (a new name, or any reload with it in a
+/// configuration file) or rereads the configuration files on SIGHUP
+/// (`pg_conf_load_time()`). Two loads, no system call: cheap enough to
+/// check on every call of a public-ID function.
+pub fn public_key_stamp() -> (u64, i64) {
+    // SAFETY: PostgreSQL sets PgReloadTime when this process (re)reads its
+    // configuration; a plain read in the process's only thread.
+    let reloaded = unsafe { pg_sys::PgReloadTime };
+    (PUBLIC_KEY_FILE_VERSION.load(Relaxed), reloaded)
 }
 
-/// Changes whenever `snowflake_id.public_key` changes in this process.
-pub fn public_key_version() -> u64 {
-    PUBLIC_KEY_VERSION.load(std::sync::atomic::Ordering::Relaxed)
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_public_key_file(newval: *const c_char, _extra: *mut c_void) {
+    PUBLIC_KEY_FILE_VERSION.fetch_add(1, Relaxed);
+    // SAFETY: a flag PostgreSQL sets in every child of the postmaster.
+    if !POSTMASTER_CHECKS_RELOADS.load(Relaxed) || unsafe { pg_sys::IsUnderPostmaster } {
+        return;
+    }
+    // A reload in the postmaster: say now in the log when the file cannot
+    // be used (the sessions fail when they need it), naming the file only.
+    // SAFETY: PostgreSQL passes NULL or a NUL-terminated string.
+    let setting = unsafe {
+        if newval.is_null() {
+            return;
+        }
+        CStr::from_ptr(newval).to_string_lossy().into_owned()
+    };
+    if let Err((path, err)) = read_public_keys(&setting) {
+        errors::public_key_file_warning(&path, &err);
+    }
 }
 
+/// Check hook of the removed `snowflake_id.public_key`: only empty passes.
 #[pg_guard]
 unsafe extern "C-unwind" fn check_public_key(
     newval: *mut *mut c_char,
@@ -815,40 +1011,16 @@ unsafe extern "C-unwind" fn check_public_key(
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
     // which is NULL or a NUL-terminated string.
-    let text = unsafe {
-        if newval.is_null() || (*newval).is_null() {
-            return true;
-        }
-        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    let empty = unsafe {
+        newval.is_null()
+            || (*newval).is_null()
+            || CStr::from_ptr(*newval)
+                .to_bytes()
+                .iter()
+                .all(u8::is_ascii_whitespace)
     };
-    match crate::public_id::parse_keys(&text) {
-        Ok(_) => true,
-        Err(problem) => {
-            errors::public_key_check_failed(&problem.to_string());
-            false
-        }
+    if !empty {
+        errors::public_key_removed_check_failed();
     }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn assign_public_key(_newval: *const c_char, _extra: *mut c_void) {
-    PUBLIC_KEY_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn show_public_key() -> *const c_char {
-    let keys = public_keys();
-    let shown = if keys.is_empty() {
-        String::new()
-    } else {
-        let tags: Vec<String> = keys
-            .iter()
-            .map(|k| crate::public_id::tag_char(crate::public_id::key_tag(k)).to_string())
-            .collect();
-        format!("(hidden; {} key(s), tags {})", keys.len(), tags.join(" "))
-    };
-    let shown = CString::new(shown).unwrap_or_default();
-    // SAFETY: pstrdup copies the string into the current memory context,
-    // where PostgreSQL expects a show hook's result to live.
-    unsafe { pg_sys::pstrdup(shown.as_ptr()) }
+    empty
 }

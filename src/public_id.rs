@@ -65,7 +65,7 @@ use std::hash::Hasher;
 pub const ROUNDS: usize = 8;
 /// Bytes of a key (written as 32 hex digits).
 pub const KEY_BYTES: usize = 16;
-/// Most keys `snowflake_id.public_key` may list.
+/// Most keys a key file (`snowflake_id.public_key_file`) may list.
 pub const MAX_KEYS: usize = 8;
 /// Longest token: 13 payload characters for 63 bits, plus the check.
 pub const MAX_TOKEN_LEN: usize = 14;
@@ -142,7 +142,7 @@ const WEIGHTED: [[u8; 32]; MAX_TOKEN_LEN] = {
 /// A key: 16 bytes.
 pub type Key = [u8; KEY_BYTES];
 
-/// Why the text of `snowflake_id.public_key` was refused. The messages
+/// Why a list of keys (the public key file's text) was refused. The messages
 /// never contain the key text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyError {
@@ -255,7 +255,7 @@ pub fn key_tag(key: &Key) -> u8 {
     (derive(key, b"tag", 0, 0).0 & 31) as u8
 }
 
-/// A tag as the character it shows as (`SHOW snowflake_id.public_key`).
+/// A tag as the character it shows as.
 pub fn tag_char(tag: u8) -> char {
     ALPHABET[(tag & 31) as usize] as char
 }

@@ -1,11 +1,12 @@
 //! `snowflake_to_public()` and `snowflake_from_public()`: the SQL side of
 //! public IDs (the cipher and the text form are in `public_id`).
 //!
-//! Both are STABLE (the answer depends on `snowflake_id.public_key` and the
-//! layout), STRICT and PARALLEL SAFE (parallel workers get the leader's
-//! settings). They use neither shared memory nor the clock, so they work
-//! without preloading. The round keys are derived once per process and key
-//! setting, and again only after the setting changes.
+//! Both are STABLE (the answer depends on the keys of
+//! `snowflake_id.public_key_file` and the layout), STRICT and PARALLEL SAFE
+//! (parallel workers get the leader's settings and read the same file).
+//! They use neither shared memory nor the clock, so they work without
+//! preloading. The keys are read and the round keys derived once per
+//! process, and again only after a reload.
 
 use crate::errors;
 use crate::gucs;
@@ -17,19 +18,33 @@ use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 
 thread_local! {
-    /// The codec for the keys in force, or `None` when no key is set.
+    /// The codec for the keys in force, or `None` when no key file is named.
     static CODEC: RefCell<Option<Codec>> = const { RefCell::new(None) };
-    /// `gucs::public_key_version()` when `CODEC` was built (never 0 once built).
-    static CODEC_VERSION: Cell<u64> = const { Cell::new(u64::MAX) };
+    /// `gucs::public_key_stamp()` when `CODEC` was built from the file.
+    static CODEC_STAMP: Cell<Option<(u64, i64)>> = const { Cell::new(None) };
 }
 
+/// Runs `f` with the codec of the keys in force. The key file is read
+/// again only after this process reloaded its configuration or the
+/// setting changed (a process-local stamp, checked on every call, no
+/// system call); a file that cannot be used is an error on every call
+/// until it is fixed (58P01, 42501, 22023), never old keys.
 fn with_codec<R>(function: &str, f: impl FnOnce(&Codec) -> R) -> R {
-    let version = gucs::public_key_version();
-    if CODEC_VERSION.get() != version {
-        let keys = gucs::public_keys();
-        let codec = (!keys.is_empty()).then(|| Codec::new(&keys, gucs::layout().total_bits));
-        CODEC.set(codec);
-        CODEC_VERSION.set(version);
+    let stamp = gucs::public_key_stamp();
+    if CODEC_STAMP.get() != Some(stamp) {
+        CODEC.set(None);
+        CODEC_STAMP.set(None);
+        match gucs::public_keys() {
+            Ok(keys) => {
+                let width = gucs::layout().total_bits;
+                CODEC.set(keys.map(|keys| Codec::new(&keys, width)));
+                CODEC_STAMP.set(Some(stamp));
+            }
+            Err((path, err)) => {
+                let shown = gucs::may_read_hidden_settings().then_some(path.as_str());
+                errors::public_key_file(shown, &err)
+            }
+        }
     }
     CODEC.with_borrow(|codec| match codec {
         Some(codec) => f(codec),
@@ -121,7 +136,7 @@ fn shown_token(bytes: &[u8]) -> String {
 }
 
 /// The ID of a token made by `snowflake_to_public()` with one of the keys
-/// of `snowflake_id.public_key`: `WHERE id = snowflake_from_public($1)`.
+/// in `snowflake_id.public_key_file`: `WHERE id = snowflake_from_public($1)`.
 #[pg_extern(stable, strict, parallel_safe)]
 fn snowflake_from_public(token: TokenBytes<'_>) -> i64 {
     let token = token.0;

@@ -1,0 +1,179 @@
+//! Connection strings as libpq reads them, only as far as needed to tell
+//! whether one holds a password (pure). A setting's value is readable by
+//! every member of `pg_read_all_settings` and written to the log when it
+//! changes, so `snowflake_id.registry` must not hold a secret: libpq reads
+//! passwords from a passfile (`~/.pgpass` of the server's OS user, or
+//! `passfile=`) instead.
+
+/// The libpq keywords whose value is a secret.
+const SECRET_KEYWORDS: [&str; 2] = ["password", "sslpassword"];
+
+/// Where a connection string holds a secret, if it does: the keyword
+/// (`password`, `sslpassword`), or `user:password@` in a URI. Never the
+/// secret itself. Text that libpq could not parse holds none as far as this
+/// can tell; the parser of the setting reports it.
+pub fn secret_in(conninfo: &str) -> Option<&'static str> {
+    let text = conninfo.trim_start();
+    if uri_prefix_len(text).is_some() {
+        secret_in_uri(text)
+    } else {
+        secret_in_keywords(text)
+    }
+}
+
+/// Length of `postgresql://` or `postgres://` at the start of `text`.
+fn uri_prefix_len(text: &str) -> Option<usize> {
+    ["postgresql://", "postgres://"].iter().find_map(|prefix| {
+        text.get(..prefix.len())
+            .filter(|head| head.eq_ignore_ascii_case(prefix))
+            .map(|_| prefix.len())
+    })
+}
+
+fn secret_keyword(key: &str) -> Option<&'static str> {
+    SECRET_KEYWORDS
+        .iter()
+        .find(|k| k.eq_ignore_ascii_case(key.trim()))
+        .copied()
+}
+
+/// A `dbname` value that is itself a connection string (libpq expands one
+/// when it is given as the `dbname` of a parameter array).
+fn nested_secret(key: &str, value: &str) -> Option<&'static str> {
+    let looks_like_conninfo = value.contains('=') || uri_prefix_len(value.trim_start()).is_some();
+    if key.trim().eq_ignore_ascii_case("dbname") && looks_like_conninfo {
+        secret_in(value)
+    } else {
+        None
+    }
+}
+
+/// `keyword = value` pairs separated by whitespace; values may be
+/// single-quoted, and a backslash escapes the next character.
+fn secret_in_keywords(text: &str) -> Option<&'static str> {
+    let mut chars = text.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        chars.peek()?; // the end: no secret
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| !c.is_whitespace() && *c != '=') {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        chars.next_if_eq(&'=')?;
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next()? {
+                    '\'' => break,
+                    '\\' => value.push(chars.next()?),
+                    c => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                match c {
+                    '\\' => {
+                        if let Some(escaped) = chars.next() {
+                            value.push(escaped);
+                        }
+                    }
+                    c => value.push(c),
+                }
+            }
+        }
+        if let Some(found) = secret_keyword(&key).or_else(|| nested_secret(&key, &value)) {
+            return Some(found);
+        }
+    }
+}
+
+/// `postgresql://[user[:password]@][hosts][/dbname][?keyword=value&...]`.
+fn secret_in_uri(text: &str) -> Option<&'static str> {
+    let rest = &text[uri_prefix_len(text)?..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    if let Some(at) = authority.find('@') {
+        if authority[..at].contains(':') {
+            return Some("password");
+        }
+    }
+    let query = rest.find('?').map(|q| &rest[q + 1..])?;
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = percent_decode(key);
+        secret_keyword(&key).or_else(|| nested_secret(&key, &percent_decode(value)))
+    })
+}
+
+/// `%XX` escapes decoded (bad escapes kept as written).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&hi), Some(&lo)) if hex(hi).is_some() && hex(lo).is_some() => {
+                out.push((hex(hi).unwrap_or(0) * 16 + hex(lo).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::secret_in;
+
+    #[test]
+    fn keyword_strings() {
+        assert_eq!(secret_in("host=h port=5432 dbname=d user=u"), None);
+        assert_eq!(secret_in("host=h password=s3cret"), Some("password"));
+        assert_eq!(
+            secret_in("host=h  password = 's3 cret' user=u"),
+            Some("password")
+        );
+        assert_eq!(secret_in("password=''"), Some("password"));
+        assert_eq!(secret_in("host=h PASSWORD=x"), Some("password"));
+        assert_eq!(secret_in("host=h sslpassword=x"), Some("sslpassword"));
+        assert_eq!(secret_in("host=h passfile=/etc/pgpass"), None);
+        // A quoted value that looks like a keyword is not one.
+        assert_eq!(secret_in("application_name='a password=x' host=h"), None);
+        assert_eq!(secret_in(r"application_name=a\ password=x host=h"), None);
+        assert_eq!(secret_in("dbname='host=h password=x'"), Some("password"));
+        assert_eq!(secret_in("dbname=postgresql://u:x@h/d"), Some("password"));
+        assert_eq!(secret_in("host=h password"), None); // libpq refuses it anyway
+    }
+
+    #[test]
+    fn uris() {
+        assert_eq!(secret_in("postgresql://u@h:5432/d"), None);
+        assert_eq!(secret_in("postgresql://h/d?sslmode=require"), None);
+        assert_eq!(secret_in("postgresql://u:pw@h/d"), Some("password"));
+        assert_eq!(secret_in("postgres://u:@h/d"), Some("password"));
+        assert_eq!(secret_in("POSTGRESQL://u:pw@h"), Some("password"));
+        assert_eq!(secret_in("postgresql://u@h/d?password=x"), Some("password"));
+        assert_eq!(
+            secret_in("postgresql://h/d?a=1&pass%77ord=x"),
+            Some("password")
+        );
+        assert_eq!(
+            secret_in("postgresql://h/d?sslpassword=x"),
+            Some("sslpassword")
+        );
+        assert_eq!(
+            secret_in("postgresql://h1:5432,h2:5433/d?target_session_attrs=read-write"),
+            None
+        );
+        assert_eq!(secret_in("postgresql:///d?host=/tmp&passfile=/p"), None);
+        // ':' after the authority is not a password.
+        assert_eq!(secret_in("postgresql://h/d?options=-c%20a:b@c"), None);
+    }
+}
