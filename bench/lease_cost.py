@@ -4,11 +4,15 @@ registry's own unix socket (so network latency is not included).
 
     PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config .venv/bin/python bench/lease_cost.py
 
+The registry runs with fsync on and the session commits synchronously, as
+the lease worker's does (0.4.0): the numbers include the WAL flush.
+
 A server renews all its blocks in one call every tenth of
 snowflake_id.lease_time (at most every 5 s), and leases a block only when a
 quarter of a block's ids are left: neither is on the path of an INSERT.
 """
 
+import json
 import os
 import statistics
 import sys
@@ -18,42 +22,91 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from harness import Cluster  # noqa: E402
 
 N = int(os.environ.get("BENCH_LEASE_N", "500"))
-ALL = "ARRAY(SELECT generate_series(0, 63))"
-ACQUIRE = (f"SELECT * FROM snowflake_lease_acquire('n1', 'bench', 'L', 16, 1023, {ALL},"
-           " 1, 600000, 120000, 0)")
+ALL = list(range(64))
+# BENCH_FSYNC=off measures the calls' own work; on (the default) adds the
+# WAL flush of each grant, which durable leases need.
+FSYNC = os.environ.get("BENCH_FSYNC", "on") != "off"
 
 
-def per_call_ms(conn, query, args=None, n=N) -> list[float]:
+def per_call_ms(call, n=N) -> list[float]:
     times = []
     for _ in range(n):
         t = time.perf_counter()
-        conn.execute(query, args).fetchall()
+        call()
         times.append((time.perf_counter() - t) * 1000)
     return times
 
 
+class Protocol:
+    """The lease calls of the installed version: 0.4.0's jsonb requests
+    (with the incarnation checks and the caller's lock), or 0.3.x's
+    positional ones, so that one script measures both."""
+
+    def __init__(self, conn):
+        self.c = conn
+        self.jsonb = conn.execute(
+            "SELECT to_regprocedure('snowflake_lease_begin(jsonb)') IS NOT NULL").fetchone()[0]
+        self.incarnation, self.lsn = "", "0/0"
+
+    def _call(self, fn, req):
+        reply = self.c.execute(f"SELECT {fn}(%s::jsonb)", (json.dumps(req),)).fetchone()[0]
+        self.incarnation, self.lsn = reply["incarnation"], reply["lsn"]
+        return reply
+
+    def acquire(self, want):
+        if not self.jsonb:
+            return [r[0] for r in self.c.execute(
+                "SELECT block FROM snowflake_lease_acquire('n1', 'bench', 'L', 16, 1023, %s,"
+                " %s, 600000, 120000, 0)", (ALL, want)).fetchall()]
+        reply = self._call("snowflake_lease_acquire", dict(
+            node="n1", name="bench", layout="L", block_size=16, max_worker_id=1023,
+            allowed=ALL, want=want, lease_ms=600000, grace_ms=120000, high_ms=0,
+            incarnation=self.incarnation, lsn=self.lsn))
+        return [b["block"] for b in reply["blocks"]]
+
+    def release(self, block):
+        if not self.jsonb:
+            self.c.execute("SELECT snowflake_lease_release('n1', %s, 0)", (block,)).fetchall()
+            return
+        self._call("snowflake_lease_release", dict(node="n1", block=block, high_ms=0,
+                                                   incarnation=self.incarnation, lsn=self.lsn))
+
+    def renew(self, blocks):
+        if not self.jsonb:
+            self.c.execute("SELECT * FROM snowflake_lease_renew('n1', %s, 600000, 120000, 1)",
+                           (blocks,)).fetchall()
+            return
+        self._call("snowflake_lease_renew", dict(
+            node="n1", layout="L", block_size=16, max_worker_id=1023,
+            blocks=[dict(block=b, high_ms=1) for b in blocks], lease_ms=600000,
+            grace_ms=120000, high_ms=1, incarnation=self.incarnation, lsn=self.lsn))
+
+
 def main() -> int:
-    r = Cluster()
+    r = Cluster(settings={"fsync": FSYNC})
     r.start()
     try:
         r.create_extension()
         with r.connect() as c:
+            c.autocommit = True
+            # As the lease worker's session: synchronous commits.
+            c.execute("SET synchronous_commit = on")
             c.execute("SELECT snowflake_lease_hello('n1')")
+            p = Protocol(c)
             acquire, release = [], []
             for _ in range(N):
                 t = time.perf_counter()
-                block = c.execute(ACQUIRE).fetchone()[0]
+                block = p.acquire(1)[0]
                 acquire.append((time.perf_counter() - t) * 1000)
                 t = time.perf_counter()
-                c.execute("SELECT snowflake_lease_release('n1', %s, 0)", (block,))
+                p.release(block)
                 release.append((time.perf_counter() - t) * 1000)
-            c.execute(ACQUIRE.replace(" 1, 600000", " 4, 600000")).fetchall()
-            blocks = [x[0] for x in c.execute(
-                "SELECT block FROM snowflake_lease_blocks WHERE holder_node = 'n1'")]
-            renew = per_call_ms(c, "SELECT * FROM snowflake_lease_renew('n1', %s, 600000,"
-                                   " 120000, 1)", (blocks,))
-        print(f"registry: PostgreSQL {r.scalar('SHOW server_version')}, {N} calls each,"
-              " median (p90) ms per call")
+            blocks = p.acquire(4)
+            renew = per_call_ms(lambda: p.renew(blocks))
+            version = c.execute("SELECT extversion FROM pg_extension"
+                                " WHERE extname = 'snowflake_id'").fetchone()[0]
+        print(f"registry: snowflake_id {version} on PostgreSQL {r.scalar('SHOW server_version')},"
+              f" fsync {'on' if FSYNC else 'off'}, {N} calls each, median (p90) ms per call")
         for name, xs in (("lease one block", acquire), ("give a block back", release),
                          (f"renew {len(blocks)} blocks", renew)):
             xs = sorted(xs)

@@ -111,7 +111,9 @@ BEGIN
                   DETAIL = 'Only the registry session of the server that is this node (after snowflake_lease_hello) may lease, renew or release its blocks.',
                   HINT = 'Lease functions are called by the snowflake_id lease worker of each server; do not call them by hand.';
     END IF;
-    SELECT * INTO r FROM @extschema@.snowflake_lease_registry FOR UPDATE;
+    -- No row lock: a new incarnation replaces the one row (two calls that
+    -- both try fail one on the unique index; its holder retries).
+    SELECT * INTO r FROM @extschema@.snowflake_lease_registry;
     IF NOT FOUND THEN
         cause := 'a registry with no incarnation (new, made again, lease table emptied or restored)';
         -- Holders may be using grants it forgot: the caller knew an older

@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import wait_until
+from conftest import PG_MAJOR, _pg_config, other_pg_bindir, wait_until
 from harness import AS_ROOT, _pg_ids
 from helpers import can_make_id
 from test_leases import LEASE, LEASE_S, config, holder, ids, registry_server
@@ -95,13 +95,25 @@ def make_cert(dirpath: str) -> tuple[str, str]:
     return crt, key
 
 
+def ssl_bindir() -> "str | None":
+    """A server build with TLS for the registry: this version's, or
+    Debian's PostgreSQL 15 when this one has none (the PyPI builds of 16
+    and 18); the holder is this version either way, and its client is the
+    system's libpq."""
+    if "openssl" in _pg_config("--configure"):
+        return None
+    return other_pg_bindir(15) or pytest.skip(
+        f"PostgreSQL {PG_MAJOR} here is built without TLS and no PostgreSQL 15 with the"
+        " extension is installed in this run to be the registry")
+
+
 def test_a_hostssl_only_registry_with_a_passfile(make_cluster):
     """The registry allows only TLS connections with a password
     (`hostssl ... scram-sha-256`); the holder's connection string says
     `sslmode=require` and names a passfile, and leases work over TLS. Without
     TLS the registry refuses the same role. (0.3.1 connected without TLS
     and read no passfile.)"""
-    r = make_cluster(tcp=True, settings={"fsync": True}, start=False)
+    r = make_cluster(tcp=True, settings={"fsync": True}, start=False, bindir=ssl_bindir())
     crt, key = make_cert(r.dir)
     r.configure(ssl=True, ssl_cert_file=crt, ssl_key_file=key,
                 password_encryption="scram-sha-256")
