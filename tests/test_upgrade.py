@@ -6,10 +6,13 @@ marks the new server finds on its own (the registry table, carried by
 pg_upgrade and by pg_dump) keep its IDs above the old ones: no state file is
 copied by hand.
 
-Versions: pg_upgrade runs from each version to itself, and from 16 to 18 in
-the PostgreSQL 18 pass (scripts/test.sh installs the extension into every
-version first). 15 -> 18 cannot run here: Debian's 15.20 build writes a
-pg_attver attribute option on every column that 18's restore rejects.
+Versions: pg_upgrade runs from each version to itself; in the pass of
+version N, along the chain of every installed version from 16 up to N (16 ->
+17 in the 17 pass, 16 -> 17 -> 18 in the 18 pass: one cluster upgraded twice,
+making IDs at each step), and from 16 straight to 18 in the 18 pass
+(scripts/test.sh installs the extension into each version before the next
+one's tests). 15 -> 17 or 18 cannot run here: Debian's 15.20 build writes a
+pg_attver attribute option on every column that their restore rejects.
 """
 
 import os
@@ -62,29 +65,44 @@ def assert_new_above_old(c, old_max: int, dbname="postgres"):
                     dbname=dbname) < old_max
 
 
-def upgrade(make_cluster, old_bindir: str, new_bindir: str):
+def upgrade(make_cluster, bindirs: list):
+    """Makes IDs on a cluster of bindirs[0], then upgrades it with pg_upgrade
+    to each of bindirs[1:] in turn. After each upgrade the new server starts
+    with its clock 5 s behind the newest ID: its IDs must still be above every
+    ID made before, and it makes more before the next step."""
+    old_bindir = bindirs[0]
     old = make_cluster(bindir=old_bindir, create_extension=True)
     old_max = make_old_ids(old)
+    rows = (N_OLD // 3) * 3
     last_time = time_of(old, old_max)
     old.stop()
 
-    # 18's initdb enables data checksums by default; an older cluster has none.
-    checksums = (("--no-data-checksums",)
-                 if _major(new_bindir) >= 18 > _major(old_bindir) else ())
-    new = make_cluster(bindir=new_bindir, start=False, initdb_args=checksums)
-    proc = _run_pg([os.path.join(new_bindir, "pg_upgrade"),
-                    "-b", old_bindir, "-B", new_bindir,
-                    "-d", old.datadir, "-D", new.datadir,
-                    "-p", str(old.port), "-P", str(new.port),
-                    "-s", new.dir, "-U", "postgres"],
-                   cwd=new.dir, check=False, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    for new_bindir in bindirs[1:]:
+        # 18's initdb enables data checksums by default; an older cluster has none.
+        checksums = (("--no-data-checksums",)
+                     if _major(new_bindir) >= 18 > _major(old_bindir) else ())
+        new = make_cluster(bindir=new_bindir, start=False, initdb_args=checksums)
+        proc = _run_pg([os.path.join(new_bindir, "pg_upgrade"),
+                        "-b", old_bindir, "-B", new_bindir,
+                        "-d", old.datadir, "-D", new.datadir,
+                        "-p", str(old.port), "-P", str(new.port),
+                        "-s", new.dir, "-U", "postgres"],
+                       cwd=new.dir, check=False, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
-    clock = FakeClock(new.dir)
-    start_behind(new, clock, last_time)
-    assert new.scalar("SELECT count(*) FROM orders") == (N_OLD // 3) * 3
-    assert new.scalar("SELECT max(id) FROM orders") == old_max
-    assert_new_above_old(new, old_max)
+        clock = FakeClock(new.dir)
+        start_behind(new, clock, last_time)
+        assert new.scalar("SHOW server_version_num")[:2] == str(_major(new_bindir))
+        assert new.scalar("SELECT count(*) FROM orders") == rows
+        assert new.scalar("SELECT max(id) FROM orders") == old_max
+        assert_new_above_old(new, old_max)
+        # IDs made here are what the next upgrade must stay above.
+        new.sql("INSERT INTO orders (n) SELECT g FROM generate_series(1, 1000) g")
+        rows += 1000
+        old_max = new.scalar("SELECT max(id) FROM orders")
+        last_time = time_of(new, old_max)
+        new.stop()
+        old, old_bindir = new, new_bindir
 
 
 def _major(bindir: str) -> int:
@@ -92,9 +110,25 @@ def _major(bindir: str) -> int:
     return int(out.split()[-1].split(".")[0])
 
 
+def _chain() -> list:
+    """The bindirs of every version from 16 up to this one that this run
+    installed the extension into, oldest first, ending with this one's."""
+    return [b for b in (other_pg_bindir(v) for v in range(16, PG_MAJOR)) if b] + [PG_BINDIR]
+
+
 @pytest.mark.timeout(600)
 def test_pg_upgrade_same_version(make_cluster):
-    upgrade(make_cluster, PG_BINDIR, PG_BINDIR)
+    upgrade(make_cluster, [PG_BINDIR, PG_BINDIR])
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(PG_MAJOR < 17 or len(_chain()) < PG_MAJOR - 15,
+                    reason="16 -> 17 (-> 18) runs in the PostgreSQL 17 and 18 passes of "
+                           "scripts/test.sh, after the earlier versions got the extension")
+def test_pg_upgrade_chain_from_16(make_cluster):
+    chain = _chain()
+    assert [_major(b) for b in chain] == list(range(16, PG_MAJOR + 1))
+    upgrade(make_cluster, chain)
 
 
 @pytest.mark.timeout(600)
@@ -102,7 +136,7 @@ def test_pg_upgrade_same_version(make_cluster):
                     reason="16 -> 18 runs in the PostgreSQL 18 pass of scripts/test.sh, "
                            "which installs the extension into 16 first")
 def test_pg_upgrade_16_to_18(make_cluster):
-    upgrade(make_cluster, other_pg_bindir(16), PG_BINDIR)
+    upgrade(make_cluster, [other_pg_bindir(16), PG_BINDIR])
 
 
 def dump_restore(make_cluster, old_bindir: str, tmp_path):
