@@ -99,7 +99,7 @@ DEB_PACKAGES=(
 )
 # What building the extension and its packages needs (scripts/package.sh).
 BUILD_DEB_PACKAGES=(
-    libclang-dev clang pkg-config libssl-dev build-essential unzip
+    libclang-dev clang pkg-config libssl-dev build-essential dpkg-dev unzip
 )
 
 export DEBIAN_FRONTEND=noninteractive

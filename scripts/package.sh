@@ -23,7 +23,8 @@
 #   /usr/share/postgresql/NN/extension/snowflake_id.control, snowflake_id--*.sql
 # and depends on postgresql-NN, the server package of that major version
 # (Debian 12 ships postgresql-15, Debian 13 postgresql-17; the others come
-# from apt.postgresql.org), and on the libc6 its symbols need.
+# from apt.postgresql.org), and on the shared libraries it links (libc6, and
+# libpq5 when it uses libpq), as dpkg-shlibdeps computes them.
 #
 # The source tarball holds the files git tracks, as they are in the working
 # tree (uncommitted changes to tracked files included, untracked files not;
@@ -76,17 +77,22 @@ for v in "${versions[@]}"; do
         echo
         cat LICENSE
     } >"$stage/usr/share/doc/$name/copyright"
-    # The newest glibc symbol version the library uses: the libc6 it needs.
-    glibc="$(objdump -T "$stage/usr/lib/postgresql/$v/lib/snowflake_id.so" \
-        | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1)"
-    [[ -n $glibc ]] || die "no glibc symbol versions in snowflake_id.so"
+    # The shared libraries it links (libc6, and libpq5 when it uses libpq),
+    # at the versions its symbols need, as dpkg-shlibdeps says for Debian 12.
+    shl="$TARGET/deb-stage/shlibdeps-$v"
+    rm -rf "$shl" && mkdir -p "$shl/debian"
+    printf 'Source: snowflake-id\n\nPackage: %s\nArchitecture: any\n' "$name" >"$shl/debian/control"
+    shlibs="$(cd "$shl" && dpkg-shlibdeps -O -e"$stage/usr/lib/postgresql/$v/lib/snowflake_id.so" \
+        2> >(grep -v "should already be installed in their package's directory" >&2))"
+    shlibs="${shlibs#shlibs:Depends=}"
+    [[ $shlibs == *libc6* ]] || die "dpkg-shlibdeps found no libc6 dependency: $shlibs"
     size_kb="$(du -sk "$stage/usr" | cut -f1)"
     cat >"$stage/DEBIAN/control" <<EOF
 Package: $name
 Version: $version
 Architecture: $arch
 Maintainer: snowflake_id developers <snowflake-id@localhost>
-Depends: postgresql-$v, libc6 (>= $glibc)
+Depends: postgresql-$v, $shlibs
 Section: database
 Priority: optional
 Installed-Size: $size_kb

@@ -81,14 +81,24 @@ def _files(deb: str) -> list[str]:
                   if not line.startswith("d"))
 
 
-def test_package_fields_and_files(deb):
+def test_package_fields_and_files(deb, tmp_path):
     assert _field(deb, "Package") == f"postgresql-{MAJOR}-snowflake-id"
     assert _field(deb, "Version") == _cargo_version()
     depends = [d.strip() for d in _field(deb, "Depends").split(",")]
     assert f"postgresql-{MAJOR}" in depends
-    # The C library it needs, by the symbol versions the library uses.
+    # The C library it needs, by the symbol versions the library uses, and
+    # libpq5 when it links libpq.
     libc = [d for d in depends if d.startswith("libc6")]
     assert len(libc) == 1 and re.fullmatch(r"libc6 \(>= 2\.\d+\)", libc[0]), depends
+    so = subprocess.run(f"dpkg-deb --fsys-tarfile {deb} | tar -xOf - "
+                        f"./usr/lib/postgresql/{MAJOR}/lib/snowflake_id.so",
+                        shell=True, capture_output=True, check=True).stdout
+    (tmp_path / "snowflake_id.so").write_bytes(so)
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^]]+)\]", subprocess.check_output(
+        ["readelf", "-d", str(tmp_path / "snowflake_id.so")], text=True))
+    assert "libc.so.6" in needed, needed
+    if "libpq.so.5" in needed:
+        assert any(d.startswith("libpq5") for d in depends), (needed, depends)
     files = _files(deb)
     version = _cargo_version()
     assert f"/usr/lib/postgresql/{MAJOR}/lib/snowflake_id.so" in files
