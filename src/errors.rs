@@ -416,10 +416,16 @@ pub fn public_key_removed_setting(origin: &str) -> ! {
     )
 }
 
-/// What to do about a password in `snowflake_id.registry`.
-const REGISTRY_PASSWORD_HINT: &str = "Remove it from the connection string and put it into a passfile: ~/.pgpass of the server's OS user, or a file named with passfile=..., mode 0600 (hostname:port:database:username:password).";
+/// What to do about a secret (`password`, `sslpassword`) in a connection
+/// string setting.
+fn conninfo_secret_hint(keyword: &str) -> &'static str {
+    match keyword {
+        "sslpassword" => "Remove sslpassword and give the lease worker an unencrypted client key that only the server's OS user can read (sslkey=..., mode 0600).",
+        _ => "Remove it from the connection string and put it into a passfile: ~/.pgpass of the server's OS user, or a file named with passfile=..., mode 0600 (hostname:port:database:username:password).",
+    }
+}
 
-fn registry_password_detail(keyword: &str) -> String {
+fn conninfo_secret_detail(keyword: &str) -> String {
     let what = match keyword {
         "sslpassword" => "sslpassword (the passphrase of the client key)",
         _ => "a password",
@@ -427,36 +433,29 @@ fn registry_password_detail(keyword: &str) -> String {
     format!("The connection string holds {what}. A setting's value is readable by members of pg_read_all_settings and may be written to the server log.")
 }
 
-/// Check hook failure of `snowflake_id.registry` holding a password
-/// (`keyword`): refused without echoing the value.
-pub fn registry_password_check_failed(keyword: &str) {
-    let detail = registry_password_detail(keyword);
-    let hint = if keyword == "sslpassword" {
-        "Remove sslpassword and give the lease worker an unencrypted client key that only the server's OS user can read (sslkey=..., mode 0600)."
-    } else {
-        REGISTRY_PASSWORD_HINT
-    };
+/// Check hook failure of a connection string setting (`snowflake_id.registry`,
+/// `snowflake_id.registry_options`) holding a password (`keyword`): refused
+/// without echoing the value.
+pub fn conninfo_secret_check_failed(setting: &str, keyword: &str) {
+    let message = CString::new(format!(
+        "invalid value for parameter \"{setting}\" (the value is not shown: it holds a password)"
+    ))
+    .unwrap_or_default();
     guc_check_failure(
-        c"invalid value for parameter \"snowflake_id.registry\" (the value is not shown: it holds a password)",
-        &detail,
-        hint,
+        &message,
+        &conninfo_secret_detail(keyword),
+        conninfo_secret_hint(keyword),
     );
 }
 
-/// 22023 at start: a configured `snowflake_id.registry` that holds a
+/// 22023 at start: a configured connection string setting that holds a
 /// password (`keyword`). The value is not shown.
-pub fn registry_password_setting(origin: &str, keyword: &str) -> ! {
-    let hint = if keyword == "sslpassword" {
-        "Remove sslpassword and give the lease worker an unencrypted client key that only the server's OS user can read (sslkey=..., mode 0600), and start the server again."
-            .to_string()
-    } else {
-        format!("{REGISTRY_PASSWORD_HINT} Then start the server again.")
-    };
+pub fn conninfo_secret_setting(setting: &str, origin: &str, keyword: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        "invalid value for parameter \"snowflake_id.registry\" in the configuration (the value is not shown: it holds a password)".into(),
-        Some(format!("Set in {origin}. {}", registry_password_detail(keyword))),
-        Some(hint),
+        format!("invalid value for parameter \"{setting}\" in the configuration (the value is not shown: it holds a password)"),
+        Some(format!("Set in {origin}. {}", conninfo_secret_detail(keyword))),
+        Some(format!("{} Then start the server again.", conninfo_secret_hint(keyword))),
     )
 }
 

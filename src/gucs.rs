@@ -271,18 +271,33 @@ pub fn init(preloading: bool) {
         GucContext::Sighup,
         GucFlags::default(),
     );
-    GucRegistry::define_string_guc(
-        c"snowflake_id.registry_options",
-        c"Connection options for the Citus coordinator the lease worker finds (libpq key=value: user, sslmode, sslrootcert, passfile, ...).",
-        c"Added to the host, port and database read from Citus's metadata. No password: use a passfile.",
-        &REGISTRY_OPTIONS,
-        GucContext::Sighup,
-        GucFlags::SUPERUSER_ONLY,
-    );
+    // SAFETY: the check hook is a #[pg_guard] function with the signature
+    // PostgreSQL expects; it only reads the value given.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake_id.registry_options",
+            c"Connection options for the Citus coordinator the lease worker finds (libpq key=value: user, sslmode, sslrootcert, passfile, ...).",
+            c"Added to the host, port and database read from Citus's metadata. No password: use a passfile.",
+            &REGISTRY_OPTIONS,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY,
+            Some(check_registry_options),
+            None,
+            None,
+        );
+    }
 
     define_public_keys();
     refuse_removed_public_key(&mut configured);
     refuse_invalid_registry(&mut configured);
+    refuse_secret(
+        &mut configured,
+        "snowflake_id.registry_options",
+        crate::conninfo::secret_in,
+        |origin, keyword| {
+            errors::conninfo_secret_setting("snowflake_id.registry_options", origin, keyword)
+        },
+    );
     refuse_invalid_values(&mut configured);
     refuse_unknown_names(&configured);
 
@@ -591,7 +606,7 @@ unsafe extern "C-unwind" fn check_registry(
     match registry_refusal(&text) {
         None => true,
         Some(RegistryRefusal::Password(keyword)) => {
-            errors::registry_password_check_failed(keyword);
+            errors::conninfo_secret_check_failed("snowflake_id.registry", keyword);
             false
         }
         Some(RegistryRefusal::Unusable(problem)) => {
@@ -612,7 +627,7 @@ fn refuse_invalid_registry(configured: &mut Vec<Configured>) {
         registry_refusal,
         |origin, refusal| match refusal {
             RegistryRefusal::Password(keyword) => {
-                errors::registry_password_setting(origin, keyword)
+                errors::conninfo_secret_setting("snowflake_id.registry", origin, keyword)
             }
             RegistryRefusal::Unusable(problem) => errors::bad_registry_setting(origin, &problem),
         },
@@ -658,6 +673,31 @@ pub fn pin_search_path() {
 /// `snowflake_id.max_blocks`.
 pub fn max_blocks() -> u32 {
     MAX_BLOCKS.get().max(1) as u32
+}
+
+/// Check hook of `snowflake_id.registry_options`: no password in it, as
+/// in `snowflake_id.registry` (the value is not echoed).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_registry_options(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
+    // which is NULL or a NUL-terminated string.
+    let text = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return true;
+        }
+        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    };
+    match crate::conninfo::secret_in(&text) {
+        None => true,
+        Some(keyword) => {
+            errors::conninfo_secret_check_failed("snowflake_id.registry_options", keyword);
+            false
+        }
+    }
 }
 
 /// `snowflake_id.registry_options`, trimmed (empty when unset).
