@@ -10,7 +10,7 @@ import os
 import psycopg
 import pytest
 
-from conftest import PG_BINDIR, _run_pg, wait_until
+from conftest import AS_ROOT, PG_BINDIR, _pg_ids, _run_pg, wait_until
 
 EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
@@ -81,3 +81,45 @@ def run_client(cluster, program: str, *args, check=True, timeout=300):
     return _run_pg([os.path.join(PG_BINDIR, program), "-h", cluster.dir,
                     "-p", str(cluster.port), "-U", "postgres", *args],
                    cwd=cluster.dir, check=check, timeout=timeout)
+
+
+def write_key_file(cluster, text: str, name: str = "public_keys",
+                   mode: int = 0o600) -> str:
+    """Writes `text` (keys of public IDs) as an operator would for
+    snowflake_id.public_key_file: a new file in the cluster's directory,
+    owned by the server's OS user with `mode`, renamed over the old one.
+    Returns its path."""
+    path = os.path.join(cluster.dir, name)
+    tmp = path + ".new"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    if AS_ROOT:
+        os.chown(tmp, *_pg_ids())
+    os.replace(tmp, path)
+    return path
+
+
+def keyed_cluster(make_cluster, keys: str, settings: dict | None = None,
+                  **kw):
+    """A started cluster with the extension, whose
+    snowflake_id.public_key_file holds `keys`."""
+    c = make_cluster(settings=settings, start=False, **kw)
+    path = write_key_file(c, keys)
+    c.configure(**{"snowflake_id.public_key_file": path})
+    c.start()
+    c.create_extension()
+    return c
+
+
+def reload_session(conn, *others) -> None:
+    """pg_reload_conf() through `conn` (a superuser's), and wait until it
+    and the sessions `others` have reloaded (their next statements see the
+    new settings and key file)."""
+    def load_time(c):
+        return c.execute("SELECT pg_conf_load_time()").fetchone()[0]
+    before = [(c, load_time(c)) for c in (conn, *others)]
+    conn.execute("SELECT pg_reload_conf()")
+    for c, t in before:
+        wait_until(lambda: load_time(c) > t, what="the reload to reach the session")
