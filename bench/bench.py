@@ -114,7 +114,7 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------- server
 # The cluster harness is the tests' one (tests/harness.py).
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from harness import Cluster, _conf_value, stop_orphans  # noqa: E402
+from harness import AS_ROOT, Cluster, _conf_value, _pg_ids, stop_orphans  # noqa: E402
 
 
 def run_pg(cmd, check=True, timeout=300, input=None):
@@ -411,8 +411,8 @@ CASE1 = [
     # The cheapest text form of a new ID (decimal): the floor under any
     # token, so that the token's own cost reads as the difference.
     ("text", "snowflake_nextval()::text", "snowflake_nextval()::text", "main", True),
-    # Public IDs (issue 12): the token of each new ID; the main server has
-    # snowflake_id.public_key set (PUBLIC_KEY).
+    # Public IDs (issue 12): the token of each new ID; the main server's
+    # snowflake_id.public_key_file holds PUBLIC_KEY.
     ("public", "snowflake_to_public(snowflake_nextval())",
      "snowflake_to_public(snowflake_nextval())", "main", True),
     ("bare_js53", "g (bare count, js53 server)", "g", "js53", False),
@@ -1095,7 +1095,13 @@ def main() -> int:
             log(f"WARNING: that library is not the build in {RELEASE_SO}: "
                 "the numbers may not be of the release build")
         os.makedirs(OUT, exist_ok=True)
-        main_srv = Server("main (classic)", {"snowflake_id.public_key": PUBLIC_KEY})
+        main_srv = Server("main (classic)", {})
+        key_file = os.path.join(main_srv.dir, "public_keys")
+        with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(PUBLIC_KEY + "\n")
+        if AS_ROOT:
+            os.chown(key_file, *_pg_ids())
+        main_srv.configure(**{"snowflake_id.public_key_file": key_file})
         main_srv.start()
         need_js53 = "1" in CASES
         if need_js53:
