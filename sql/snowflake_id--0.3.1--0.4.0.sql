@@ -43,10 +43,29 @@ REVOKE ALL ON snowflake_lease_registry FROM PUBLIC;
 
 -- Emptying the lease table (DELETE, TRUNCATE) or restoring it forgets
 -- grants: the next call starts a new incarnation.
+-- The row stays (a tombstone with the largest lease time, grace and lead
+-- seen): the registry starts a new incarnation at once, fenced for as long
+-- as any grant it knew of could last, also when no holder is connected.
 CREATE FUNCTION snowflake_lease_forget() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    now_ms bigint := (extract(epoch FROM now()) * 1000)::bigint;
+    floor_ms bigint;
 BEGIN
-    DELETE FROM @extschema@.snowflake_lease_registry;
+    UPDATE @extschema@.snowflake_lease_registry g
+       SET incarnation = md5(gen_random_uuid()::text), started_at = now(),
+           cause = format('rows of the lease table were %s',
+                          CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted'
+                                     ELSE 'truncated' END),
+           fenced_until = greatest(g.fenced_until,
+                                   now() + (g.max_lease_ms + g.max_grace_ms) * interval '1 millisecond'),
+           fence_floor_ms = greatest(g.fence_floor_ms, now_ms + g.max_ahead_ms + g.max_grace_ms)
+    RETURNING g.fence_floor_ms INTO floor_ms;
+    UPDATE @extschema@.snowflake_lease_blocks b
+       SET high_water_ms = greatest(b.high_water_ms, floor_ms)
+     WHERE floor_ms IS NOT NULL AND b.high_water_ms < floor_ms;
+    RAISE LOG 'snowflake_id registry: the lease table was changed by % (%): new incarnation, fenced',
+        TG_OP, TG_TABLE_NAME;
     RETURN NULL;
 END
 $fn$;
@@ -70,7 +89,7 @@ CREATE TRIGGER snowflake_lease_blocks_restored AFTER INSERT ON snowflake_lease_b
 -- holds (one look at pg_locks: it briefly takes every lock partition).
 CREATE FUNCTION snowflake_lease_begin(req jsonb, OUT incarnation text, OUT fenced_until timestamptz,
                                       OUT locked int[], OUT fence_floor_ms bigint)
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
     known text := coalesce(req->>'incarnation', '');
@@ -167,10 +186,27 @@ BEGIN
         END IF;
         INSERT INTO @extschema@.snowflake_lease_registry SELECT r.*;
     ELSIF lease_ms > r.max_lease_ms OR grace_ms > r.max_grace_ms OR high_ms - now_ms > r.max_ahead_ms THEN
+        -- A fence still running grows with what holders tell: it must
+        -- outlast the longest lease any of them may hold.
         UPDATE @extschema@.snowflake_lease_registry g
            SET max_lease_ms = greatest(g.max_lease_ms, lease_ms),
                max_grace_ms = greatest(g.max_grace_ms, grace_ms),
-               max_ahead_ms = greatest(g.max_ahead_ms, coalesce(high_ms - now_ms, 0));
+               max_ahead_ms = greatest(g.max_ahead_ms, coalesce(high_ms - now_ms, 0)),
+               fenced_until = CASE WHEN g.fenced_until > now()
+                   THEN greatest(g.fenced_until, g.started_at
+                        + (greatest(g.max_lease_ms, lease_ms) + greatest(g.max_grace_ms, grace_ms))
+                          * interval '1 millisecond') END,
+               fence_floor_ms = CASE WHEN g.fenced_until > now()
+                   THEN greatest(g.fence_floor_ms, (extract(epoch FROM g.started_at) * 1000)::bigint
+                        + greatest(g.max_ahead_ms, coalesce(high_ms - now_ms, 0))
+                        + greatest(g.max_grace_ms, grace_ms))
+                   ELSE g.fence_floor_ms END
+        RETURNING * INTO r;
+        IF r.fenced_until > now() THEN
+            UPDATE @extschema@.snowflake_lease_blocks b
+               SET high_water_ms = r.fence_floor_ms
+             WHERE b.high_water_ms < r.fence_floor_ms;
+        END IF;
     END IF;
     incarnation := r.incarnation;
     fence_floor_ms := r.fence_floor_ms;
@@ -200,7 +236,7 @@ COMMENT ON FUNCTION snowflake_lease_reply(text, timestamptz, jsonb) IS
 -- ID time any earlier holder may have issued) and records the new
 -- holder's own bound `high_ms`.
 CREATE FUNCTION snowflake_lease_acquire(req jsonb) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
     name text := req->>'name';
@@ -284,7 +320,7 @@ COMMENT ON FUNCTION snowflake_lease_acquire(jsonb) IS
 -- (a block missing from the result was handed to another holder after its
 -- lease expired, or was not re-asserted).
 CREATE FUNCTION snowflake_lease_renew(req jsonb) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
     lease_ms bigint := (req->>'lease_ms')::bigint;
@@ -367,7 +403,7 @@ COMMENT ON FUNCTION snowflake_lease_renew(jsonb) IS
 -- the time of the newest ID it issued there (not below the block's floor
 -- when it leased it), which becomes the next holder's floor.
 CREATE FUNCTION snowflake_lease_release(req jsonb) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
     blk int := (req->>'block')::int;

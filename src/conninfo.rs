@@ -51,24 +51,44 @@ fn nested_secret(key: &str, value: &str) -> Option<&'static str> {
 /// `keyword = value` pairs separated by whitespace; values may be
 /// single-quoted, and a backslash escapes the next character.
 fn secret_in_keywords(text: &str) -> Option<&'static str> {
+    // Text that does not parse holds none as far as this can tell; a
+    // password before the bad part is still found.
+    let (pairs, _) = pairs(text);
+    pairs
+        .iter()
+        .find_map(|(key, value)| secret_keyword(key).or_else(|| nested_secret(key, value)))
+}
+
+/// The `keyword = value` pairs of `text`, and what stopped the parse
+/// early, if anything.
+fn pairs(text: &str) -> (Vec<(String, String)>, Option<&'static str>) {
+    let mut out = Vec::new();
     let mut chars = text.chars().peekable();
     loop {
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        chars.peek()?; // the end: no secret
+        if chars.peek().is_none() {
+            return (out, None);
+        }
         let mut key = String::new();
         while let Some(c) = chars.next_if(|c| !c.is_whitespace() && *c != '=') {
             key.push(c);
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        chars.next_if_eq(&'=')?;
+        if chars.next_if_eq(&'=').is_none() {
+            return (out, Some("a keyword without \"=\""));
+        }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let mut value = String::new();
         if chars.next_if_eq(&'\'').is_some() {
             loop {
-                match chars.next()? {
-                    '\'' => break,
-                    '\\' => value.push(chars.next()?),
-                    c => value.push(c),
+                match chars.next() {
+                    None => return (out, Some("an unterminated quoted value")),
+                    Some('\'') => break,
+                    Some('\\') => match chars.next() {
+                        Some(c) => value.push(c),
+                        None => return (out, Some("an unterminated quoted value")),
+                    },
+                    Some(c) => value.push(c),
                 }
             }
         } else {
@@ -83,10 +103,99 @@ fn secret_in_keywords(text: &str) -> Option<&'static str> {
                 }
             }
         }
-        if let Some(found) = secret_keyword(&key).or_else(|| nested_secret(&key, &value)) {
-            return Some(found);
+        out.push((key, value));
+    }
+}
+
+/// libpq's connection keywords (PostgreSQL 15 to 18).
+const KEYWORDS: [&str; 47] = [
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "channel_binding",
+    "connect_timeout",
+    "client_encoding",
+    "options",
+    "application_name",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslmode",
+    "sslnegotiation",
+    "sslcompression",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslcertmode",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "service",
+    "target_session_attrs",
+    "load_balance_hosts",
+    "require_auth",
+    "min_protocol_version",
+    "max_protocol_version",
+    "scram_client_key",
+    "scram_server_key",
+    "sslkeylogfile",
+    "oauth_issuer",
+];
+
+/// What makes `text` a connection string libpq would refuse, as far as
+/// can be told without libpq (which is loaded by the lease worker only:
+/// a second libpq in every server process would take the place of the
+/// server's own in its replication connections). Names no value.
+pub fn problem(text: &str) -> Option<String> {
+    let text = text.trim();
+    if uri_prefix_len(text).is_some() {
+        return None;
+    }
+    let (pairs, stopped) = pairs(text);
+    if let Some(why) = stopped {
+        return Some(format!("{why} after {} keyword(s)", pairs.len()));
+    }
+    for (key, value) in &pairs {
+        if !KEYWORDS.contains(&key.as_str()) {
+            let shown =
+                if key.len() <= 32 && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                    format!("\"{key}\"")
+                } else {
+                    "(not shown)".into()
+                };
+            return Some(format!("invalid connection option {shown}"));
+        }
+        if key == "port"
+            && !value
+                .split(',')
+                .all(|p| p.is_empty() || p.parse::<u16>().is_ok())
+        {
+            return Some("invalid port number".into());
+        }
+        if key == "dbname" && (value.contains('=') || uri_prefix_len(value.trim_start()).is_some())
+        {
+            if let Some(p) = problem(value) {
+                return Some(p);
+            }
         }
     }
+    None
 }
 
 /// `postgresql://[user[:password]@][hosts][/dbname][?keyword=value&...]`.
@@ -131,6 +240,24 @@ fn percent_decode(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::secret_in;
+
+    #[test]
+    fn problems_are_found_without_libpq() {
+        use super::problem;
+        assert_eq!(
+            problem("host=h port=5432,5433 dbname=d passfile=/x sslmode=require"),
+            None
+        );
+        assert!(problem("host=127.0.0.1 port=notaport").is_some());
+        assert!(problem("host=h nosuch=1").is_some());
+        assert!(problem("host=h 'unterminated").is_some());
+        assert!(problem("host='h").is_some());
+        assert_eq!(problem("postgresql://h/d"), None);
+        assert!(problem("host=h secret")
+            .unwrap_or_default()
+            .find("secret")
+            .is_none());
+    }
 
     #[test]
     fn keyword_strings() {

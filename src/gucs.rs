@@ -568,25 +568,7 @@ fn registry_problem(text: &str) -> Option<String> {
     if text.is_empty() {
         return None;
     }
-    // libpq's own parser: what it accepts, the lease worker's client does.
-    crate::registry_client::parse_conninfo(text)
-        .err()
-        .map(|e| format!("invalid connection string: {}", unquote_values(&e)))
-}
-
-/// libpq's message about a connection string, with every quoted token
-/// that is not a plain keyword left out (it may be part of a password).
-fn unquote_values(message: &str) -> String {
-    let mut out = String::new();
-    for (i, part) in message.split('"').enumerate() {
-        let keyword = part.len() <= 32 && part.chars().all(|c| c.is_ascii_lowercase() || c == '_');
-        match (i % 2 == 1, keyword) {
-            (true, true) => out.push_str(&format!("\"{part}\"")),
-            (true, false) => out.push_str("(not shown)"),
-            (false, _) => out.push_str(part),
-        }
-    }
-    out
+    crate::conninfo::problem(text).map(|e| format!("invalid connection string: {e}"))
 }
 
 #[pg_guard]

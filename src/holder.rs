@@ -198,6 +198,10 @@ pub struct Holder {
     pub from_backup: bool,
     /// Registry-clock Unix ms of the last fence reported.
     pub fenced_until_ms: Option<i64>,
+    /// An older incarnation first seen replaced in an acquire's reply: the
+    /// next renewal presents it, so that the registry takes it as a
+    /// re-assertion of the blocks held.
+    pub reassert_from: Option<String>,
     pub events: Vec<Event>,
 }
 
@@ -223,6 +227,7 @@ impl Holder {
             trust_saved: false,
             from_backup: false,
             fenced_until_ms: None,
+            reassert_from: None,
             events: Vec::new(),
         }
     }
@@ -404,7 +409,10 @@ impl Holder {
             lease_ms: now.timing.lease_ms,
             grace_ms: now.timing.grace_ms,
             high_ms: grant.high_ms,
-            incarnation: self.incarnation.clone(),
+            incarnation: self
+                .reassert_from
+                .take()
+                .unwrap_or_else(|| self.incarnation.clone()),
             lsn: self.lsn_text(),
         };
         let reply = match registry.renew(&req) {
@@ -487,6 +495,9 @@ impl Holder {
         }
         if known != self.incarnation && !self.held.is_empty() {
             self.last_renew_mono = None;
+            if !known.is_empty() {
+                self.reassert_from = Some(known);
+            }
         }
         self.note_fence(reply.fenced_until_ms);
         if reply.blocks.is_empty() && self.held.is_empty() && reply.fenced_until_ms.is_none() {

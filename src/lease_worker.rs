@@ -118,6 +118,15 @@ struct LeaseFile {
     incarnation: String,
     #[serde(default)]
     lsn: String,
+    /// Some saved block was not confirmed by the registry since this
+    /// server started (it started from a backup, or the registry has been
+    /// unreachable since): not provably this directory's at the next start.
+    #[serde(default)]
+    unconfirmed: bool,
+    /// This server started from a backup and has not had its saved
+    /// blocks confirmed yet.
+    #[serde(default)]
+    from_backup: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy)]
@@ -288,9 +297,14 @@ impl Worker {
         if target.is_some() {
             worker.set_target(target);
         }
-        let from_backup = STARTED_FROM_BACKUP.load(Relaxed);
+        let from_backup = STARTED_FROM_BACKUP.load(Relaxed) || file.from_backup;
         let same_registry = file.registry.is_some()
-            && file.registry.as_deref() == worker.file.target.as_ref().map(|t| t.display.as_str());
+            && file.registry
+                == worker
+                    .file
+                    .target
+                    .as_ref()
+                    .map(|t| registry_key(&t.conninfo));
         if from_backup && !file.blocks.is_empty() {
             pgrx::log!(
                 "snowflake_id lease: this server started from a backup or as a standby: the leases saved in \"{LEASE_FILE}\" are used only once the registry confirms them, above the registry's marks"
@@ -303,7 +317,8 @@ impl Worker {
             );
         }
         if same_registry {
-            worker.saved_provable = !from_backup && file.data_directory.is_some();
+            worker.saved_provable =
+                !from_backup && !file.unconfirmed && file.data_directory.is_some();
             worker.holder.from_backup = from_backup;
             worker.holder.incarnation = file.incarnation.clone();
             worker.holder.lsn = holder::parse_lsn(&file.lsn).unwrap_or(0);
@@ -767,7 +782,9 @@ fn save_lease_file(ctx: &mut FileContext, holder: &Holder) {
             .as_ref()
             .filter(|t| t.mode == MODE_CITUS)
             .map(|t| (t.conninfo.clone(), t.display.clone())),
-        registry: ctx.target.as_ref().map(|t| t.display.clone()),
+        registry: ctx.target.as_ref().map(|t| registry_key(&t.conninfo)),
+        unconfirmed: holder.held.iter().any(|h| !h.confirmed),
+        from_backup: holder.from_backup && holder.held.iter().any(|h| !h.confirmed),
         incarnation: holder.incarnation.clone(),
         lsn: holder::format_lsn(holder.lsn),
         blocks: holder
@@ -783,8 +800,8 @@ fn save_lease_file(ctx: &mut FileContext, holder: &Holder) {
     };
     // Unchanged leases (deadlines aside) are not written again.
     let mut key = format!(
-        "{} {:?} {} {}",
-        file.node_id, file.registry, file.incarnation, file.lsn
+        "{} {:?} {} {} {} {}",
+        file.node_id, file.registry, file.incarnation, file.lsn, file.unconfirmed, file.from_backup
     );
     for b in &file.blocks {
         key.push_str(&format!(" {}:{}:{}", b.block, b.high_ms, b.floor_ms));
@@ -920,6 +937,16 @@ impl Registry for PgRegistry {
     fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
         self.call("snowflake_lease_release", req)
     }
+}
+
+/// The registry's identity in the lease file: a hash of its whole
+/// connection string (two services or two hosts' strings differ even when
+/// they display alike; the hash keeps a password out of the file).
+fn registry_key(conninfo: &str) -> String {
+    use std::hash::Hasher;
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x736e_6f77, 0x666c_616b);
+    h.write(conninfo.as_bytes());
+    format!("{:016x}", h.finish())
 }
 
 /// A call's error as text.

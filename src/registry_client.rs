@@ -7,16 +7,20 @@
 //! deadline, so a stalled registry costs at most [`CALL_TIMEOUT_MS`] per
 //! call, and SIGTERM and SIGHUP are handled while waiting.
 //!
-//! The `pq-sys` crate is the binding (a thin, maintained `-sys` crate over
-//! the system's libpq, which is installed wherever PostgreSQL is).
+//! libpq is loaded with `dlopen` (the `libloading` crate) by the lease
+//! worker only, never linked: a library preloaded into every server
+//! process that linked the system's libpq would stand in for the server's
+//! own libpq in its replication connections (same soname), and an older
+//! one refuses newer options (`sslcertmode` on PostgreSQL 16). libpq is
+//! installed wherever PostgreSQL is (`libpq5` on Debian).
 
 use crate::holder::CallError;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
-use pq_sys as pq;
 use std::ffi::{CStr, CString};
-use std::os::raw::c_char;
+use std::os::raw::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Set once SIGTERM was seen during a call (pgrx's flag is consumed when
@@ -28,6 +32,126 @@ pub fn terminating() -> bool {
     TERMINATING.load(Relaxed)
 }
 
+/// The libpq functions the lease worker calls, from `libpq.so.5`.
+#[allow(non_snake_case)]
+struct Libpq {
+    _lib: libloading::Library,
+    PQconnectStartParams:
+        unsafe extern "C" fn(*const *const c_char, *const *const c_char, c_int) -> *mut PGconn,
+    PQconnectPoll: unsafe extern "C" fn(*mut PGconn) -> c_int,
+    PQstatus: unsafe extern "C" fn(*const PGconn) -> c_int,
+    PQsocket: unsafe extern "C" fn(*const PGconn) -> c_int,
+    PQerrorMessage: unsafe extern "C" fn(*const PGconn) -> *const c_char,
+    PQfinish: unsafe extern "C" fn(*mut PGconn),
+    PQsetnonblocking: unsafe extern "C" fn(*mut PGconn, c_int) -> c_int,
+    PQsendQueryParams: unsafe extern "C" fn(
+        *mut PGconn,
+        *const c_char,
+        c_int,
+        *const u32,
+        *const *const c_char,
+        *const c_int,
+        *const c_int,
+        c_int,
+    ) -> c_int,
+    PQflush: unsafe extern "C" fn(*mut PGconn) -> c_int,
+    PQisBusy: unsafe extern "C" fn(*mut PGconn) -> c_int,
+    PQconsumeInput: unsafe extern "C" fn(*mut PGconn) -> c_int,
+    PQgetResult: unsafe extern "C" fn(*mut PGconn) -> *mut PGresult,
+    PQresultStatus: unsafe extern "C" fn(*const PGresult) -> c_int,
+    PQresultErrorField: unsafe extern "C" fn(*const PGresult, c_int) -> *const c_char,
+    PQntuples: unsafe extern "C" fn(*const PGresult) -> c_int,
+    PQnfields: unsafe extern "C" fn(*const PGresult) -> c_int,
+    PQgetisnull: unsafe extern "C" fn(*const PGresult, c_int, c_int) -> c_int,
+    PQgetvalue: unsafe extern "C" fn(*const PGresult, c_int, c_int) -> *const c_char,
+    PQclear: unsafe extern "C" fn(*mut PGresult),
+    PQconninfoParse: unsafe extern "C" fn(*const c_char, *mut *mut c_char) -> *mut ConninfoOption,
+    PQconninfoFree: unsafe extern "C" fn(*mut ConninfoOption),
+    PQfreemem: unsafe extern "C" fn(*mut std::ffi::c_void),
+}
+
+/// libpq's opaque connection and result.
+#[repr(C)]
+struct PGconn {
+    _private: [u8; 0],
+}
+#[repr(C)]
+struct PGresult {
+    _private: [u8; 0],
+}
+
+/// `PQconninfoOption`.
+#[repr(C)]
+struct ConninfoOption {
+    keyword: *mut c_char,
+    envvar: *mut c_char,
+    compiled: *mut c_char,
+    val: *mut c_char,
+    label: *mut c_char,
+    dispchar: *mut c_char,
+    dispsize: c_int,
+}
+
+// libpq's enum values (libpq-fe.h, stable across releases).
+const CONNECTION_BAD: c_int = 1;
+const PGRES_POLLING_FAILED: c_int = 0;
+const PGRES_POLLING_READING: c_int = 1;
+const PGRES_POLLING_WRITING: c_int = 2;
+const PGRES_POLLING_OK: c_int = 3;
+const PGRES_COMMAND_OK: c_int = 1;
+const PGRES_TUPLES_OK: c_int = 2;
+const PG_DIAG_MESSAGE_PRIMARY: c_int = b'M' as c_int;
+
+/// libpq, loaded on first use in this process (`Err`: why it cannot be).
+static LIBPQ: OnceLock<Result<Libpq, String>> = OnceLock::new();
+
+fn libpq() -> Result<&'static Libpq, CallError> {
+    LIBPQ
+        .get_or_init(load_libpq)
+        .as_ref()
+        .map_err(|e| CallError::Refused(e.clone()))
+}
+
+fn load_libpq() -> Result<Libpq, String> {
+    // SAFETY: loading the system's libpq, whose initialisers are safe to
+    // run in a single-threaded process.
+    let lib = unsafe { libloading::Library::new("libpq.so.5") }.map_err(|e| {
+        format!("libpq (libpq.so.5) could not be loaded: {e}; install it (Debian: libpq5)")
+    })?;
+    macro_rules! sym {
+        ($name:ident) => {
+            // SAFETY: the symbol's type is libpq's declared signature.
+            *unsafe { lib.get(concat!(stringify!($name), "\0").as_bytes()) }
+                .map_err(|e| format!("libpq has no {}: {e}", stringify!($name)))?
+        };
+    }
+    Ok(Libpq {
+        PQconnectStartParams: sym!(PQconnectStartParams),
+        PQconnectPoll: sym!(PQconnectPoll),
+        PQstatus: sym!(PQstatus),
+        PQsocket: sym!(PQsocket),
+        PQerrorMessage: sym!(PQerrorMessage),
+        PQfinish: sym!(PQfinish),
+        PQsetnonblocking: sym!(PQsetnonblocking),
+        PQsendQueryParams: sym!(PQsendQueryParams),
+        PQflush: sym!(PQflush),
+        PQisBusy: sym!(PQisBusy),
+        PQconsumeInput: sym!(PQconsumeInput),
+        PQgetResult: sym!(PQgetResult),
+        PQresultStatus: sym!(PQresultStatus),
+        PQresultErrorField: sym!(PQresultErrorField),
+        PQntuples: sym!(PQntuples),
+        PQnfields: sym!(PQnfields),
+        PQgetisnull: sym!(PQgetisnull),
+        PQgetvalue: sym!(PQgetvalue),
+        PQclear: sym!(PQclear),
+        PQconninfoParse: sym!(PQconninfoParse),
+        PQconninfoFree: sym!(PQconninfoFree),
+        PQfreemem: sym!(PQfreemem),
+        _lib: lib,
+    })
+}
+
 /// The longest a connection attempt or a call may take.
 pub const CALL_TIMEOUT_MS: u64 = 10_000;
 
@@ -37,7 +161,8 @@ const WAIT_SLICE_MS: i64 = 500;
 
 /// A registry session.
 pub struct Connection {
-    conn: *mut pq::PGconn,
+    pq: &'static Libpq,
+    conn: *mut PGconn,
 }
 
 // The worker is single-threaded; the connection never leaves it.
@@ -46,7 +171,7 @@ impl Drop for Connection {
     fn drop(&mut self) {
         // SAFETY: `conn` came from PQconnectStartParams and is finished
         // exactly once, here.
-        unsafe { pq::PQfinish(self.conn) };
+        unsafe { (self.pq.PQfinish)(self.conn) };
     }
 }
 
@@ -57,10 +182,10 @@ enum Want {
     Write,
 }
 
-fn error_message(conn: *const pq::PGconn) -> String {
+fn error_message(pq: &Libpq, conn: *const PGconn) -> String {
     // SAFETY: PQerrorMessage returns a string owned by the connection,
     // valid until the next call on it; copied at once.
-    let text = unsafe { CStr::from_ptr(pq::PQerrorMessage(conn)) };
+    let text = unsafe { CStr::from_ptr((pq.PQerrorMessage)(conn)) };
     let text = text.to_string_lossy();
     let text = text.trim();
     if text.is_empty() {
@@ -89,7 +214,8 @@ fn check_signals() -> Result<(), CallError> {
 /// Waits until the socket is ready for `want`, the deadline passes (an
 /// error naming `what`), or a signal arrives.
 fn wait_socket(
-    conn: *mut pq::PGconn,
+    pq: &Libpq,
+    conn: *mut PGconn,
     want: Want,
     deadline: Instant,
     what: &str,
@@ -104,9 +230,9 @@ fn wait_socket(
             )));
         }
         // SAFETY: reading the socket of a live connection.
-        let socket = unsafe { pq::PQsocket(conn) };
+        let socket = unsafe { (pq.PQsocket)(conn) };
         if socket < 0 {
-            return Err(CallError::Unreachable(error_message(conn)));
+            return Err(CallError::Unreachable(error_message(pq, conn)));
         }
         let event = match want {
             Want::Read => pg_sys::WL_SOCKET_READABLE,
@@ -143,6 +269,7 @@ impl Connection {
         application_name: &str,
         options: &str,
     ) -> Result<Connection, CallError> {
+        let pq = libpq()?;
         let bad = |_| CallError::Refused("the connection string contains a NUL byte".into());
         let keys = [c"dbname", c"application_name", c"options"];
         let values = [
@@ -157,35 +284,35 @@ impl Connection {
         // SAFETY: NULL-terminated arrays of NUL-terminated strings that
         // outlive the call; expand_dbname = 1 reads `conninfo` as a
         // connection string, the later keywords override it.
-        let conn = unsafe { pq::PQconnectStartParams(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
+        let conn = unsafe { (pq.PQconnectStartParams)(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
         if conn.is_null() {
             return Err(CallError::Unreachable(
                 "out of memory starting a connection".into(),
             ));
         }
-        let connection = Connection { conn };
+        let connection = Connection { pq, conn };
         // SAFETY: status of the connection we own.
-        if unsafe { pq::PQstatus(conn) } == pq::ConnStatusType::CONNECTION_BAD {
-            return Err(CallError::Unreachable(error_message(conn)));
+        if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
+            return Err(CallError::Unreachable(error_message(pq, conn)));
         }
         let deadline = Instant::now() + Duration::from_millis(CALL_TIMEOUT_MS);
         let mut want = Want::Write;
         loop {
-            wait_socket(conn, want, deadline, "connecting")?;
+            wait_socket(pq, conn, want, deadline, "connecting")?;
             // SAFETY: advancing the connection we own.
-            match unsafe { pq::PQconnectPoll(conn) } {
-                pq::PostgresPollingStatusType::PGRES_POLLING_OK => break,
-                pq::PostgresPollingStatusType::PGRES_POLLING_READING => want = Want::Read,
-                pq::PostgresPollingStatusType::PGRES_POLLING_WRITING => want = Want::Write,
-                pq::PostgresPollingStatusType::PGRES_POLLING_FAILED => {
-                    return Err(CallError::Unreachable(error_message(conn)))
+            match unsafe { (pq.PQconnectPoll)(conn) } {
+                PGRES_POLLING_OK => break,
+                PGRES_POLLING_READING => want = Want::Read,
+                PGRES_POLLING_WRITING => want = Want::Write,
+                PGRES_POLLING_FAILED => {
+                    return Err(CallError::Unreachable(error_message(pq, conn)))
                 }
-                pq::PostgresPollingStatusType::PGRES_POLLING_ACTIVE => {}
+                _ => {}
             }
         }
         // SAFETY: switching the connection we own to non-blocking sends.
-        if unsafe { pq::PQsetnonblocking(conn, 1) } != 0 {
-            return Err(CallError::Unreachable(error_message(conn)));
+        if unsafe { (pq.PQsetnonblocking)(conn, 1) } != 0 {
+            return Err(CallError::Unreachable(error_message(pq, conn)));
         }
         Ok(connection)
     }
@@ -197,7 +324,7 @@ impl Connection {
         sql: &str,
         params: &[&str],
     ) -> Result<Vec<Vec<Option<String>>>, CallError> {
-        let conn = self.conn;
+        let (pq, conn) = (self.pq, self.conn);
         let bad = |_| CallError::Refused("a query or parameter contains a NUL byte".into());
         let sql = CString::new(sql).map_err(bad)?;
         let params: Vec<CString> = params
@@ -210,7 +337,7 @@ impl Connection {
         // SAFETY: the statement and parameter strings outlive the call;
         // NULL types, lengths and formats mean text parameters.
         let sent = unsafe {
-            pq::PQsendQueryParams(
+            (pq.PQsendQueryParams)(
                 conn,
                 sql.as_ptr(),
                 ptrs.len() as i32,
@@ -222,48 +349,44 @@ impl Connection {
             )
         };
         if sent == 0 {
-            return Err(CallError::Unreachable(error_message(conn)));
+            return Err(CallError::Unreachable(error_message(pq, conn)));
         }
         // Send everything, then read until the results are complete.
         loop {
             // SAFETY: flushing the connection we own.
-            match unsafe { pq::PQflush(conn) } {
+            match unsafe { (pq.PQflush)(conn) } {
                 0 => break,
-                1 => wait_socket(conn, Want::Write, deadline, "sending a call")?,
-                _ => return Err(CallError::Unreachable(error_message(conn))),
+                1 => wait_socket(pq, conn, Want::Write, deadline, "sending a call")?,
+                _ => return Err(CallError::Unreachable(error_message(pq, conn))),
             }
         }
         let mut rows = Vec::new();
         let mut refused: Option<String> = None;
         loop {
             // SAFETY: on the connection we own.
-            while unsafe { pq::PQisBusy(conn) } != 0 {
-                wait_socket(conn, Want::Read, deadline, "waiting for an answer")?;
+            while unsafe { (pq.PQisBusy)(conn) } != 0 {
+                wait_socket(pq, conn, Want::Read, deadline, "waiting for an answer")?;
                 // SAFETY: as above.
-                if unsafe { pq::PQconsumeInput(conn) } == 0 {
-                    return Err(CallError::Unreachable(error_message(conn)));
+                if unsafe { (pq.PQconsumeInput)(conn) } == 0 {
+                    return Err(CallError::Unreachable(error_message(pq, conn)));
                 }
             }
             // SAFETY: as above; NULL means the call is complete.
-            let res = unsafe { pq::PQgetResult(conn) };
+            let res = unsafe { (pq.PQgetResult)(conn) };
             if res.is_null() {
                 break;
             }
-            let result = PgResult::new(res);
+            let result = PgResult::new(pq, res);
             match result.status() {
-                pq::ExecStatusType::PGRES_TUPLES_OK | pq::ExecStatusType::PGRES_COMMAND_OK => {
+                PGRES_TUPLES_OK | PGRES_COMMAND_OK => {
                     rows = result.rows();
                 }
-                pq::ExecStatusType::PGRES_FATAL_ERROR
-                | pq::ExecStatusType::PGRES_NONFATAL_ERROR => {
-                    refused = Some(result.error());
-                }
-                _ => refused = Some("unexpected answer".into()),
+                _ => refused = Some(result.error()),
             }
         }
         // SAFETY: status of the connection we own.
-        if unsafe { pq::PQstatus(conn) } == pq::ConnStatusType::CONNECTION_BAD {
-            return Err(CallError::Unreachable(error_message(conn)));
+        if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
+            return Err(CallError::Unreachable(error_message(pq, conn)));
         }
         match refused {
             Some(message) => Err(CallError::Refused(message)),
@@ -283,21 +406,21 @@ impl Connection {
 }
 
 /// A result, cleared when dropped.
-struct PgResult(*mut pq::PGresult);
+struct PgResult(&'static Libpq, *mut PGresult);
 
 impl PgResult {
-    fn new(res: *mut pq::PGresult) -> PgResult {
-        PgResult(res)
+    fn new(pq: &'static Libpq, res: *mut PGresult) -> PgResult {
+        PgResult(pq, res)
     }
 
-    fn status(&self) -> pq::ExecStatusType {
+    fn status(&self) -> c_int {
         // SAFETY: a live result we own.
-        unsafe { pq::PQresultStatus(self.0) }
+        unsafe { (self.0.PQresultStatus)(self.1) }
     }
 
     fn error(&self) -> String {
         // SAFETY: a field of a live result (NULL when absent).
-        let primary = unsafe { pq::PQresultErrorField(self.0, pq::PG_DIAG_MESSAGE_PRIMARY as i32) };
+        let primary = unsafe { (self.0.PQresultErrorField)(self.1, PG_DIAG_MESSAGE_PRIMARY) };
         if primary.is_null() {
             return "the registry reported an error".into();
         }
@@ -311,15 +434,15 @@ impl PgResult {
         // SAFETY: reading the shape and values of a live result; each
         // value is a NUL-terminated string owned by it, copied now.
         unsafe {
-            let (n, fields) = (pq::PQntuples(self.0), pq::PQnfields(self.0));
+            let (n, fields) = ((self.0.PQntuples)(self.1), (self.0.PQnfields)(self.1));
             (0..n)
                 .map(|row| {
                     (0..fields)
                         .map(|f| {
-                            if pq::PQgetisnull(self.0, row, f) != 0 {
+                            if (self.0.PQgetisnull)(self.1, row, f) != 0 {
                                 None
                             } else {
-                                let v = pq::PQgetvalue(self.0, row, f);
+                                let v = (self.0.PQgetvalue)(self.1, row, f);
                                 Some(CStr::from_ptr(v).to_string_lossy().into_owned())
                             }
                         })
@@ -333,19 +456,22 @@ impl PgResult {
 impl Drop for PgResult {
     fn drop(&mut self) {
         // SAFETY: cleared exactly once.
-        unsafe { pq::PQclear(self.0) };
+        unsafe { (self.0.PQclear)(self.1) };
     }
 }
 
 /// The parts of a connection string, as libpq reads it (keyword, value),
 /// or libpq's message when it is not one.
 pub fn parse_conninfo(conninfo: &str) -> Result<Vec<(String, String)>, String> {
+    let pq = libpq().map_err(|e| match e {
+        CallError::Refused(text) | CallError::Unreachable(text) => text,
+    })?;
     let text = CString::new(conninfo)
         .map_err(|_| "the connection string contains a NUL byte".to_string())?;
     let mut err: *mut c_char = std::ptr::null_mut();
     // SAFETY: parses a NUL-terminated string; on failure `err` is a
     // libpq-allocated message we free.
-    let options = unsafe { pq::PQconninfoParse(text.as_ptr(), &mut err) };
+    let options = unsafe { (pq.PQconninfoParse)(text.as_ptr(), &mut err) };
     if options.is_null() {
         let message = if err.is_null() {
             "out of memory".to_string()
@@ -356,7 +482,7 @@ pub fn parse_conninfo(conninfo: &str) -> Result<Vec<(String, String)>, String> {
                 .trim()
                 .to_string();
             // SAFETY: freeing libpq's message once, after copying it.
-            unsafe { pq::PQfreemem(err.cast()) };
+            unsafe { (pq.PQfreemem)(err.cast()) };
             m
         };
         return Err(message);
@@ -375,7 +501,7 @@ pub fn parse_conninfo(conninfo: &str) -> Result<Vec<(String, String)>, String> {
             }
             p = p.add(1);
         }
-        pq::PQconninfoFree(options);
+        (pq.PQconninfoFree)(options);
     }
     Ok(out)
 }

@@ -67,6 +67,10 @@ CORE_MODULES = frozenset({
     "test_upgrade",
     "test_package",
     "test_meta",
+    # The fleet's safety (issues of 0.4.0): on every version.
+    "test_fencing",
+    "test_registry_client",
+    "test_secrets",
 })
 
 

@@ -577,8 +577,9 @@ def test_a_role_without_the_nodes_lock_cannot_release_or_renew_its_blocks(make_c
 
 # ------------------- 5. saved leases wait for the registry's confirmation
 def test_a_restart_with_the_registry_up_uses_saved_blocks_once_it_confirms_them(make_cluster):
-    """H holds block 0 (lease 60 s) and stops. The registry forgets its
-    leases (TRUNCATE of the lease table) and C2 leases block 0. H restarts
+    """H holds block 0 (lease 60 s) and stops. Its lease runs out at the
+    registry (its expiry set in the past, as a registry clock ahead of H's
+    would do; a TRUNCATE would fence, see test 2) and C2 leases block 0. H restarts
     in the same directory with the registry up but slow for its first 3 s
     (its lease table locked), while C2 makes IDs. 0.3.1 uses the saved
     block before its first renewal: both make IDs under worker id 0. The
@@ -590,7 +591,7 @@ def test_a_restart_with_the_registry_up_uses_saved_blocks_once_it_confirms_them(
     with h.connect() as conn:
         made_before = ids(conn, 100)
     h.stop()
-    r.sql("TRUNCATE snowflake_lease_blocks")
+    r.sql("UPDATE snowflake_lease_blocks SET expires_at = now() - interval '1 hour'")
     c2 = holder_of(make_cluster, r.conninfo(), **one_block)
     maker2 = Maker(c2)
     wait_until(lambda: maker2.made, timeout=60, what="C2 leasing block 0")

@@ -125,8 +125,6 @@ def test_a_hostssl_only_registry_with_a_passfile(make_cluster):
     r.create_extension()
     r.sql("CREATE ROLE lease LOGIN PASSWORD 'correct horse'")
     r.sql("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO lease")
-    r.sql("GRANT SELECT, INSERT, UPDATE ON snowflake_lease_blocks TO lease")
-    r.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON snowflake_lease_registry TO lease")
     passfile = owned_file(os.path.join(r.dir, "lease.pgpass"),
                           f"127.0.0.1:{r.port}:postgres:lease:correct horse\n")
     base = f"host=127.0.0.1 port={r.port} dbname=postgres user=lease passfile={passfile}"

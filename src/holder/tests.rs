@@ -701,3 +701,29 @@ fn replies_parse_from_the_registrys_json() {
         }]
     );
 }
+
+// ---------------------------------------------------------------------
+// Found in review: when a holder's first call to a new (fenced)
+// incarnation is an acquire (a busy holder between renewals), it adopted the
+// new incarnation, so its next renewal was no re-assertion and the block the
+// registry forgot was dropped (an outage for the whole fence). The holder
+// now presents the older incarnation in that renewal.
+#[test]
+fn a_new_incarnation_first_seen_by_an_acquire_is_reasserted_by_the_next_renewal() {
+    let (mut reg, mut z) = registry_in_use();
+    let mut a = Server::new("a", 0);
+    let before = reg.snapshot();
+    run(&mut [&mut a, &mut z], &mut reg, T0, T0 + 1_000, &[0]);
+    assert!(a.host.active.contains_key(&0));
+    a.host.busy.push(0); // every id busy: it wants another block
+    reg.forget(before, true);
+    // Its renewal is not due yet: the acquire is its first call.
+    a.holder.last_renew_mono = Some(1_050);
+    a.step(T0 + 1_100, &mut reg, &[0]);
+    a.step(T0 + 1_200, &mut reg, &[0]);
+    assert!(
+        a.host.active.contains_key(&0),
+        "the block was not re-asserted: {:?}",
+        a.holder.events
+    );
+}
