@@ -56,7 +56,7 @@ SUPPORTED_PG_VERSIONS=(15 16 17 18)
 # only the core subset named in tests/conftest.py (CORE_MODULES), to keep a
 # whole run under 45 minutes on two cores (README, "What is tested where").
 # shellcheck disable=SC2034  # used by scripts/test.sh
-CORE_ONLY_PG_VERSIONS=(16 17)
+CORE_ONLY_PG_VERSIONS=(16 17 18)
 # shellcheck disable=SC2206  # a space-separated list on purpose
 PG_VERSIONS=(${SNOWFLAKE_PG_VERSIONS:-${SUPPORTED_PG_VERSIONS[*]}})
 PG_CACHE="$REPO_ROOT/.pg"
