@@ -571,19 +571,30 @@ fn registry_problem(text: &str) -> Option<String> {
     crate::conninfo::problem(text).map(|e| format!("invalid connection string: {e}"))
 }
 
+/// A string setting's candidate value in a check hook (`None`: NULL).
+///
+/// # Safety
+/// `newval` is the pointer PostgreSQL passes to a check hook: valid, and
+/// pointing to NULL or a NUL-terminated string.
+unsafe fn candidate(newval: *mut *mut c_char) -> Option<String> {
+    // SAFETY: as the caller promises.
+    unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return None;
+        }
+        Some(CStr::from_ptr(*newval).to_string_lossy().into_owned())
+    }
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn check_registry(
     newval: *mut *mut c_char,
     _extra: *mut *mut c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
-    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
-    // which is NULL or a NUL-terminated string.
-    let text = unsafe {
-        if newval.is_null() || (*newval).is_null() {
-            return true;
-        }
-        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    let Some(text) = (unsafe { candidate(newval) }) else {
+        return true;
     };
     match registry_refusal(&text) {
         None => true,
@@ -665,13 +676,9 @@ unsafe extern "C-unwind" fn check_registry_options(
     _extra: *mut *mut c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
-    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
-    // which is NULL or a NUL-terminated string.
-    let text = unsafe {
-        if newval.is_null() || (*newval).is_null() {
-            return true;
-        }
-        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    let Some(text) = (unsafe { candidate(newval) }) else {
+        return true;
     };
     match crate::conninfo::secret_in(&text) {
         None => true,
@@ -758,13 +765,9 @@ unsafe extern "C-unwind" fn check_worker_ids(
     _extra: *mut *mut c_void,
     source: pg_sys::GucSource::Type,
 ) -> bool {
-    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
-    // which is NULL or a NUL-terminated string.
-    let text = unsafe {
-        if newval.is_null() || (*newval).is_null() {
-            return true;
-        }
-        CStr::from_ptr(*newval).to_string_lossy().into_owned()
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    let Some(text) = (unsafe { candidate(newval) }) else {
+        return true;
     };
     let Some(layout) = LAYOUT.get() else {
         return true;
@@ -783,15 +786,8 @@ unsafe extern "C-unwind" fn check_epoch(
     _extra: *mut *mut c_void,
     source: pg_sys::GucSource::Type,
 ) -> bool {
-    // SAFETY: PostgreSQL passes a valid pointer to the candidate value,
-    // which is NULL or a NUL-terminated string.
-    let text = unsafe {
-        if newval.is_null() || (*newval).is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr(*newval).to_string_lossy().into_owned()
-        }
-    };
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    let text = unsafe { candidate(newval) }.unwrap_or_default();
     // Not compared with the clock: a clock set before the epoch must not
     // stop the server; snowflake_nextval() refuses instead.
     match layout::parse_epoch(&text) {
