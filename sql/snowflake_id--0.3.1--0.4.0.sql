@@ -443,3 +443,9 @@ SELECT md5(gen_random_uuid()::text),
        ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int,
        pg_postmaster_start_time(), now(), 'updated from 0.3.1'
  WHERE NOT pg_is_in_recovery();
+
+-- The public-ID functions' comments name the key file (0.4.0).
+COMMENT ON FUNCTION @extschema@.snowflake_to_public(bigint) IS
+  'The public ID of an ID: a keyed, reversible 14-character (12 for js53) token that reveals neither time, volume nor worker; needs the keys of snowflake_id.public_key_file.';
+COMMENT ON FUNCTION @extschema@.snowflake_from_public(text) IS
+  'The ID of a public ID made with any key of snowflake_id.public_key_file; malformed tokens and tokens of other keys are 22P02. Look rows up with WHERE id = snowflake_from_public($1).';

@@ -351,6 +351,6 @@ COMMENT ON FUNCTION snowflake_create_partitions(regclass, interval, int, timesta
 COMMENT ON FUNCTION snowflake_advance_past(bigint) IS
   'Makes every new ID of this server larger than id (after restoring a dump of another database); superusers only.';
 COMMENT ON FUNCTION snowflake_to_public(bigint) IS
-  'The public ID of an ID: a keyed, reversible 14-character (12 for js53) token that reveals neither time, volume nor worker; needs snowflake_id.public_key.';
+  'The public ID of an ID: a keyed, reversible 14-character (12 for js53) token that reveals neither time, volume nor worker; needs the keys of snowflake_id.public_key_file.';
 COMMENT ON FUNCTION snowflake_from_public(text) IS
-  'The ID of a public ID made with any key of snowflake_id.public_key; malformed tokens and tokens of other keys are 22P02. Look rows up with WHERE id = snowflake_from_public($1).';
+  'The ID of a public ID made with any key of snowflake_id.public_key_file; malformed tokens and tokens of other keys are 22P02. Look rows up with WHERE id = snowflake_from_public($1).';
