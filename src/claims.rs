@@ -275,16 +275,15 @@ fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
             && unreachable_since != 0
             && lease.blocks_held.load(Acquire) == 0
             && *waited_ms >= UNREACHABLE_WAIT_MS);
-    let undecided_problem = !decided && *waited_ms >= UNREACHABLE_WAIT_MS && {
+    if !decided && *waited_ms >= UNREACHABLE_WAIT_MS {
         let problem = lease.problem.get();
-        !problem.is_empty()
-    };
-    if undecided_problem {
-        errors::fleet_unknown(
-            &lease.problem.get(),
-            current_database_has_citus(),
-            gucs::may_read_hidden_settings(),
-        );
+        if !problem.is_empty() {
+            errors::fleet_unknown(
+                &problem,
+                current_database_has_citus(),
+                gucs::may_read_hidden_settings(),
+            );
+        }
     }
     if give_up {
         errors::no_lease(
