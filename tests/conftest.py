@@ -89,6 +89,18 @@ def pytest_sessionstart(session):
     _stop_orphans()
 
 
+# scripts/test.sh runs pytest on two workers (pytest-xdist, --dist
+# loadgroup): most tests wait on servers rather than use a core. A module runs
+# whole on one worker (its module-scoped fixtures install clients, build
+# packages, start shared servers), except these, whose tests are independent
+# and long, spread one by one.
+SPREAD_MODULES = frozenset({
+    "test_fencing", "test_citus", "test_leases", "test_servers",
+    "test_restarts", "test_registry_client", "test_clocks", "test_public_ids",
+})
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     selection = os.environ.get("SNOWFLAKE_TESTS", "all")
     if selection not in ("all", "core"):
@@ -99,6 +111,8 @@ def pytest_collection_modifyitems(config, items):
                "other versions (SNOWFLAKE_TESTS=all runs it here)")
     slow = pytest.mark.skip(reason="slow test: set SNOWFLAKE_SLOW=1 to run")
     for item in items:
+        if item.module.__name__ not in SPREAD_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         if selection == "core" and item.module.__name__ not in CORE_MODULES:
             item.add_marker(not_core)
         elif "slow" in item.keywords and os.environ.get("SNOWFLAKE_SLOW") != "1":
