@@ -1,19 +1,20 @@
-"""pytest fixtures for the snowflake_id integration tests.
+"""pytest fixtures and hooks for the snowflake_id integration tests.
 
 Each test gets throwaway PostgreSQL clusters built from the PostgreSQL of
 PG_CONFIG (default /usr/lib/postgresql/15/bin/pg_config) and the snowflake_id
 build installed into it (`cargo pgrx install`). The cluster harness itself,
-shared with bench/bench.py, is tests/harness.py; its names (``Cluster``,
-``wait_until``, ``ClusterError``, ``LOGICAL_REPLICATION_SETTINGS``, ``PG_BINDIR``...)
-are importable from conftest as well.
+shared with bench/bench.py, is tests/harness.py: tests import its names
+(``Cluster``, ``wait_until``, ``ClusterError``, ``PG_BINDIR``...) from
+``harness``, and the helpers several test folders share from ``helpers``
+(tests/helpers.py). This directory is on sys.path (pytest's default
+``prepend`` import mode puts the directory of this conftest.py there), so
+``import harness`` and ``import helpers`` work from every test folder.
 
 * ``cluster``       fixture: a started cluster with the library preloaded
                     and ``CREATE EXTENSION snowflake_id`` done in db postgres.
 * ``make_cluster``  fixture: factory ``make_cluster(**kw)`` for special
                     configurations (preload=False, extra settings, env...,
                     or ``basebackup_from=primary`` for a physical standby).
-* ``LOGICAL_REPLICATION_SETTINGS``  settings for a publisher or subscriber of
-                    built-in logical replication.
 
 Clusters are always stopped at the end of their test (fixture finalizer, with
 an atexit ``-m immediate`` fallback). Their directory is removed when the test
@@ -21,10 +22,17 @@ passed and kept (path printed, log tail shown) when it failed.
 
 Tests marked ``@pytest.mark.slow`` are skipped unless SNOWFLAKE_SLOW=1.
 
-With SNOWFLAKE_TESTS=core only the test modules of CORE_MODULES run; the
-others are skipped, saying so. scripts/test.sh sets it for the versions of
-CORE_ONLY_PG_VERSIONS (scripts/lib.sh), so that a run over every supported
-version stays under 45 minutes on two cores (README, "What is tested where").
+With SNOWFLAKE_TESTS=core only the test modules of CORE_MODULES run (the
+core subset: what depends on the PostgreSQL version, and the basic
+guarantees; see CORE_MODULES below); the others are skipped, saying so.
+scripts/test.sh sets it for the versions of CORE_ONLY_PG_VERSIONS
+(scripts/lib.sh), so that a run over every supported version stays under 45
+minutes on two cores (CONTRIBUTING.md, "What is tested where").
+
+The tests are grouped by component, one folder each: claims/, clocks/,
+durability/, fleet/, settings/, sql_api/, upgrade/, clients/, docs/ (and
+test_harness.py, next to the harness it tests). Module names are unique
+across the folders: CORE_MODULES and SPREAD_MODULES name modules.
 """
 
 from __future__ import annotations
@@ -35,14 +43,7 @@ import sys
 
 import pytest
 
-# The harness itself (shared with bench/bench.py) is tests/harness.py; its
-# names stay importable from conftest for the tests.
-from harness import (  # noqa: F401 - re-exported for the tests
-    AS_ROOT, DIR_PREFIX, EXTENSION, EXTENSION_SO, LOGICAL_REPLICATION_SETTINGS,
-    PG_BINDIR, PG_CONFIG, PG_MAJOR, PG_PKGLIBDIR, Cluster, ClusterError,
-    _conf_value, _free_port, _kept_dirs, _live_clusters, _pg_config, _pg_ids,
-    _pid_alive, _run_pg, _stop_orphans, other_pg_bindir, wait_until,
-)
+from harness import EXTENSION_SO, PG_CONFIG, PG_MAJOR, Cluster, kept_dirs, stop_orphans
 
 
 # The core subset: what depends on the PostgreSQL version (shared memory and
@@ -50,27 +51,32 @@ from harness import (  # noqa: F401 - re-exported for the tests
 # the SQL objects, pg_upgrade, the package) and the basic guarantees. The
 # modules left out exercise the same code paths under more scenarios
 # (clients, poolers, clocks, fleets, sharing, soak), and run in full on the
-# other versions.
+# other versions. Keyed by module name (the file's name without .py, unique
+# across the folders).
 CORE_MODULES = frozenset({
+    # the harness's self-tests, next to tests/harness.py
     "test_harness",
-    "test_foundation",
+    # sql_api/
     "test_sql_api",
+    "test_regress",
+    # settings/
     "test_errors",
     "test_settings",
     "test_privileges",
+    "test_secrets",
+    # durability/
     "test_restarts",
     "test_reservation",
+    # fleet/: the worker registry table and its worker, and the fleet's
+    # safety (fencing, the lease worker's connection to its registry).
     "test_registry",
-    "test_registry_worker",
-    "test_regress",
-    "test_extension_upgrade",
-    "test_upgrade",
-    "test_package",
-    "test_meta",
-    # The fleet's safety (issues of 0.4.0): on every version.
     "test_fencing",
     "test_registry_client",
-    "test_secrets",
+    # upgrade/
+    "test_extension_upgrade",
+    "test_pg_upgrade",
+    "test_package",
+    "test_meta",
 })
 
 
@@ -86,7 +92,7 @@ def pytest_configure(config):
 
 
 def pytest_sessionstart(session):
-    _stop_orphans()
+    stop_orphans()
 
 
 # scripts/test.sh runs pytest on two workers (pytest-xdist, --dist
@@ -95,8 +101,11 @@ def pytest_sessionstart(session):
 # packages, start shared servers), except these, whose tests are independent
 # and long, spread one by one.
 SPREAD_MODULES = frozenset({
-    "test_fencing", "test_citus", "test_leases", "test_servers",
-    "test_restarts", "test_registry_client", "test_clocks", "test_public_ids",
+    "test_fencing", "test_citus", "test_leases", "test_several_servers",  # fleet/
+    "test_restarts", "test_standbys",  # durability/
+    "test_registry_client",  # fleet/
+    "test_clocks",  # clocks/
+    "test_public_ids",  # sql_api/
 })
 
 
@@ -127,9 +136,9 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _kept_dirs:
+    if kept_dirs:
         terminalreporter.write_line(
-            "cluster dirs kept for failed tests: " + " ".join(_kept_dirs))
+            "cluster dirs kept for failed tests: " + " ".join(kept_dirs))
 
 
 def _test_failed(node) -> bool:

@@ -11,6 +11,13 @@ PostgreSQL of PG_CONFIG with the snowflake_id build installed into it.
 * ``LOGICAL_REPLICATION_SETTINGS``  settings for a publisher or subscriber of
                     built-in logical replication.
 * ``stop_orphans``  stop servers left running by a harness process that died.
+* ``run_pg``        run a PostgreSQL program as the ``postgres`` OS user.
+* ``pg_ids``        that user's (uid, gid).
+* ``pg_config``     one answer of PG_CONFIG (``pg_config("--sharedir")``).
+* ``free_port``     a free TCP port on 127.0.0.1.
+* ``PG_CONFIG``, ``PG_BINDIR``, ``PG_PKGLIBDIR``, ``PG_MAJOR``: the
+                    PostgreSQL under test; ``other_pg_bindir(major)``: another
+                    version's, when this run installed the extension there.
 
 No pytest here: the fixtures are in tests/conftest.py.
 """
@@ -35,13 +42,13 @@ from psycopg import sql as pgsql
 PG_CONFIG = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
 
 
-def _pg_config(flag: str) -> str:
+def pg_config(flag: str) -> str:
     return subprocess.check_output([PG_CONFIG, flag], text=True).strip()
 
 
-PG_BINDIR = _pg_config("--bindir")
-PG_PKGLIBDIR = _pg_config("--pkglibdir")
-PG_MAJOR = int(_pg_config("--version").split()[1].split(".")[0])
+PG_BINDIR = pg_config("--bindir")
+PG_PKGLIBDIR = pg_config("--pkglibdir")
+PG_MAJOR = int(pg_config("--version").split()[1].split(".")[0])
 
 
 def other_pg_bindir(major: int) -> "str | None":
@@ -61,7 +68,7 @@ AS_ROOT = os.geteuid() == 0
 DIR_PREFIX = "sfpy"  # /tmp/sfpyXXXXXXXX: short, it is also the socket dir
 
 _live_clusters: "set[Cluster]" = set()
-_kept_dirs: "list[str]" = []
+kept_dirs: "list[str]" = []
 
 
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition",
@@ -82,7 +89,7 @@ class ClusterError(RuntimeError):
     pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -96,12 +103,12 @@ def _conf_value(v) -> str:
     return "'" + str(v).replace("'", "''") + "'"
 
 
-def _pg_ids():
+def pg_ids():
     pw = pwd.getpwnam("postgres")
     return pw.pw_uid, pw.pw_gid
 
 
-def _run_pg(cmd, cwd, env=None, check=True, timeout=120):
+def run_pg(cmd, cwd, env=None, check=True, timeout=120):
     """Run a PostgreSQL binary as the postgres OS user (when we are root).
 
     ``env`` entries are applied with env(1) *after* switching user, so e.g.
@@ -168,28 +175,28 @@ class Cluster:
         os.chmod(self.dir, 0o755)
         self.datadir = os.path.join(self.dir, "data")
         self.logfile = os.path.join(self.dir, "server.log")
-        self.port = _free_port()
+        self.port = free_port()
         self.running = False
         self.start_env: dict = {}
         # Lets a later pytest run stop servers whose harness process died.
         with open(os.path.join(self.dir, "owner.pid"), "w") as f:
             f.write(f"{os.getpid()}\n")
         if AS_ROOT:
-            uid, gid = _pg_ids()
+            uid, gid = pg_ids()
             os.chown(self.dir, uid, gid)
         if basebackup_from is not None:
             # postgresql.conf (with its include of harness.conf) is copied.
-            _run_pg([os.path.join(self.bindir, "pg_basebackup"),
-                     "-D", self.datadir, "-R", "-X", "stream",
-                     "-c", "fast", "--no-sync",
-                     "-h", basebackup_from.dir, "-p", basebackup_from.port,
-                     "-U", "postgres"], cwd=self.dir)
+            run_pg([os.path.join(self.bindir, "pg_basebackup"),
+                    "-D", self.datadir, "-R", "-X", "stream",
+                    "-c", "fast", "--no-sync",
+                    "-h", basebackup_from.dir, "-p", basebackup_from.port,
+                    "-U", "postgres"], cwd=self.dir)
         else:
-            _run_pg([os.path.join(self.bindir, "initdb"), "-D", self.datadir,
-                     "-A", "trust", "-U", "postgres", "-E", "UTF8",
-                     "--locale=C.UTF-8", "--no-sync", "--no-instructions",
-                     *initdb_args],
-                    cwd=self.dir)
+            run_pg([os.path.join(self.bindir, "initdb"), "-D", self.datadir,
+                    "-A", "trust", "-U", "postgres", "-E", "UTF8",
+                    "--locale=C.UTF-8", "--no-sync", "--no-instructions",
+                    *initdb_args],
+                   cwd=self.dir)
             with open(os.path.join(self.datadir, "postgresql.conf"), "a") as f:
                 f.write("\n# test harness settings\ninclude 'harness.conf'\n")
         self.configure(**(settings or {}))
@@ -219,13 +226,13 @@ class Cluster:
             for k, v in merged.items():
                 f.write(f"{k} = {_conf_value(v)}\n")
         if AS_ROOT:
-            os.chown(path, *_pg_ids())
+            os.chown(path, *pg_ids())
 
     # ---------------------------------------------------------- control
     def _pg_ctl(self, *args, env=None, check=True, timeout=120, prefix=()):
-        return _run_pg([*prefix, os.path.join(self.bindir, "pg_ctl"), "-D",
-                        self.datadir, *args], cwd=self.dir, env=env,
-                       check=check, timeout=timeout)
+        return run_pg([*prefix, os.path.join(self.bindir, "pg_ctl"), "-D",
+                       self.datadir, *args], cwd=self.dir, env=env,
+                      check=check, timeout=timeout)
 
     def start(self, env: dict | None = None, timeout: int = 60,
               address_space: int | None = None,
@@ -256,7 +263,7 @@ class Cluster:
                 return self
             new_log = self.log(since=mark)
             if self.tcp and "could not bind" in new_log and attempt < 2:
-                self.port = _free_port()  # lost a port race: try another
+                self.port = free_port()  # lost a port race: try another
                 self.configure()
                 continue
             raise ClusterError(
@@ -302,7 +309,7 @@ class Cluster:
         except Exception:
             self.stop(mode="immediate")
         if keep:
-            _kept_dirs.append(self.dir)
+            kept_dirs.append(self.dir)
         else:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -410,12 +417,13 @@ def stop_orphans(dir_prefix: str = DIR_PREFIX, remove: bool = False) -> None:
         if pid == os.getpid() or _pid_alive(pid):
             continue
         if os.path.exists(os.path.join(datadir, "postmaster.pid")):
-            _run_pg([os.path.join(PG_BINDIR, "pg_ctl"), "-D", datadir, "-m",
-                     "immediate", "-w", "stop"], cwd="/", check=False)
+            run_pg([os.path.join(PG_BINDIR, "pg_ctl"), "-D", datadir, "-m",
+                    "immediate", "-w", "stop"], cwd="/", check=False)
         if remove:
             shutil.rmtree(d, ignore_errors=True)
 
 
-_stop_orphans = stop_orphans  # the name conftest used
+# bench/bench.py imports pg_ids under its earlier, private name.
+_pg_ids = pg_ids
 
 

@@ -1,21 +1,24 @@
-"""Helpers shared by the worker-id tests (test_claims, test_restarts,
-test_privileges, test_leases, test_citus): decoding classic IDs, claims,
-client programs."""
+"""Helpers shared by tests of several folders: decoding classic IDs,
+claims, client programs, the key file of public IDs, and a server clock
+under libfaketime (FakeClock, server_skew). The cluster harness itself is
+tests/harness.py."""
 
 from __future__ import annotations
 
 import glob
 import os
+import time
 
 import psycopg
 import pytest
 
-from conftest import AS_ROOT, PG_BINDIR, _pg_ids, _run_pg, wait_until
+from harness import AS_ROOT, PG_BINDIR, pg_ids, run_pg, wait_until
 
 EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
 needs_faketime = pytest.mark.skipif(LIBFAKETIME is None,
                                     reason="libfaketime not installed")
+
 
 def worker_of(i: int, sequence_bits: int = 12, worker_bits: int = 10) -> int:
     return (i >> sequence_bits) & ((1 << worker_bits) - 1)
@@ -78,7 +81,7 @@ def assert_strictly_increasing(ids, label=""):
 def run_client(cluster, program: str, *args, check=True, timeout=300):
     """Runs a PostgreSQL client program against the cluster as the postgres
     OS user, e.g. run_client(c, "pg_dump", "-Fc", ...)."""
-    return _run_pg([os.path.join(PG_BINDIR, program), "-h", cluster.dir,
+    return run_pg([os.path.join(PG_BINDIR, program), "-h", cluster.dir,
                     "-p", str(cluster.port), "-U", "postgres", *args],
                    cwd=cluster.dir, check=check, timeout=timeout)
 
@@ -96,7 +99,7 @@ def write_key_file(cluster, text: str, name: str = "public_keys",
         f.write(text)
     os.chmod(tmp, mode)
     if AS_ROOT:
-        os.chown(tmp, *_pg_ids())
+        os.chown(tmp, *pg_ids())
     os.replace(tmp, path)
     return path
 
@@ -123,3 +126,51 @@ def reload_session(conn, *others) -> None:
     conn.execute("SELECT pg_reload_conf()")
     for c, t in before:
         wait_until(lambda: load_time(c) > t, what="the reload to reach the session")
+
+
+class FakeClock:
+    """The offset file of a server started under libfaketime
+    (``FAKETIME_TIMESTAMP_FILE`` + ``FAKETIME_NO_CACHE=1``: every clock
+    reading re-reads it). ``FAKETIME_DONT_FAKE_MONOTONIC=1`` keeps
+    PostgreSQL's timeouts and latch waits on the real monotonic clock; the
+    generator reads the (faked) realtime clock. Offsets are seconds: ``+0``,
+    ``-0.05``, ``-5``, ``+600`` (``-50ms`` would be -50 *minutes*)."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, "faketime.rc")
+        self.offset = None
+        self.set("+0")
+
+    def env(self) -> dict:
+        return {
+            "LD_PRELOAD": LIBFAKETIME,
+            "FAKETIME_TIMESTAMP_FILE": self.path,
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_RESET": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        }
+
+    def set(self, offset) -> tuple[float, float]:
+        """Atomically switch the offset: libfaketime syntax (e.g. "-0.9"),
+        or a number of seconds. Returns the real monotonic times just before
+        and just after the switch: the server may see the new offset
+        anywhere between them."""
+        spec = offset if isinstance(offset, str) else f"{offset:+.3f}"
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(spec + "\n")
+        os.chmod(tmp, 0o644)
+        if AS_ROOT:
+            os.chown(tmp, *pg_ids())
+        before = time.monotonic()
+        os.rename(tmp, self.path)
+        after = time.monotonic()
+        self.offset = spec
+        return before, after
+
+
+def server_skew(conn) -> float:
+    """Seconds the server's clock is ahead of the real one."""
+    t0 = time.time()
+    srv = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+    return srv - (t0 + time.time()) / 2

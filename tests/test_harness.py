@@ -1,4 +1,4 @@
-"""Self-tests of the Cluster harness (conftest.py). They use plain clusters
+"""Self-tests of the Cluster harness (harness.py). They use plain clusters
 without snowflake_id, so they also run before the extension is installed."""
 
 import datetime as dt
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import Cluster
+from harness import Cluster
 
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the real clients the tests/test_clients_*.py suite drives, pinned,
+# Installs the real clients the tests/clients/test_*.py suite drives, pinned,
 # idempotently (a second run changes nothing and takes about a second):
 #   - Python: tests/clients/requirements.txt into the repository's .venv/
 #   - Debian: pgbouncer; nodejs and npm when no node is installed;
@@ -26,7 +26,7 @@ need=()
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
-# pg_partman 4.7 for Debian's PostgreSQL 15 (tests/test_clients_partman.py).
+# pg_partman 4.7 for Debian's PostgreSQL 15 (tests/clients/test_partman.py).
 if [ -d /usr/lib/postgresql/15 ] && [ ! -f /usr/share/postgresql/15/extension/pg_partman.control ]; then
     need+=(postgresql-15-partman)
 fi

@@ -1,21 +1,23 @@
-"""Shared by tests/test_clients_*.py: installs the real clients (pinned, by
-tests/clients/install.sh) and gives each test module one preloaded server.
+"""Shared by the client tests (tests/clients/test_*.py): installs the real
+clients (pinned, by tests/clients/install.sh), gives each test module one
+preloaded server, and reads the blocks the docs quote.
 
 A client that cannot be installed FAILS the tests with the reason; nothing
 here skips."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
 
-from conftest import Cluster
+from harness import Cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INSTALL = os.path.join(HERE, "install.sh")
 JS_DIR = os.path.join(HERE, "js")
-README = os.path.join(HERE, "..", "..", "README.md")
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 _installed: list[str] = []
 
@@ -49,11 +51,13 @@ def module_server(request, settings: dict | None = None, tcp: bool = False):
         c.destroy(keep=keep)
 
 
-def readme_block(start_marker: str, lang: str) -> str:
-    """The README's ```lang block that follows the line `start_marker`."""
-    text = open(README).read()
-    at = text.index(start_marker)
-    fence = f"```{lang}\n"
-    begin = text.index(fence, at) + len(fence)
-    end = text.index("```", begin)
-    return text[begin:end]
+def doc_blocks(doc: str, lang: str) -> list[str]:
+    """The ```lang blocks of the Markdown file `doc` (a path from the
+    repository's root, e.g. "docs/guides/clients.md"), stripped; fails the
+    test if the file is missing."""
+    path = os.path.join(REPO, doc)
+    assert os.path.isfile(path), f"{doc} is missing"
+    with open(path) as f:
+        text = f.read()
+    return [b.strip() for b in re.findall(rf"^```{re.escape(lang)}\n(.*?)^```", text,
+                                          flags=re.M | re.S)]

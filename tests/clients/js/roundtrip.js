@@ -1,6 +1,6 @@
-// Run by tests/test_clients_js.py against a real server; prints one JSON
-// object of findings. Uses the README's ids.js for the recommended way and
-// shows what goes wrong with the others.
+// Run by tests/clients/test_js.py against a real server; prints one JSON
+// object of findings. Uses ids.js (quoted by docs/guides/clients.md) for
+// the recommended way and shows what goes wrong with the others.
 const { pool, insertOrder, findOrder, orderJson } = require("./ids");
 
 async function main() {

@@ -1,4 +1,4 @@
--- What adopters need (issue 13): snowflake_decode() as one row, scalar
+-- What adopters need: snowflake_decode() as one row, scalar
 -- decoders, IMMUTABLE decoders with an explicit layout, a COMMENT on every
 -- object, snowflake_convert_column() and snowflake_create_partitions().
 \set SHOW_CONTEXT never

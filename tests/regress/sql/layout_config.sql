@@ -1,7 +1,7 @@
 -- snowflake_layout(), snowflake_config(), snowflake_accept_layout() and the
 -- snowflake_workers view, for a superuser and for an ordinary role.
 \set SHOW_CONTEXT never
--- The classic layout (the default), as the README documents it.
+-- The classic layout (the default), as docs/reference/layout.md documents it.
 SELECT * FROM snowflake_layout();
 SELECT to_char(ends_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS lasts_until FROM snowflake_layout();
 -- A fresh session holds no worker id; the whole layout is the range.

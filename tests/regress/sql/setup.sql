@@ -9,7 +9,7 @@
 \set SHOW_CONTEXT never
 CREATE EXTENSION snowflake_id;
 SELECT extname, extversion FROM pg_extension WHERE extname = 'snowflake_id';
--- The documented functions and their labels (README, "Decoding"): the
+-- The documented functions and their labels (docs/reference/functions.md): the
 -- generators are VOLATILE and PARALLEL UNSAFE; the decoders are STABLE,
 -- STRICT and PARALLEL SAFE.
 SELECT p.oid::regprocedure AS function, p.provolatile AS volatility,

@@ -1,0 +1,155 @@
+"""The reservation's state file and its WAL replay on a standby.
+
+- The state file's format version is checked on read: a file written by
+  0.1.0 (format 1) is read, a file of a future format is refused at start.
+- A failure on the temporary file names the temporary file.
+- A standby replaying reservation records does not rewrite (fsync) the
+  state file for each record, and a promoted standby still starts above
+  everything the primary reserved."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import re
+import subprocess
+import time
+
+import psycopg
+import pytest
+
+from harness import AS_ROOT, ClusterError, pg_ids, wait_until
+
+EPOCH_MS = 1_704_067_200_000  # classic: 2024-01-01T00:00:00Z
+
+
+def ms_of(i: int) -> int:
+    return (i >> 22) + EPOCH_MS
+
+
+def write_state(cluster, text: str) -> None:
+    path = os.path.join(cluster.datadir, "snowflake_id.state")
+    with open(path, "w") as f:
+        f.write(text)
+    if AS_ROOT:
+        os.chown(path, *pg_ids())
+
+
+# ------------------------------- the state file's format, and its errors
+def test_state_file_of_0_1_0_is_read(make_cluster):
+    """Exactly what 0.1.0 writes (format version 1), reserving 3 s ahead:
+    the first ID after the start is above it."""
+    c = make_cluster(settings={"snowflake_id.max_drift": "10s"})
+    c.stop()
+    until = int(time.time() * 1000) + 3000
+    write_state(c, '{"version":1,"layout":{"epoch_ms":1704067200000,"unit_ms":1,'
+                   '"total_bits":63,"worker_bits":10,"sequence_bits":12},'
+                   f'"reserved_until_ms":{until}}}')
+    c.start()
+    c.create_extension()
+    first = c.scalar("SELECT snowflake_nextval()")
+    assert ms_of(first) > until, (ms_of(first), until)
+
+
+def test_state_file_of_a_future_format_is_refused(make_cluster):
+    c = make_cluster(create_extension=True)
+    c.scalar("SELECT snowflake_nextval()")
+    c.stop()
+    path = os.path.join(c.datadir, "snowflake_id.state")
+    with open(path) as f:
+        state = json.load(f)
+    state["version"] = 99
+    state["reserved_until_ms"] += 1000
+    write_state(c, json.dumps(state))
+    mark = c.log_mark()
+    with pytest.raises(ClusterError):
+        c.start(timeout=20)
+    log = c.log(since=mark)
+    assert ('snowflake_id state file "snowflake_id.state" has format version 99, '
+            "newer than this build reads (up to 1)") in log, log[-2000:]
+    assert "Install the newer snowflake_id build" in log, log[-2000:]
+
+
+def test_failure_on_the_temporary_state_file_names_it(make_cluster):
+    c = make_cluster(create_extension=True)
+    tmp = os.path.join(c.datadir, "snowflake_id.state.tmp")
+    os.mkdir(tmp)  # a directory where the temporary file must go
+    if AS_ROOT:
+        os.chown(tmp, *pg_ids())
+    with c.connect() as conn:
+        with pytest.raises(psycopg.Error) as ei:
+            conn.execute("SELECT snowflake_nextval()")
+    e = ei.value
+    assert e.sqlstate == "58030", str(e)
+    assert '"snowflake_id.state.tmp"' in e.diag.message_primary, e.diag.message_primary
+    os.rmdir(tmp)
+    assert c.scalar("SELECT snowflake_nextval()") > 0
+
+
+# ------------------------------------------- replay on a standby
+def _state_file_writes(strace_out: str) -> int:
+    """rename()s of the state file in an strace log."""
+    with open(strace_out) as f:
+        return sum(1 for line in f
+                   if re.search(r'rename(at2?)?\(.*"snowflake_id\.state\.tmp"', line))
+
+
+def test_standby_replay_does_not_write_the_state_file_per_record(make_cluster):
+    """The standby pauses replay while the primary makes IDs for a few
+    seconds (a reservation record every 250 ms); then replay resumes with
+    strace on the startup process. Old code rewrote and fsynced the state
+    file once per record; now it is written at most once per restartpoint
+    and when replay ends. The promoted standby still starts above every
+    ID of the primary."""
+    p = make_cluster(settings={"snowflake_id.worker_ids": "0-15"},
+                     create_extension=True)
+    s = make_cluster(basebackup_from=p, settings={"snowflake_id.worker_ids": "0-15",
+                                                  "hot_standby": True})
+    wait_until(lambda: s.scalar("SELECT pg_is_in_recovery()"), what="standby up")
+    s.sql("SELECT pg_wal_replay_pause()")
+    wait_until(lambda: s.scalar("SELECT pg_get_wal_replay_pause_state()") == "paused",
+               what="replay paused")
+    ids = []
+    with p.connect() as conn:
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            ids += [r[0] for r in conn.execute(
+                "SELECT snowflake_nextval() FROM generate_series(1, 100)")]
+            time.sleep(0.005)
+        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    wait_until(lambda: s.scalar("SELECT pg_last_wal_receive_lsn() >= %s::pg_lsn", str(lsn)),
+               what="WAL received")
+    startup = s.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'startup'")
+    out = os.path.join(s.dir, "strace.out")
+    tracer = subprocess.Popen(["strace", "-f", "-e", "trace=rename,renameat,renameat2",
+                               "-o", out, "-p", str(startup)],
+                              stderr=subprocess.PIPE)
+    try:
+        # strace says "Process N attached" on stderr once it traces.
+        ready, _, _ = select.select([tracer.stderr], [], [], 30)
+        assert ready, "strace did not attach within 30 s"
+        attached = tracer.stderr.readline().decode(errors="replace")
+        assert "attached" in attached, attached
+        s.sql("SELECT pg_wal_replay_resume()")
+        wait_until(lambda: s.scalar(
+            "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", str(lsn)),
+            what="replay caught up")
+    finally:
+        tracer.terminate()
+        tracer.wait(10)
+    span_ms = ms_of(max(ids)) - ms_of(min(ids))
+    expected_records = span_ms // 250
+    assert expected_records >= 8, span_ms
+    writes = _state_file_writes(out)
+    assert writes <= 2, (f"state file written {writes} times while replaying "
+                         f"about {expected_records} reservation records")
+
+    # Promotion: the standby starts above every ID the primary made.
+    p.stop(mode="immediate")
+    s.promote()
+    wait_until(lambda: not s.scalar("SELECT pg_is_in_recovery()"), what="promotion")
+    first = s.scalar("SELECT snowflake_nextval()")
+    assert first > max(ids)
+    with open(os.path.join(s.datadir, "snowflake_id.state")) as f:
+        assert json.load(f)["reserved_until_ms"] >= ms_of(max(ids))

@@ -1,0 +1,176 @@
+"""A real Citus 13.2 cluster (coordinator and two workers, PostgreSQL 15):
+a distributed table keyed by `DEFAULT snowflake_nextval()`, three
+concurrent sessions per node inserting through that node. Every node makes
+its own IDs, so two nodes under one worker id would make the same keys.
+
+- zero configuration: nothing but `shared_preload_libraries =
+  'citus,snowflake_id'` on every node: each node leases worker ids from the
+  coordinator it finds in Citus's metadata;
+- `snowflake_id.registry` naming the coordinator on every node;
+- hand-set disjoint `snowflake_id.worker_ids` (the no-registry way).
+
+Citus is built from the tarball in ../shared/citus by scripts/lib.sh
+(PostgreSQL 15 only); without it these tests skip and say why. The one
+Citus setting here, `citus.node_conninfo = 'sslmode=prefer'`, is for Citus
+itself: the test servers have no TLS.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import psycopg
+import pytest
+
+from harness import PG_CONFIG, PG_PKGLIBDIR, wait_until
+from helpers import can_make_id
+
+SESSIONS_PER_NODE = 3
+ROWS_PER_SESSION = 20_000
+BATCH = 500
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(os.path.join(PG_PKGLIBDIR, "citus.so")),
+                       reason=os.environ.get("SNOWFLAKE_CITUS_UNAVAILABLE")
+                       or f"Citus is not installed for {PG_CONFIG} (scripts/lib.sh builds it"
+                          " for PostgreSQL 15 only)"),
+]
+
+CITUS = {"shared_preload_libraries": "citus,snowflake_id",
+         "citus.node_conninfo": "sslmode=prefer",
+         "max_connections": 200}
+
+
+def citus_cluster(make_cluster, settings_for=lambda i, coordinator: {}):
+    """Coordinator (node 0) and two workers, each with citus and
+    snowflake_id created in database postgres; returns the nodes."""
+    coordinator = make_cluster(tcp=True, settings={**CITUS, **settings_for(0, None)})
+    nodes = [coordinator]
+    for i in (1, 2):
+        nodes.append(make_cluster(tcp=True, settings={**CITUS, **settings_for(i, coordinator)}))
+    for n in nodes:
+        n.sql("CREATE EXTENSION citus")
+        n.create_extension()
+    coordinator.sql("SELECT citus_set_coordinator_host('127.0.0.1', %s)", int(coordinator.port))
+    for n in nodes[1:]:
+        coordinator.sql("SELECT citus_add_node('127.0.0.1', %s)", int(n.port))
+    return nodes
+
+
+def mode(n) -> str:
+    return n.scalar("SELECT mode FROM snowflake_config()")
+
+
+def workload(nodes) -> tuple[int, list[str]]:
+    """SESSIONS_PER_NODE sessions per node, each inserting ROWS_PER_SESSION
+    rows through its node in batches; returns the rows inserted and the
+    errors seen."""
+    coordinator = nodes[0]
+    coordinator.sql("CREATE TABLE events (id bigint PRIMARY KEY DEFAULT snowflake_nextval(),"
+                    " node int NOT NULL, session int NOT NULL, n int NOT NULL)")
+    coordinator.sql("SELECT create_distributed_table('events', 'id')")
+    errors: list[str] = []
+    inserted = [0]
+    lock = threading.Lock()
+    start = threading.Barrier(len(nodes) * SESSIONS_PER_NODE)
+
+    def session(node_no: int, s: int) -> None:
+        with nodes[node_no].connect() as conn:
+            start.wait()
+            for b in range(ROWS_PER_SESSION // BATCH):
+                try:
+                    cur = conn.execute(
+                        "INSERT INTO events (node, session, n)"
+                        " SELECT %s::int, %s::int, g FROM generate_series(%s::int, %s::int) g",
+                        (node_no, s, b * BATCH, (b + 1) * BATCH - 1))
+                    with lock:
+                        inserted[0] += cur.rowcount
+                except psycopg.Error as e:
+                    with lock:
+                        errors.append(f"node {node_no}: {e.sqlstate} {e}")
+
+    threads = [threading.Thread(target=session, args=(i, s))
+               for i in range(len(nodes)) for s in range(SESSIONS_PER_NODE)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return inserted[0], errors
+
+
+def check(nodes, inserted, errors) -> None:
+    total = len(nodes) * SESSIONS_PER_NODE * ROWS_PER_SESSION
+    dup = [e for e in errors if e.split(": ", 1)[1].startswith("23505")]
+    assert not dup, f"{len(dup)} duplicate-key errors, e.g. {dup[0]}"
+    assert not errors, errors[:3]
+    assert inserted == total
+    coordinator = nodes[0]
+    assert coordinator.scalar("SELECT count(*) FROM events") == total
+    assert coordinator.scalar("SELECT count(DISTINCT id) FROM events") == total
+    # Each node's rows came from worker ids no other node used.
+    per_node = coordinator.sql(
+        "SELECT node, array_agg(DISTINCT snowflake_worker_id(id)) FROM events GROUP BY node")
+    seen: dict[int, int] = {}
+    for node, workers in per_node:
+        for w in workers:
+            assert seen.setdefault(w, node) == node, f"worker id {w} used by nodes {seen[w]} and {node}"
+
+
+def test_zero_configuration(make_cluster):
+    nodes = citus_cluster(make_cluster)
+    # Each node finds the coordinator in Citus's metadata within a second
+    # or two of joining the cluster.
+    for n in nodes:
+        wait_until(lambda n=n: mode(n) == "citus", timeout=60, what=f"citus mode on {n.port}")
+    inserted, errors = workload(nodes)
+    check(nodes, inserted, errors)
+    cfg = nodes[1].sql("SELECT registry, blocks_held FROM snowflake_config()")[0]
+    assert f"127.0.0.1:{nodes[0].port}" in cfg[0] and cfg[1] >= 1, cfg
+    # The coordinator's registry shows each node's leases, live.
+    holders = nodes[0].sql("SELECT holder_name, count(*) FROM snowflake_leases"
+                           " WHERE leased AND live GROUP BY holder_name")
+    assert len(holders) == 3, holders
+    # A worker restarted while the coordinator is down goes on with the
+    # leases it held: it saved the registry it found in Citus's metadata.
+    w = nodes[1]
+    node_id = w.scalar("SELECT node_id FROM snowflake_config()")
+    blocks = {b for (b,) in nodes[0].sql(
+        "SELECT block FROM snowflake_leases WHERE holder_node = %s", node_id)}
+    before = nodes[0].scalar("SELECT max(id) FROM events WHERE node = 1")
+    nodes[0].stop()
+    w.restart()
+    with w.connect() as conn:
+        wait_until(lambda: can_make_id(conn), timeout=30,
+                   what="IDs on a restarted worker with the coordinator down")
+        made = [conn.execute("SELECT snowflake_nextval()").fetchone()[0] for _ in range(100)]
+    assert min(made) > before
+    assert {w.scalar("SELECT snowflake_worker_id(%s)", i) // 16 for i in made} <= blocks
+    assert mode(w) == "citus"
+    nodes[0].start()
+
+
+
+def test_registry_naming_the_coordinator(make_cluster):
+    def settings(i, coordinator):
+        # The coordinator names itself: its port is known only once made.
+        # It is the registry and restarts: fsync on (a registry with fsync
+        # off fences after every restart, see tests/fleet/test_fencing.py).
+        return {"fsync": True} if coordinator is None else {
+            "snowflake_id.registry": coordinator.conninfo()}
+    nodes = citus_cluster(make_cluster, settings)
+    nodes[0].configure(**{"snowflake_id.registry": nodes[0].conninfo()})
+    nodes[0].restart()
+    for n in nodes:
+        wait_until(lambda n=n: mode(n) == "registry", timeout=60, what=f"registry mode on {n.port}")
+    inserted, errors = workload(nodes)
+    check(nodes, inserted, errors)
+
+
+def test_hand_set_ranges(make_cluster):
+    ranges = ["0-340", "341-681", "682-1023"]
+    nodes = citus_cluster(make_cluster, lambda i, c: {"snowflake_id.worker_ids": ranges[i]})
+    # Citus preloaded: the lease worker finds the cluster and leases from
+    # the coordinator, within the hand-set ranges.
+    inserted, errors = workload(nodes)
+    check(nodes, inserted, errors)

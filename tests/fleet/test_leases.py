@@ -1,0 +1,567 @@
+"""Fleet leases: servers lease blocks of worker ids from a registry server
+(`snowflake_id.registry`), on real servers. The registry's clock rules are
+in src/leases.sql, the holder's in src/lease.rs and src/lease_worker.rs.
+
+Lease times are short here (6 s; renewals every 600 ms) so that expiries
+happen within a test; every wait is a wait_until on a condition, with
+bounds far above the lease arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+
+import psycopg
+import pytest
+
+from harness import wait_until
+from helpers import can_make_id
+from helpers import LIBFAKETIME, FakeClock, server_skew
+
+LEASE = "6s"
+LEASE_S = 6.0
+GRACE_S = 1.2  # lease::Timing: max(lease / 5, 1 s)
+
+
+def registry_server(make_cluster, **settings):
+    # fsync on: with fsync off, a restart may have lost grants, and the
+    # registry fences after each one (tests/fleet/test_fencing.py).
+    r = make_cluster(settings={"fsync": True, **settings})
+    r.create_extension()
+    return r
+
+
+def holder(make_cluster, registry, start=True, env=None, **settings):
+    s = {"snowflake_id.registry": registry.conninfo(),
+         "snowflake_id.lease_time": LEASE, **settings}
+    c = make_cluster(settings=s, start=False)
+    if start:
+        c.start(env=env)
+        c.create_extension()
+    return c
+
+
+def config(c) -> dict:
+    with c.connect() as conn:
+        cur = conn.execute("SELECT * FROM snowflake_config()")
+        return dict(zip([d.name for d in cur.description], cur.fetchone()))
+
+
+def worker_of(c, id_: int) -> int:
+    return c.scalar("SELECT snowflake_worker_id(%s)", id_)
+
+
+def ids(conn, n: int) -> list[int]:
+    return [r[0] for r in conn.execute(
+        "SELECT snowflake_nextval() FROM generate_series(1, %s)", (n,)).fetchall()]
+
+
+def leases(r) -> list[tuple]:
+    return r.sql("SELECT block, holder_node, holder_name, live, floor, expires_at"
+                 " FROM snowflake_leases WHERE leased ORDER BY block")
+
+
+def test_two_servers_lease_disjoint_blocks_without_configuration(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    b = holder(make_cluster, r)
+    # The first call right after start waits for the first lease.
+    with a.connect() as ca, b.connect() as cb:
+        got_a, got_b = ids(ca, 2000), ids(cb, 2000)
+    assert len(set(got_a) | set(got_b)) == 4000
+    assert got_a == sorted(got_a) and got_b == sorted(got_b)
+    wa = {worker_of(a, i) for i in got_a[:1] + got_a[-1:]}
+    wb = {worker_of(b, i) for i in got_b[:1] + got_b[-1:]}
+    assert not wa & wb, (wa, wb)
+    ca_, cb_ = config(a), config(b)
+    assert ca_["mode"] == "registry" and cb_["mode"] == "registry"
+    assert ca_["blocks_held"] >= 1 and cb_["blocks_held"] >= 1
+    assert ca_["node_id"] != cb_["node_id"]
+    assert "dbname=postgres" in ca_["registry"]
+    # The registry's view: one block each, held by live sessions, with
+    # each holder's node id; blocks are 16 ids in the classic layout.
+    rows = leases(r)
+    holders = {row[1] for row in rows}
+    assert holders == {ca_["node_id"], cb_["node_id"]}, rows
+    assert all(row[3] for row in rows), rows
+    blocks_a = {row[0] for row in rows if row[1] == ca_["node_id"]}
+    assert {w // 16 for w in wa} <= blocks_a
+    # The holder's session on the registry is visible by name.
+    assert r.scalar("SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name = 'snowflake_id lease'") == 2
+
+
+def test_registry_setting_is_hidden_from_other_roles(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    a.sql("CREATE ROLE app LOGIN")
+    with a.connect(user="app") as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SHOW snowflake_id.registry")
+        assert conn.execute(
+            "SELECT count(*) FROM pg_settings WHERE name = 'snowflake_id.registry'"
+        ).fetchone()[0] == 0
+        # Generating IDs needs no privilege on the registry.
+        assert conn.execute("SELECT snowflake_nextval()").fetchone()[0] > 0
+        # snowflake_config() shows neither where the registry is nor this
+        # server's node id there (with it, a role that can reach the
+        # registry could hold the node id's lock).
+        cfg = conn.execute("SELECT mode, registry, node_id FROM snowflake_config()").fetchone()
+        assert cfg == ("registry", None, None), cfg
+    cfg = config(a)
+    assert cfg["registry"] and cfg["node_id"], cfg
+    # On the registry, the lease functions are not for PUBLIC.
+    r.sql("CREATE ROLE app LOGIN")
+    with r.connect(user="app") as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT snowflake_lease_hello('x')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM snowflake_leases")
+
+
+def test_a_registry_setting_the_lease_worker_cannot_use_refuses_the_start(make_cluster):
+    """An unusable connection string is refused like any bad setting, at
+    start and by ALTER SYSTEM, without echoing it (it may hold a password):
+    before, the server started and every snowflake_nextval() failed."""
+    from harness import ClusterError
+    bad = "host=127.0.0.1 port=notaport password=sekret-pw"
+    c = make_cluster(start=False, settings={"snowflake_id.registry": bad})
+    mark = c.log_mark()
+    with pytest.raises(ClusterError):
+        c.start(timeout=20)
+    assert not c.is_running()
+    log = c.log(since=mark)
+    line = next(l for l in log.splitlines()
+                if 'FATAL:  invalid value for parameter "snowflake_id.registry"' in l)
+    assert "not shown" in line, line
+    assert "port" in log and "sekret-pw" not in log, log
+    c.settings.pop("snowflake_id.registry")
+    c.configure()
+    c.start()
+    with c.connect() as conn:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+            conn.execute(f"ALTER SYSTEM SET snowflake_id.registry = '{bad}'")
+        assert "sekret-pw" not in str(e.value) + (e.value.diag.message_detail or "")
+        assert "connection string" in (e.value.diag.message_hint or ""), str(e.value)
+
+
+def test_registry_down_holders_go_on_until_the_deadline_then_55000_then_resume(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    made = []
+    with a.connect() as conn:
+        made += ids(conn, 100)
+        wait_until(lambda: config(a)["lease_deadline"] is not None, timeout=30,
+                   what="a lease deadline")
+        r.stop()
+        stopped = time.monotonic()
+        err = None
+        while time.monotonic() - stopped < LEASE_S + 30:
+            try:
+                made += ids(conn, 10)
+            except psycopg.errors.ObjectNotInPrerequisiteState as e:
+                err = e
+                break
+            time.sleep(0.1)
+        failed_after = time.monotonic() - stopped
+        assert err is not None, "IDs were still made long after every lease ran out"
+        # Renewals run every 600 ms, so the last deadline was at least
+        # LEASE_S - 0.6 s after the stop; the error came after it.
+        assert failed_after >= LEASE_S - 1.0, failed_after
+        msg = err.diag.message_primary
+        assert "registry" in msg and "unreachable for" in msg, msg
+        assert "dbname=postgres" in msg, msg
+        assert err.diag.context is None or "password" not in (err.diag.context or "")
+        assert "leases ran out at" in (err.diag.message_detail or ""), err.diag.message_detail
+        assert "snowflake_id.registry" in err.diag.message_hint
+        cfg = config(a)
+        assert cfg["registry_unreachable_since"] is not None
+        assert cfg["blocks_held"] == 0
+        # Back: IDs resume by themselves, above every earlier one.
+        r.start()
+        wait_until(lambda: can_make_id(conn), timeout=60, what="IDs after the registry returned")
+        after = ids(conn, 100)
+    assert min(after) > max(made)
+    assert len(set(made) | set(after)) == len(made) + len(after)
+    assert config(a)["registry_unreachable_since"] is None
+    log = a.log()
+    # (The warning that PUBLIC may connect to the registry's database is
+    # not about the outage.)
+    warnings = log.count("WARNING:  snowflake_id lease:") - log.count("every role may connect")
+    assert 1 <= warnings <= 2, f"the outage was logged {warnings} times, not once"
+    assert "is reachable again" in log
+
+
+
+def test_restart_while_the_registry_is_down_reuses_the_leases_held(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "60s"})
+    with a.connect() as conn:
+        before = ids(conn, 100)
+    node = config(a)["node_id"]
+    block = worker_of(a, before[0]) // 16
+    r.stop()
+    a.restart()
+    with a.connect() as conn:
+        after = ids(conn, 100)
+    assert min(after) > max(before)
+    cfg = config(a)
+    assert cfg["node_id"] == node
+    assert cfg["registry_unreachable_since"] is not None
+    assert worker_of(a, after[0]) // 16 == block, "a block the server did not hold was used"
+    r.start()
+
+
+def test_holder_cut_off_keeps_its_blocks_until_its_deadline_then_hands_over_above(make_cluster):
+    """A's registry session is terminated and A cannot log in again: its
+    block (the only one both may use) goes to B only after A's lease
+    expired plus the grace period, and B's IDs are all above A's."""
+    r = registry_server(make_cluster)
+    r.sql("CREATE ROLE lease_a LOGIN SUPERUSER")
+    one_block = {"snowflake_id.worker_ids": "0-15"}
+    a = make_cluster(settings={
+        "snowflake_id.registry": r.conninfo(user="lease_a"),
+        "snowflake_id.lease_time": LEASE, **one_block})
+    a.create_extension()
+    with a.connect() as conn:
+        made_a = ids(conn, 500)
+        r.sql("ALTER ROLE lease_a NOLOGIN")
+        r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+              " WHERE application_name = 'snowflake_id lease' AND usename = 'lease_a'")
+        cut = time.monotonic()
+        b = holder(make_cluster, r, **one_block)
+        node_a = config(a)["node_id"]
+        # Until A's deadline, A goes on and the block stays A's.
+        with b.connect() as cb:
+            while time.monotonic() - cut < LEASE_S - 1.5:
+                made_a += ids(conn, 10)
+                holders = {row[1] for row in leases(r)}
+                assert holders == {node_a}, holders
+                time.sleep(0.2)
+            # Then A stops (its own deadline) ...
+            wait_until(lambda: not can_make_id(conn), timeout=30,
+                       what="A stopping at its deadline")
+            # ... and B gets the block, above every ID of A.
+            wait_until(lambda: can_make_id(cb), timeout=60, what="B leasing A's block")
+            handed = time.monotonic() - cut
+            made_b = ids(cb, 500)
+    assert handed >= LEASE_S, handed
+    assert min(made_b) > max(made_a)
+    assert {worker_of(b, made_b[0]) // 16} == {0}
+    assert {row[1] for row in leases(r)} == {config(b)["node_id"]}
+
+
+@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed")
+def test_hand_over_to_a_server_whose_clock_is_5s_behind(make_cluster):
+    r = registry_server(make_cluster)
+    one_block = {"snowflake_id.worker_ids": "0-15"}
+    a = holder(make_cluster, r, **one_block)
+    with a.connect() as conn:
+        made_a = ids(conn, 2000)
+    a.stop()
+    b = holder(make_cluster, r, start=False, **one_block)
+    clock = FakeClock(b.dir)
+    clock.set("-5")
+    b.start(env=clock.env())
+    b.create_extension()
+    with b.connect() as conn:
+        assert -6 < server_skew(conn) < -4
+        # B waits for A's lease to expire (plus grace) and for its own
+        # clock to come within max_drift of A's mark.
+        wait_until(lambda: can_make_id(conn), timeout=90, what="B leasing A's block")
+        made_b = ids(conn, 2000)
+    assert min(made_b) > max(made_a), (min(made_b), max(made_a))
+    assert {worker_of(b, made_b[0]) // 16} == {0}
+
+
+def _copy_of(make_cluster, a, r, lease=LEASE):
+    """A pg_basebackup copy of `a` that starts as an independent server (as
+    a restored backup), not as a standby."""
+    copy = make_cluster(basebackup_from=a, start=False, settings={
+        "snowflake_id.registry": r.conninfo(), "snowflake_id.lease_time": lease})
+    os.remove(os.path.join(copy.datadir, "standby.signal"))
+    return copy
+
+
+def _assert_apart(a, made_a, copy, made_c):
+    wa = {worker_of(a, i) // 16 for i in made_a}
+    wc = {worker_of(copy, i) // 16 for i in made_c}
+    assert not wa & wc, (wa, wc)
+    assert len(set(made_a) | set(made_c)) == len(made_a) + len(made_c)
+
+
+@pytest.mark.parametrize("keeps_identity", [False, True],
+                         ids=["new directory", "same directory numbers"])
+def test_copied_data_directory_takes_a_new_node_id_and_its_own_blocks(make_cluster,
+                                                                      keeps_identity):
+    """A pg_basebackup copy started while its original runs leases blocks
+    of its own under a new node id. It knows itself a copy from its data
+    directory; one that looks like its original's directory (a volume
+    snapshot can keep device and inode numbers; here the copied file no
+    longer says where it was written) is caught when it introduces itself:
+    the node id's lock at the registry is held by the running original."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"wal_level": "replica"})
+    with a.connect() as conn:
+        made_a = ids(conn, 200)
+        node_a = config(a)["node_id"]
+        copy = _copy_of(make_cluster, a, r)
+        if keeps_identity:
+            path = os.path.join(copy.datadir, "snowflake_id.leases")
+            with open(path) as f:
+                saved = json.load(f)
+            assert saved["node_id"] == node_a and saved["blocks"], saved
+            del saved["data_directory"]
+            with open(path, "w") as f:
+                json.dump(saved, f)
+        copy.start()
+        with copy.connect() as cc:
+            made_c = ids(cc, 200)
+        made_a += ids(conn, 200)
+    cfg = config(copy)
+    assert cfg["node_id"] != node_a
+    _assert_apart(a, made_a, copy, made_c)
+    assert (("is in use by another running server" if keeps_identity
+             else "was written in another data directory") in copy.log())
+    assert {row[1] for row in leases(r)} == {node_a, cfg["node_id"]}
+
+
+def test_a_copy_started_while_the_registry_is_down_uses_none_of_its_originals_leases(
+        make_cluster):
+    """The copy cannot ask the registry whether its original is alive: it
+    knows itself a copy from its data directory, makes no ID until it has
+    leases of its own, and the original goes on meanwhile."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"wal_level": "replica", "snowflake_id.lease_time": "60s"})
+    with a.connect() as conn:
+        made_a = ids(conn, 200)
+        node_a = config(a)["node_id"]
+        copy = _copy_of(make_cluster, a, r, lease="60s")
+        r.stop()
+        copy.start()
+        with copy.connect() as cc:
+            assert not can_make_id(cc), "the copy made an ID from its original's leases"
+        cfg = config(copy)
+        assert cfg["node_id"] != node_a and cfg["blocks_held"] == 0, cfg
+        assert "was written in another data directory" in copy.log()
+        made_a += ids(conn, 200)   # the original still holds its leases
+        r.start()
+        with copy.connect() as cc:
+            wait_until(lambda: can_make_id(cc), timeout=60,
+                       what="the copy leasing blocks of its own")
+            made_c = ids(cc, 200)
+        made_a += ids(conn, 200)
+    _assert_apart(a, made_a, copy, made_c)
+
+
+def _busy_on_two_blocks(a, more: int) -> list[list[int]]:
+    """14 sessions on A (of 16 ids a block), so that it leases a second
+    block, then `more` sessions; each makes 5 IDs. All are closed again.
+    Returns each session's IDs."""
+    conns = [a.connect() for _ in range(14)]
+    try:
+        made = [ids(c, 5) for c in conns]
+        # 14 of 16 ids busy: fewer than a quarter free, so a second block.
+        wait_until(lambda: config(a)["blocks_held"] == 2, timeout=30,
+                   what="A leasing a second block")
+        extra = [a.connect() for _ in range(more)]
+        made += [ids(c, 5) for c in extra]
+        conns += extra
+    finally:
+        for c in conns:
+            c.close()
+    return made
+
+
+def test_ids_flow_to_where_the_sessions_are(make_cluster):
+    """A busy server leases a second block and gives it back once idle;
+    another server leases it at once, above every ID made under it."""
+    r = registry_server(make_cluster)
+    two_blocks = {"snowflake_id.worker_ids": "0-31"}
+    a = holder(make_cluster, r, **two_blocks)
+    made = _busy_on_two_blocks(a, 4)
+    node_a = config(a)["node_id"]
+    # Idle for half the lease time (at least 10 s): one block goes back.
+    wait_until(lambda: config(a)["blocks_held"] == 1, timeout=60,
+               what="A giving an idle block back")
+    assert "gave idle block" in a.log()
+    free = [row for row in r.sql("SELECT block, floor, live, registry_pid"
+                                 " FROM snowflake_leases WHERE NOT leased")]
+    assert len(free) == 1, free
+    # The block's lock went with it, although A's session took it again at
+    # every renewal while it held the block (session locks stack).
+    assert free[0][2:] == (False, None), free
+    assert [row[3] for row in leases(r)] == [True], leases(r)
+    b = holder(make_cluster, r, **two_blocks)
+    with b.connect() as cb:
+        made_b = ids(cb, 100)   # no wait for A's lease time: it was given back
+    assert worker_of(b, made_b[0]) // 16 == free[0][0]
+    from_block = [i for batch in made for i in batch
+                  if worker_of(a, i) // 16 == free[0][0]]
+    assert from_block and min(made_b) > max(from_block)
+    assert {row[1] for row in leases(r)} == {node_a, config(b)["node_id"]}
+
+
+def test_a_block_given_back_after_a_restart_is_marked_above_the_ids_made_before(
+        make_cluster):
+    """Leases survive a restart (the lease file). A block given back after
+    it records a mark above every ID the server made from it before the
+    restart, not the older floor it was leased with: else the next holder
+    could start below them."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.worker_ids": "0-31"})
+    made = [i for batch in _busy_on_two_blocks(a, 8) for i in batch]   # 22 sessions
+    a.restart()
+    # (blocks_held counts the blocks in use: saved ones only once the
+    # registry confirmed them.)
+    wait_until(lambda: r.sql("SELECT block FROM snowflake_leases WHERE NOT leased"),
+               timeout=90, what="A giving an idle block back after its restart")
+    given_back = r.sql("SELECT block, floor FROM snowflake_leases WHERE NOT leased")
+    assert given_back
+    for block, floor in given_back:
+        from_block = [i for i in made if worker_of(a, i) // 16 == block]
+        assert from_block, (block, given_back)
+        newest = a.scalar("SELECT snowflake_timestamp(%s)", max(from_block))
+        assert floor is not None and floor >= newest, (block, floor, newest)
+
+
+class _CuttableProxy:
+    """TCP on 127.0.0.1 to a server's unix socket. `cut()` resets the
+    client's side of every connection open so far and leaves the server's
+    side open and silent: the server keeps the session, as after a network
+    break it did not see (a half-open connection). Later connections pass."""
+
+    def __init__(self, server):
+        self.target = os.path.join(server.dir, f".s.PGSQL.{server.port}")
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.open: list[dict] = []
+        self.stopping = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def conninfo(self) -> str:
+        return f"host=127.0.0.1 port={self.port} dbname=postgres user=postgres"
+
+    def _accept(self):
+        while not self.stopping.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            pair = {"client": client, "upstream": upstream, "cut": threading.Event()}
+            with self.lock:
+                self.open.append(pair)
+            threading.Thread(target=self._pump, args=(pair,), daemon=True).start()
+
+    def _pump(self, pair):
+        sel = selectors.DefaultSelector()
+        sel.register(pair["client"], selectors.EVENT_READ, pair["upstream"])
+        sel.register(pair["upstream"], selectors.EVENT_READ, pair["client"])
+        try:
+            while not (self.stopping.is_set() or pair["cut"].is_set()):
+                for key, _ in sel.select(0.1):
+                    data = key.fileobj.recv(65536)
+                    if not data:
+                        pair["client"].close()
+                        pair["upstream"].close()
+                        return
+                    key.data.sendall(data)
+        except (OSError, ValueError):
+            if not pair["cut"].is_set():
+                pair["client"].close()
+                pair["upstream"].close()
+
+    def cut(self) -> int:
+        with self.lock:
+            pairs, self.open = self.open, []
+        for pair in pairs:
+            pair["cut"].set()
+            pair["client"].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                      struct.pack("ii", 1, 0))
+            pair["client"].close()
+            self.kept = getattr(self, "kept", []) + [pair["upstream"]]
+        return len(pairs)
+
+    def close(self):
+        self.stopping.set()
+        self.listener.close()
+        for pair in self.open:
+            pair["client"].close()
+            pair["upstream"].close()
+        for s in getattr(self, "kept", []):
+            s.close()
+
+
+def test_a_lingering_registry_session_of_its_own_is_ended_not_taken_for_a_copy(make_cluster):
+    """A network break the registry does not see leaves the holder's
+    session there, holding its node id's lock. The holder, reconnected,
+    ends that session (it remembers its pid and start) and keeps its node
+    id and blocks; it does not take itself for a copy of itself."""
+    r = registry_server(make_cluster)
+    proxy = _CuttableProxy(r)
+    try:
+        a = make_cluster(settings={"snowflake_id.registry": proxy.conninfo(),
+                                   "snowflake_id.lease_time": LEASE})
+        a.create_extension()
+        with a.connect() as conn:
+            made = ids(conn, 200)
+            node_a = config(a)["node_id"]
+            held = {row[0] for row in leases(r)}
+            old_pid = r.scalar("SELECT pid FROM pg_stat_activity"
+                               " WHERE application_name = 'snowflake_id lease'")
+            assert proxy.cut() == 1
+            # A's next renewal finds its connection broken and reconnects;
+            # the registry still has the old session, which holds the lock.
+            wait_until(lambda: "ended this server's earlier session" in a.log(),
+                       timeout=30, what="A ending its lingering registry session")
+            assert not r.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                old_pid)
+            wait_until(lambda: [row[3] for row in leases(r)] == [True] * len(held),
+                       timeout=30, what="A's blocks live again under its new session")
+            made += ids(conn, 200)
+        assert config(a)["node_id"] == node_a
+        assert "is in use by another running server" not in a.log()
+        assert {row[0] for row in leases(r)} == held
+        assert {row[1] for row in leases(r)} == {node_a}
+        assert {worker_of(a, i) // 16 for i in made} <= held
+        assert len(set(made)) == len(made)
+    finally:
+        proxy.close()
+
+
+def test_a_standby_refuses_then_leases_its_own_blocks_once_promoted(make_cluster):
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"wal_level": "replica"})
+    with a.connect() as conn:
+        made_a = ids(conn, 200)
+    node_a = config(a)["node_id"]
+    s = make_cluster(basebackup_from=a, settings={
+        "snowflake_id.registry": r.conninfo(), "snowflake_id.lease_time": LEASE})
+    with s.connect() as conn:
+        t = time.monotonic()
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+            conn.execute("SELECT snowflake_nextval()")
+        assert time.monotonic() - t < 5, "the standby waited for a lease"
+        assert "standby" in e.value.diag.message_primary
+    s.promote()
+    with s.connect() as conn:
+        made_s = ids(conn, 200)
+    with a.connect() as conn:
+        made_a += ids(conn, 200)
+    assert config(s)["node_id"] != node_a
+    assert min(made_s) > max(made_a[:200]), "the promoted server is below the primary's floor"
+    ws = {worker_of(s, i) // 16 for i in made_s}
+    wa = {worker_of(a, i) // 16 for i in made_a}
+    assert not ws & wa, (ws, wa)
+    assert len(set(made_a) | set(made_s)) == len(made_a) + len(made_s)

@@ -1,0 +1,213 @@
+"""The lease worker's connection to its registry, on real servers: libpq
+(TLS, passfile, several hosts), bounded waits on a stalled registry, the
+per-server block cap, and the warning about a registry database every role
+may connect to. The holder's rules are tested in src/holder/tests.rs and
+tests/fleet/test_leases.py; the fencing in tests/fleet/test_fencing.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import psycopg
+import pytest
+
+from harness import AS_ROOT, PG_MAJOR, other_pg_bindir, pg_config, pg_ids, wait_until
+from test_leases import LEASE, LEASE_S, config, holder, ids, registry_server
+
+
+def server_pids(c) -> list[int]:
+    """The postmaster of `c` and every process it started."""
+    with open(os.path.join(c.datadir, "postmaster.pid")) as f:
+        postmaster = int(f.readline())
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(postmaster)],
+                         capture_output=True, text=True).stdout
+    return [postmaster] + [int(p) for p in out.split()]
+
+
+def owned_file(path: str, text: str) -> str:
+    """A file only the server's OS user can read (as libpq wants a passfile)."""
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+    if AS_ROOT:
+        os.chown(path, *pg_ids())
+    return path
+
+
+def test_a_stalled_registry_is_detected_and_the_holder_still_stops_fast(make_cluster):
+    """A registry whose processes are stopped (SIGSTOP: a hung disk, a
+    frozen VM) answers nothing while the kernel keeps its sockets open. The
+    holder's calls give up after 10 s: registry_unreachable_since is set,
+    the error after the lease ran out names an unreachable registry, and
+    `pg_ctl stop -m fast` on the holder finishes within 10 s. (0.3.1's
+    client waited forever: nothing logged, and the holder did not stop.)"""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    with a.connect() as conn:
+        assert len(ids(conn, 100)) == 100
+    pids = server_pids(r)
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        wait_until(lambda: config(a)["registry_unreachable_since"] is not None,
+                   timeout=40, what="the stalled registry noticed")
+        with a.connect() as conn:
+            def refused():
+                try:
+                    ids(conn, 1)
+                    return False
+                except psycopg.errors.ObjectNotInPrerequisiteState as e:
+                    refused.error = e
+                    return True
+            wait_until(refused, timeout=LEASE_S + 40, what="55000 once the lease ran out")
+        msg = refused.error.diag.message_primary
+        assert "unreachable" in msg, msg
+        assert "other servers" not in (refused.error.diag.message_detail or "")
+        log = a.log()
+        assert "no answer within 10 s" in log, log[-3000:]
+        started = time.monotonic()
+        a.stop(mode="fast", timeout=30)
+        took = time.monotonic() - started
+        assert took < 10, f"pg_ctl stop -m fast took {took:.1f} s with the registry stalled"
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def make_cert(dirpath: str) -> tuple[str, str]:
+    crt, key = os.path.join(dirpath, "server.crt"), os.path.join(dirpath, "server.key")
+    subprocess.run(["openssl", "req", "-new", "-x509", "-days", "2", "-nodes",
+                    "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", crt],
+                   check=True, capture_output=True)
+    os.chmod(key, 0o600)
+    if AS_ROOT:
+        for p in (crt, key):
+            os.chown(p, *pg_ids())
+    return crt, key
+
+
+def ssl_bindir() -> "str | None":
+    """A server build with TLS for the registry: this version's, or
+    Debian's PostgreSQL 15 when this one has none (the PyPI builds of 16
+    and 18); the holder is this version either way, and its client is the
+    system's libpq."""
+    if "openssl" in pg_config("--configure"):
+        return None
+    return other_pg_bindir(15) or pytest.skip(
+        f"PostgreSQL {PG_MAJOR} here is built without TLS and no PostgreSQL 15 with the"
+        " extension is installed in this run to be the registry")
+
+
+def test_a_hostssl_only_registry_with_a_passfile(make_cluster):
+    """The registry allows only TLS connections with a password
+    (`hostssl ... scram-sha-256`); the holder's connection string says
+    `sslmode=require` and names a passfile, and leases work over TLS. Without
+    TLS the registry refuses the same role. (0.3.1 connected without TLS
+    and read no passfile.)"""
+    r = make_cluster(tcp=True, settings={"fsync": True}, start=False, bindir=ssl_bindir())
+    crt, key = make_cert(r.dir)
+    r.configure(ssl=True, ssl_cert_file=crt, ssl_key_file=key,
+                password_encryption="scram-sha-256")
+    with open(os.path.join(r.datadir, "pg_hba.conf"), "w") as f:
+        f.write("local all postgres trust\n"
+                "hostssl all lease 127.0.0.1/32 scram-sha-256\n"
+                "host all all 127.0.0.1/32 reject\n")
+    r.start()
+    r.create_extension()
+    r.sql("CREATE ROLE lease LOGIN PASSWORD 'correct horse'")
+    r.sql("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO lease")
+    passfile = owned_file(os.path.join(r.dir, "lease.pgpass"),
+                          f"127.0.0.1:{r.port}:postgres:lease:correct horse\n")
+    base = f"host=127.0.0.1 port={r.port} dbname=postgres user=lease passfile={passfile}"
+    a = make_cluster(settings={"snowflake_id.registry": f"{base} sslmode=require",
+                               "snowflake_id.lease_time": LEASE})
+    a.create_extension()
+    with a.connect() as conn:
+        assert len(set(ids(conn, 200))) == 200
+    assert config(a)["mode"] == "registry"
+    assert r.scalar("SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a"
+                    " USING (pid) WHERE a.application_name = 'snowflake_id lease'") is True
+    # The same role without TLS: refused by the registry's pg_hba.conf.
+    b = make_cluster(settings={"snowflake_id.registry": f"{base} sslmode=disable",
+                               "snowflake_id.lease_time": LEASE})
+    b.create_extension()
+    b.wait_for_log("could not connect to", timeout=30)
+    assert not config(b)["blocks_held"]
+
+
+def test_a_registry_with_a_standby_named_second_keeps_serving_after_failover(make_cluster):
+    """The registry connection string names a primary and its standby
+    (`target_session_attrs=read-write`). The primary stops, the standby is
+    promoted: the holder connects to it, sees its new incarnation (new
+    timeline), re-asserts its block and keeps making IDs, all distinct and
+    increasing."""
+    p = registry_server(make_cluster)
+    s = make_cluster(basebackup_from=p, settings={"fsync": True})
+    conninfo = (f"host={p.dir},{s.dir} port={p.port},{s.port} dbname=postgres"
+                " target_session_attrs=read-write")
+    a = make_cluster(settings={"snowflake_id.registry": conninfo,
+                               "snowflake_id.lease_time": "20s"})
+    a.create_extension()
+    made = []
+    with a.connect() as conn:
+        made += ids(conn, 200)
+        wait_until(lambda: s.scalar("SELECT count(*) FROM snowflake_lease_blocks"
+                                    " WHERE holder_node IS NOT NULL") >= 1,
+                   timeout=30, what="the lease replicated to the standby")
+        p.stop(mode="fast")
+        s.promote()
+        mark = a.log_mark()
+        a.wait_for_log("began a new incarnation", since=mark, timeout=60)
+        made += ids(conn, 200)
+    assert made == sorted(made) and len(set(made)) == len(made)
+    assert s.scalar("SELECT count(*) FROM snowflake_lease_blocks"
+                    " WHERE holder_node = %s", config(a)["node_id"]) >= 1
+
+
+def test_one_server_leases_no_more_than_max_blocks(make_cluster):
+    """Many sessions on one server (a role that opens connections) do not
+    drain the fleet's blocks: the server leases at most
+    `snowflake_id.max_blocks`, and its sessions share those ids. (0.3.1
+    leased another block whenever a quarter of its ids were busy.)"""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.max_blocks": 2, "max_connections": 80})
+    conns = [a.connect() for _ in range(60)]
+    try:
+        made = []
+        for c in conns:
+            made += ids(c, 3)
+        time.sleep(3 * 0.6)   # a few renewal rounds in which it could ask for more
+        for c in conns:
+            made += ids(c, 3)
+        assert len(set(made)) == len(made)
+        held = r.scalar("SELECT count(*) FROM snowflake_lease_blocks WHERE holder_node = %s",
+                        config(a)["node_id"])
+        assert held <= 2, held
+        assert config(a)["blocks_held"] <= 2
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_a_registry_database_every_role_may_connect_to_is_warned_about_once(make_cluster):
+    """Every role that can connect to the registry's database sees the
+    holders' lock keys in pg_locks and can take them: the lease worker warns
+    once. With CONNECT revoked from PUBLIC, no warning."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    with a.connect() as conn:
+        ids(conn, 1)
+    wait_until(lambda: "every role may connect to the registry database" in a.log(),
+               timeout=30, what="the warning")
+    r.sql("REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
+    b = holder(make_cluster, r)
+    with b.connect() as conn:
+        ids(conn, 1)
+    assert "every role may connect" not in b.log()
+    assert a.log().count("every role may connect to the registry database") == 1

@@ -1,0 +1,323 @@
+"""The release artifacts built by scripts/package.sh: the Debian package of
+the PostgreSQL under test, the source tarball and SHA256SUMS.
+
+Each package is installed the way a DBA would (`apt-get install ./file.deb`)
+into a distribution's own PostgreSQL of its version, where one exists here:
+
+* 15: Debian 12's postgresql-15, the system's own: a server is started with
+  the extension preloaded, IDs are made, and `dpkg -r` leaves no file behind.
+  Installing into the system would replace the library that `cargo pgrx
+  install` put there for the other tests: the files are set aside first and
+  put back afterwards.
+* 17: Debian 13's postgresql-17, in a Debian 13 root made with debootstrap
+  (scripts/debian-root.sh, cached in .chroot/): `apt-get install postgresql-17
+  ./the.deb` inside it, a cluster made and started with Debian's own tools
+  (pg_createcluster, pg_ctlcluster) with the extension preloaded, IDs made
+  and made again above the old ones after an immediate stop, and `dpkg -r`
+  leaves no file behind. The library is built on Debian 12: this also proves
+  it loads with Debian 13's newer C library.
+* 16 and 18: no distribution here ships them (their postgresql-NN packages
+  come from apt.postgresql.org): the package is built and its control fields
+  and file list are checked.
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+from harness import PG_CONFIG, pg_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MAJOR = pg_config("--version").split()[1].split(".")[0]
+DEBIAN_PG15 = PG_CONFIG == "/usr/lib/postgresql/15/bin/pg_config"
+AS_ROOT = os.geteuid() == 0
+
+
+def _cargo_version() -> str:
+    with open(os.path.join(REPO, "Cargo.toml")) as f:
+        return re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> dict:
+    """Runs scripts/package.sh for the PostgreSQL under test; returns the
+    paths it printed: {"deb": ..., "tarball": ..., "sums": ...}."""
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/package.sh"), MAJOR],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    paths = proc.stdout.split()
+    arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
+    version = _cargo_version()
+    debs = [p for p in paths if p.endswith(".deb")]
+    tarballs = [p for p in paths if p.endswith(".tar.gz")]
+    sums = [p for p in paths if os.path.basename(p) == "SHA256SUMS"]
+    assert [os.path.basename(p) for p in debs] == [
+        f"postgresql-{MAJOR}-snowflake-id_{version}_{arch}.deb"], paths
+    assert [os.path.basename(p) for p in tarballs] == [f"snowflake_id-{version}.tar.gz"], paths
+    assert len(sums) == 1 and len(paths) == 3, paths
+    for p in paths:
+        assert os.path.isfile(p), p
+    return {"deb": debs[0], "tarball": tarballs[0], "sums": sums[0]}
+
+
+@pytest.fixture(scope="module")
+def deb(artifacts) -> str:
+    return artifacts["deb"]
+
+
+def _field(deb: str, name: str) -> str:
+    return subprocess.check_output(["dpkg-deb", "-f", deb, name], text=True).strip()
+
+
+def _files(deb: str) -> list[str]:
+    out = subprocess.check_output(["dpkg-deb", "-c", deb], text=True)
+    return sorted(line.split()[-1].lstrip(".") for line in out.splitlines()
+                  if not line.startswith("d"))
+
+
+def test_package_fields_and_files(deb, tmp_path):
+    assert _field(deb, "Package") == f"postgresql-{MAJOR}-snowflake-id"
+    assert _field(deb, "Version") == _cargo_version()
+    depends = [d.strip() for d in _field(deb, "Depends").split(",")]
+    assert f"postgresql-{MAJOR}" in depends
+    # The C library it needs, by the symbol versions the library uses, and
+    # libpq5 when it links libpq.
+    libc = [d for d in depends if d.startswith("libc6")]
+    assert len(libc) == 1 and re.fullmatch(r"libc6 \(>= 2\.\d+\)", libc[0]), depends
+    so = subprocess.run(f"dpkg-deb --fsys-tarfile {deb} | tar -xOf - "
+                        f"./usr/lib/postgresql/{MAJOR}/lib/snowflake_id.so",
+                        shell=True, capture_output=True, check=True).stdout
+    (tmp_path / "snowflake_id.so").write_bytes(so)
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^]]+)\]", subprocess.check_output(
+        ["readelf", "-d", str(tmp_path / "snowflake_id.so")], text=True))
+    assert "libc.so.6" in needed, needed
+    if "libpq.so.5" in needed:
+        assert any(d.startswith("libpq5") for d in depends), (needed, depends)
+    files = _files(deb)
+    version = _cargo_version()
+    assert f"/usr/lib/postgresql/{MAJOR}/lib/snowflake_id.so" in files
+    assert f"/usr/share/postgresql/{MAJOR}/extension/snowflake_id.control" in files
+    assert f"/usr/share/postgresql/{MAJOR}/extension/snowflake_id--{version}.sql" in files
+    assert f"/usr/share/doc/postgresql-{MAJOR}-snowflake-id/copyright" in files
+    # Every upgrade script in sql/ ships too.
+    for name in os.listdir(os.path.join(REPO, "sql")):
+        if name.endswith(".sql"):
+            assert f"/usr/share/postgresql/{MAJOR}/extension/{name}" in files
+    # Nothing outside the PostgreSQL directories and the package's docs.
+    for f in files:
+        assert f.startswith((f"/usr/lib/postgresql/{MAJOR}/", f"/usr/share/postgresql/{MAJOR}/",
+                             f"/usr/share/doc/postgresql-{MAJOR}-snowflake-id/")), f
+    # The control file in the package names the version the package has.
+    extracted = subprocess.run(
+        f"dpkg-deb --fsys-tarfile {deb} | tar -xOf - "
+        f"./usr/share/postgresql/{MAJOR}/extension/snowflake_id.control",
+        shell=True, capture_output=True, text=True, check=True).stdout
+    assert f"default_version = '{version}'" in extracted
+
+
+def test_source_tarball_and_checksums(artifacts):
+    """The tarball holds the tracked source under snowflake_id-<version>/
+    (META.json at its top, as PGXN wants) and no build or test state; every
+    artifact's checksum is in SHA256SUMS and matches."""
+    version = _cargo_version()
+    prefix = f"snowflake_id-{version}/"
+    with tarfile.open(artifacts["tarball"]) as t:
+        names = t.getnames()
+        meta = json.load(t.extractfile(prefix + "META.json"))
+    assert all(n.startswith(prefix) for n in names), [n for n in names if not n.startswith(prefix)][:5]
+    inside = {n[len(prefix):] for n in names}
+    for f in ("META.json", "LICENSE", "CHANGELOG.md", "README.md", "Cargo.toml", "Cargo.lock",
+              "snowflake_id.control", "src/lib.rs", "scripts/package.sh"):
+        assert f in inside, f
+    for name in os.listdir(os.path.join(REPO, "sql")):
+        assert f"sql/{name}" in inside, name
+    for bad in (".pg/", "target/", ".venv/", ".chroot/", ".pgrx/", "target-"):
+        assert not any(n.startswith(bad) for n in inside), bad
+    assert meta["version"] == version
+
+    sums = artifacts["sums"]
+    with open(sums) as f:
+        listed = sorted(line.split()[1] for line in f.read().splitlines())
+    assert listed == sorted(os.path.basename(artifacts[k]) for k in ("deb", "tarball"))
+    proc = subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=os.path.dirname(sums),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(not DEBIAN_PG15, reason="Debian 12's own postgresql-15 is the system's; "
+                    "the 17 package is installed into Debian 13's in its own test, 16 and 18 "
+                    "come from apt.postgresql.org")
+def test_install_start_make_ids_remove(deb, make_cluster):
+    files = _files(deb)
+    aside = {}
+    for f in files:
+        if os.path.exists(f) and f.startswith(("/usr/lib/postgresql/15/lib/",
+                                               "/usr/share/postgresql/15/extension/")):
+            aside[f] = f + ".pytest-aside"
+            shutil.move(f, aside[f])
+    try:
+        proc = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                               deb], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        status = subprocess.check_output(
+            ["dpkg-query", "-W", "-f=${Status}", "postgresql-15-snowflake-id"], text=True)
+        assert status == "install ok installed"
+        for f in files:
+            assert os.path.exists(f), f
+
+        c = make_cluster(create_extension=True)
+        ids = [r[0] for r in c.sql("SELECT snowflake_nextvals(1000)")]
+        assert len(set(ids)) == 1000 and ids == sorted(ids)
+        assert c.scalar("SELECT extversion FROM pg_extension "
+                        "WHERE extname = 'snowflake_id'") == _cargo_version()
+        c.stop()
+
+        subprocess.run(["dpkg", "-r", "postgresql-15-snowflake-id"], check=True,
+                       capture_output=True, timeout=300)
+        left = [f for f in files if os.path.exists(f)]
+        assert left == [], f"dpkg -r left files behind: {left}"
+        status = subprocess.run(["dpkg-query", "-W", "-f=${Status}",
+                                 "postgresql-15-snowflake-id"],
+                                capture_output=True, text=True).stdout
+        assert "installed" not in status.replace("not-installed", ""), status
+    finally:
+        subprocess.run(["dpkg", "-r", "postgresql-15-snowflake-id"], capture_output=True)
+        for f, saved in aside.items():
+            shutil.move(saved, f)
+
+
+# ------------------------------------------------------------ Debian 13
+class Root:
+    """A throwaway copy of the cached Debian 13 root, with /proc and a
+    /dev/shm of its own mounted; commands run in it with chroot."""
+
+    def __init__(self, base: str):
+        self.dir = f"{os.path.dirname(base)}/run-{os.getpid()}"
+        shutil.rmtree(self.dir, ignore_errors=True)
+        subprocess.run(["cp", "-a", base, self.dir], check=True, timeout=300)
+        self.mounts = []
+        for fstype, where in (("proc", "proc"), ("tmpfs", "dev/shm")):
+            target = os.path.join(self.dir, where)
+            subprocess.run(["mount", "-t", fstype, fstype, target], check=True)
+            self.mounts.append(target)
+
+    def run(self, *cmd, check=True, timeout=600) -> subprocess.CompletedProcess:
+        proc = subprocess.run(["chroot", self.dir, *cmd], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL,
+                              env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+                                   "DEBIAN_FRONTEND": "noninteractive"})
+        if check:
+            assert proc.returncode == 0, (f"{' '.join(cmd)} (exit {proc.returncode}):\n"
+                                          f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        return proc
+
+    def psql(self, port: int, query: str) -> str:
+        return self.run("runuser", "-u", "postgres", "--", "psql", "-X", "-At", "-v",
+                        "ON_ERROR_STOP=1", "-p", str(port), "-d", "postgres",
+                        "-c", query).stdout.strip()
+
+    def path(self, p: str) -> str:
+        return os.path.join(self.dir, p.lstrip("/"))
+
+    def close(self, keep: bool) -> None:
+        for target in reversed(self.mounts):
+            subprocess.run(["umount", "-l", target], check=False)
+        if keep:
+            print(f"kept the Debian 13 root of the failed test: {self.dir}")
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _stale_roots(base: str) -> None:
+    """Removes the copies of earlier runs whose pytest process is gone."""
+    for d in glob.glob(f"{os.path.dirname(base)}/run-*"):
+        pid = d.rsplit("-", 1)[-1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            for where in ("dev/shm", "proc"):
+                subprocess.run(["umount", "-l", os.path.join(d, where)], capture_output=True)
+            if not any(line.split()[1].startswith(d + "/") for line in open("/proc/mounts")):
+                shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(MAJOR != "17", reason="Debian 13 ships PostgreSQL 17: the 17 package is "
+                    "installed there in the PostgreSQL 17 pass")
+@pytest.mark.skipif(not AS_ROOT, reason="debootstrap, chroot and mount need root")
+def test_debian13_install_start_make_ids_remove(deb, request):
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/debian-root.sh")],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    base = proc.stdout.strip().splitlines()[-1]
+    _stale_roots(base)
+    root = Root(base)
+    failed = True
+    try:
+        # Debian 13's C library is newer than the one the library was built
+        # against (Debian 12's): loading it there is part of what this proves.
+        libc = root.run("dpkg-query", "-W", "-f=${Version}", "libc6").stdout
+        host_libc = subprocess.check_output(["dpkg-query", "-W", "-f=${Version}", "libc6"],
+                                            text=True)
+        assert subprocess.run(["dpkg", "--compare-versions", libc, "gt", host_libc]).returncode == 0, \
+            (libc, host_libc)
+
+        shutil.copy(deb, root.path("/tmp/"))
+        name = os.path.basename(deb)
+        root.run("apt-get", "install", "-y", "-q", "--no-install-recommends",
+                 "postgresql-17", f"/tmp/{name}")
+        pkg = "postgresql-17-snowflake-id"
+        assert root.run("dpkg-query", "-W", "-f=${Status}", pkg).stdout == "install ok installed"
+        files = _files(deb)
+        for f in files:
+            assert os.path.exists(root.path(f)), f
+        server = root.run("dpkg-query", "-W", "-f=${Version}", "postgresql-17").stdout
+        assert server.startswith("17."), server
+
+        # A cluster made and started with Debian's own tools, the extension
+        # preloaded through a conf.d file as a DBA would.
+        port = 5433
+        root.run("pg_createcluster", "17", "sf", "-p", str(port))
+        with open(root.path("/etc/postgresql/17/sf/conf.d/snowflake_id.conf"), "w") as f:
+            f.write("shared_preload_libraries = 'snowflake_id'\nlisten_addresses = ''\n")
+        root.run("pg_ctlcluster", "17", "sf", "start")
+        log = root.path("/var/log/postgresql/postgresql-17-sf.log")
+        assert root.psql(port, "SHOW server_version").startswith("17."), open(log).read()[-3000:]
+        assert root.psql(port, "SHOW shared_preload_libraries") == "snowflake_id"
+        root.psql(port, "CREATE EXTENSION snowflake_id")
+        assert root.psql(port, "SELECT extversion FROM pg_extension "
+                               "WHERE extname = 'snowflake_id'") == _cargo_version()
+        root.psql(port, "CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowflake_nextval(),"
+                        " n int)")
+        root.psql(port, "INSERT INTO orders (n) SELECT g FROM generate_series(1, 50000) g")
+        distinct, ordered = root.psql(
+            port, "SELECT count(DISTINCT id), bool_and(id > prev) FROM (SELECT id, "
+                  "lag(id, 1, 0::bigint) OVER (ORDER BY n) AS prev FROM orders) s").split("|")
+        assert (distinct, ordered) == ("50000", "t")
+        old_max = int(root.psql(port, "SELECT max(id) FROM orders"))
+
+        # An immediate stop: the new start replays the reservation's WAL
+        # records (custom resource manager) and makes IDs above the old ones.
+        root.run("pg_ctlcluster", "-m", "immediate", "17", "sf", "stop")
+        root.run("pg_ctlcluster", "17", "sf", "start")
+        new_min = int(root.psql(port, "SELECT min(id) FROM (SELECT snowflake_nextval() AS id "
+                                      "FROM generate_series(1, 1000)) s"))
+        assert new_min > old_max, (new_min, old_max)
+        root.run("pg_ctlcluster", "17", "sf", "stop")
+        root.run("pg_dropcluster", "17", "sf")
+
+        root.run("dpkg", "-r", pkg)
+        left = [f for f in files if os.path.exists(root.path(f))]
+        assert left == [], f"dpkg -r left files behind: {left}"
+        status = root.run("dpkg-query", "-W", "-f=${Status}", pkg, check=False).stdout
+        assert "installed" not in status.replace("not-installed", ""), status
+        assert not os.path.exists(root.path(f"/usr/share/doc/{pkg}"))
+        failed = False
+    finally:
+        root.run("pg_ctlcluster", "-m", "immediate", "17", "sf", "stop", check=False)
+        root.close(keep=failed)
