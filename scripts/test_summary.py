@@ -2,10 +2,11 @@
 
 usage: test_summary.py RESULTS_DIR VERSION...
 
-Reads RESULTS_DIR/cargo-pgNN.log (cargo's "test result:" lines) and
-RESULTS_DIR/pytest-pgNN.xml (pytest's JUnit XML) for each version, prints a
-line per version and, last, "total: N passed, N failed, N skipped". Exits 1
-when anything failed or a version left no results.
+Reads RESULTS_DIR/cargo-core.log and cargo-extension.log (cargo's "test
+result:" lines; the Rust tests run once) and, for each version,
+RESULTS_DIR/pytest-pgNN.xml and pytest-pgNN-serial.xml (pytest's JUnit XML);
+prints a line per version and, last, "total: N passed, N failed, N skipped".
+Exits 1 when anything failed or a version left no results.
 """
 
 import os
@@ -49,27 +50,39 @@ def main():
     if os.path.exists(extra):
         print(open(extra).read().rstrip())
         ok = False
+
+    def add(label, counts, required=True):
+        nonlocal ok, total
+        if counts is None or sum(counts) == 0:
+            if required:
+                print(f"{label}: no results")
+                ok = False
+            return
+        print(f"{label}: {counts[0]} passed, {counts[1]} failed, {counts[2]} skipped")
+        ok = ok and counts[1] == 0
+        total = [a + b for a, b in zip(total, counts)]
+
+    add("Rust, snowflake_core", cargo_counts(os.path.join(results, "cargo-core.log")))
+    add("Rust, the extension's unit tests",
+        cargo_counts(os.path.join(results, "cargo-extension.log")))
     for v in versions:
         seconds = os.path.join(results, f"seconds-pg{v}")
         selection = os.path.join(results, f"tests-pg{v}")
         which = "tests"
-        if os.path.exists(selection) and open(selection).read().strip() == "core":
-            which = "the core subset of the tests"
+        if os.path.exists(selection):
+            chosen = open(selection).read().strip()
+            if chosen != "all":
+                which = f"the {chosen} subset of the tests"
         if os.path.exists(seconds):
             s = int(open(seconds).read())
-            print(f"PostgreSQL {v}: {s // 60} min {s % 60} s (build, install and {which})")
-        for kind, counts in (
-            ("cargo pgrx test", cargo_counts(os.path.join(results, f"cargo-pg{v}.log"))),
-            ("pytest", pytest_counts(os.path.join(results, f"pytest-pg{v}.xml"))),
-        ):
-            if counts is None or sum(counts) == 0:
-                print(f"PostgreSQL {v}, {kind}: no results")
-                ok = False
-                continue
-            print(f"PostgreSQL {v}, {kind}: {counts[0]} passed, {counts[1]} failed, "
-                  f"{counts[2]} skipped")
-            ok = ok and counts[1] == 0
-            total = [a + b for a, b in zip(total, counts)]
+            print(f"PostgreSQL {v}: {s // 60} min {s % 60} s (install and {which})")
+        parallel = pytest_counts(os.path.join(results, f"pytest-pg{v}.xml"))
+        serial = pytest_counts(os.path.join(results, f"pytest-pg{v}-serial.xml"))
+        if parallel is not None and serial is not None:
+            # `-m serial` / `-m "not serial"` deselect (not skip) the other
+            # run's tests, so the two reports add up.
+            parallel = tuple(a + b for a, b in zip(parallel, serial))
+        add(f"PostgreSQL {v}, pytest", parallel)
     print(f"total: {total[0]} passed, {total[1]} failed, {total[2]} skipped")
     return 0 if ok else 1
 

@@ -1,8 +1,8 @@
 //! The wall clock the generator runs on in PostgreSQL, and how a backend
 //! waits for it.
 
-use crate::generator::Clock;
 use pgrx::{check_for_interrupts, pg_sys};
+use snowflake_core::generator::Clock;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -41,15 +41,14 @@ pub const WAIT_EVENT_NAME: &std::ffi::CStr = c"SnowflakeClock";
 /// This process's id of the wait event, registered on first use.
 #[cfg(not(any(feature = "pg15", feature = "pg16")))]
 fn wait_event() -> u32 {
-    thread_local! {
-        static EVENT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    }
-    if EVENT.get() == 0 {
+    static EVENT: parking_lot::Mutex<u32> = parking_lot::const_mutex(0);
+    let mut event = EVENT.lock();
+    if *event == 0 {
         // SAFETY: registers (or looks up) a named custom wait event in
         // shared memory; the name is a static C string.
-        EVENT.set(unsafe { pg_sys::WaitEventExtensionNew(WAIT_EVENT_NAME.as_ptr()) });
+        *event = unsafe { pg_sys::WaitEventExtensionNew(WAIT_EVENT_NAME.as_ptr()) };
     }
-    EVENT.get()
+    *event
 }
 
 #[cfg(any(feature = "pg15", feature = "pg16"))]

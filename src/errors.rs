@@ -1,11 +1,11 @@
 //! Every error the extension raises: one function each, with its SQLSTATE,
 //! message, detail and hint, so wording stays consistent and testable.
 
-use crate::generator::GenError;
-use crate::key_file::KeyFileError;
-use crate::layout::{format_unix_ms, Layout, PartError};
 use pgrx::pg_sys;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
+use snowflake_core::generator::GenError;
+use snowflake_core::key_file::KeyFileError;
+use snowflake_core::layout::{format_unix_ms, Layout, PartError};
 use std::ffi::{CStr, CString};
 
 fn raise(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: Option<String>) -> ! {
@@ -84,7 +84,7 @@ pub fn layout_unusable_now(problem: &str) -> ! {
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         format!("snowflake IDs cannot be made now: {problem}"),
         Some("The decoders still work; only new IDs are refused.".into()),
-        Some("Check the system clock (NTP). If it is right, configure a layout with an earlier snowflake_id.epoch, more time bits or a coarser time unit (see the README on changing the layout).".into()),
+        Some("Check the system clock (NTP). If it is right, configure a layout with an earlier snowflake_id.epoch, more time bits or a coarser time unit, restart, and as a superuser run SELECT snowflake_accept_layout(): new IDs then start above every ID issued before.".into()),
     )
 }
 
@@ -173,7 +173,7 @@ pub fn generator(err: GenError, layout: &Layout, max_drift_ms: i64) -> ! {
                 format_unix_ms(layout.end_unix_ms())
             ),
             None,
-            Some("Configure a layout with more time bits, a coarser time unit or a later epoch (see the README on changing the layout).".into()),
+            Some("Configure a layout with more time bits, a coarser time unit or a later epoch, restart, and as a superuser run SELECT snowflake_accept_layout(): new IDs then start above every ID issued before.".into()),
         ),
     }
 }
@@ -368,7 +368,7 @@ pub fn registry_not_read(waited_ms: i64) -> ! {
 
 /// Why `snowflake_id.public_key` is refused, and what to do instead.
 const PUBLIC_KEY_REMOVED_DETAIL: &str = "Since snowflake_id 0.4.0 the keys of public IDs are read from a file: PostgreSQL writes a changed setting's value to the server log and shows it to members of pg_read_all_settings.";
-const PUBLIC_KEY_REMOVED_HINT: &str = "Write the keys into a file only the server's OS user can read (chmod 0600), set snowflake_id.public_key_file to its path, and remove snowflake_id.public_key (ALTER SYSTEM RESET snowflake_id.public_key, or from postgresql.conf). See the README's upgrade notes.";
+const PUBLIC_KEY_REMOVED_HINT: &str = "Write the keys into a file only the server's OS user can read (chmod 0600), set snowflake_id.public_key_file to its path, and remove snowflake_id.public_key (ALTER SYSTEM RESET snowflake_id.public_key, or from postgresql.conf).";
 
 /// Sets the message, detail and hint of a check hook's failure of a
 /// setting that may hold a secret, in place of PostgreSQL's usual message,
@@ -614,7 +614,7 @@ const REGISTRY_HIDDEN: &str =
 /// 55000: leases are in use and this server holds no usable worker id: the
 /// registry is unreachable (for `unreachable_ms`), or no block was leased
 /// within `waited_ms`. `shown`: whether the role may read the registry's
-/// address (`gucs::may_read_hidden_settings`); else neither it nor the
+/// address (`settings::may_read_hidden_settings`); else neither it nor the
 /// problem is in the error.
 pub fn no_lease(
     registry: &str,
@@ -634,7 +634,7 @@ pub fn no_lease(
     let (message, mut detail) = match unreachable_ms {
         Some(ms) => (
             format!(
-                "snowflake_id: no worker id is leased: the registry {registry} has been unreachable for {} s",
+                "no worker id is leased: the registry {registry} has been unreachable for {} s",
                 ms / 1000
             ),
             if deadline_ms > 0 {
@@ -648,7 +648,7 @@ pub fn no_lease(
         ),
         None => (
             format!(
-                "snowflake_id: no worker id is leased from the registry {registry} after waiting {waited_ms} ms"
+                "no worker id is leased from the registry {registry} after waiting {waited_ms} ms"
             ),
             "Every block this server may lease is held by other servers, or the lease worker has not leased one yet.".to_string(),
         ),
@@ -698,7 +698,7 @@ pub fn fleet_unknown(problem: &str, citus_here: Option<String>, shown: bool) -> 
 pub fn no_lease_on_standby() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        "snowflake_id: a standby makes no IDs when worker ids are leased from a registry".into(),
+        "a standby makes no IDs when worker ids are leased from a registry".into(),
         Some("Leases are taken by the lease worker, which starts when the server is promoted.".into()),
         Some("Make IDs on the primary, or promote this server. To make IDs on a hot standby, give it its own snowflake_id.worker_ids and no snowflake_id.registry.".into()),
     )

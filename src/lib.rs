@@ -1,50 +1,47 @@
 //! snowflake_id: time-ordered, unique 64-bit IDs generated inside PostgreSQL.
 //!
-//! Where things are:
-//! - `layout`     the bit layout of an ID (pure)
-//! - `generator`  the clock and sequence rules (pure, injected clock)
-//! - `ranges`     worker id range parsing (pure)
-//! - `gucs`       the `snowflake_id.*` settings
-//! - `conninfo`   finding a password in a connection string (pure)
-//! - `key_file`   reading and checking the public key file (pure)
-//! - `shmem`      shared-memory structures, hooks, lock guard (locking
-//!   rules and lock order at the top)
-//! - `reservation` the state file, the floor and WAL replay: no ID repeats
-//! - `wal`        WAL records of the reservation (a leaf `reservation` calls)
-//! - `claims`     worker id claims, one per backend, and the hot path
-//! - `registry_client` the lease worker's libpq connection: non-blocking, on the latch, bounded
-//! - `registry_worker` the background workers that keep the registry table, and its DDL
-//! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument (pure)
-//! - `holder`     the holder side of leases as a state machine over a registry client (pure)
-//! - `lease_worker` the background worker that leases from the registry; `leases.sql` the registry's side
-//! - `api`        the SQL functions and views
-//! - `public_id`  the keyed, reversible text form of IDs (pure)
-//! - `public_sql` `snowflake_to_public()` / `snowflake_from_public()`
-//! - `sql_tools`  SQL-language functions (decode row, convert, partitions) and COMMENTs
-//! - `errors`     every error raised, with SQLSTATE, detail and hint
+//! This crate is the glue between PostgreSQL and the pure rules of
+//! `snowflake_core` (core/: the ID layout, the clock and sequence rules,
+//! worker-id ranges, lease rules and the lease holder, public IDs). Where
+//! things are:
+//! - `settings/`   the `snowflake_id.*` settings: registration, check hooks,
+//!   typed getters
+//! - `shmem/`      shared-memory structures and hooks (the locking rules and
+//!   lock order are at the top of `shmem/mod.rs`)
+//! - `claims/`     worker-id claims, one per backend, and the hot path
+//! - `durability/` the state file, the floor and WAL replay (`reservation`),
+//!   and the WAL records they write (`wal`): no ID repeats after a crash
+//! - `workers/`    background workers: `registry_worker` keeps the registry
+//!   table; `lease_worker` leases blocks from a registry server over
+//!   `registry_client` (libpq, non-blocking, on the latch)
+//! - `sql/`        the SQL API: `api` (generators, decoders, views),
+//!   `public_ids`, `tools` (SQL-language functions), `leases.sql` (the
+//!   registry's side of the lease protocol)
+//! - `clock`       the wall clock
+//! - `errors`      every error raised, with SQLSTATE, detail and hint
+//!
+//! Per-process state is a `static` behind a `parking_lot` lock (const-built,
+//! never poisoned when a PostgreSQL error unwinds through it), never
+//! `static mut`. Three exceptions, each for a reason: values written once
+//! while loading and then borrowed for the life of the process are
+//! `OnceLock`s (the layout, libpq's symbols); a flag a signal handler sets is
+//! an atomic (a lock is not async-signal-safe); and the claim of the hot
+//! path stays in a `thread_local!` `RefCell` (no atomic instruction per ID,
+//! and a FATAL exit that skips unwinding leaves it borrowed, which the exit
+//! callback sees with `try_with`, where a held lock would deadlock it).
+//! Shared memory uses PostgreSQL's LWLocks, spinlocks and atomics only
+//! (`shmem/`); the address of shared memory, set when this process
+//! attaches and read for every ID, is an `AtomicPtr`.
 #![forbid(unsafe_op_in_unsafe_fn)]
 
-mod api;
 mod claims;
 mod clock;
-mod conninfo;
+mod durability;
 mod errors;
-pub mod generator;
-mod gucs;
-pub mod holder;
-mod key_file;
-pub mod layout;
-pub mod lease;
-mod lease_worker;
-pub mod public_id;
-mod public_sql;
-pub mod ranges;
-mod registry_client;
-mod registry_worker;
-mod reservation;
+mod settings;
 mod shmem;
-mod sql_tools;
-mod wal;
+mod sql;
+mod workers;
 
 use pgrx::prelude::*;
 
@@ -58,12 +55,12 @@ pub extern "C-unwind" fn _PG_init() {
     no_rust_backtraces();
     // SAFETY: reading a flag PostgreSQL sets while loading preload libraries.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
-    gucs::init(preloading);
+    settings::init(preloading);
     if preloading {
-        shmem::init(reservation::read_at_startup);
-        reservation::init();
-        registry_worker::init();
-        lease_worker::init();
+        shmem::init(durability::reservation::read_at_startup);
+        durability::reservation::init();
+        workers::registry_worker::init();
+        workers::lease_worker::init();
     }
 }
 
@@ -86,20 +83,5 @@ fn no_rust_backtraces() {
     match saved {
         Some(value) => std::env::set_var(VAR, value),
         None => std::env::remove_var(VAR),
-    }
-}
-
-#[cfg(any(test, feature = "pg_test"))]
-mod pg_tests;
-#[cfg(test)]
-mod proptests;
-
-/// Settings for the `cargo pgrx test` server.
-#[cfg(test)]
-pub mod pg_test {
-    pub fn setup(_options: Vec<&str>) {}
-
-    pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec!["shared_preload_libraries = 'snowflake_id'"]
     }
 }

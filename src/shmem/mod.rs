@@ -47,10 +47,10 @@
 //! be needed, take `lock` first, then `reserve_lock`. `AddinShmemInitLock`
 //! is taken only in the startup hook, before either exists.
 
-use crate::generator::GeneratorState;
-use crate::gucs;
-use crate::layout::Layout;
+use crate::settings;
 use pgrx::pg_sys;
+use snowflake_core::generator::GeneratorState;
+use snowflake_core::layout::Layout;
 use std::mem::size_of;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::*,
@@ -282,7 +282,7 @@ pub struct Holder {
 }
 
 /// The slot's position as the generator's shared position word.
-impl crate::generator::SharedPosition for Slot {
+impl snowflake_core::generator::SharedPosition for Slot {
     #[inline]
     fn load(&self) -> i64 {
         self.position.load(Relaxed)
@@ -415,27 +415,38 @@ impl Drop for LockGuard {
 /// layout.
 pub type StartupState = fn(&Layout) -> (i64, Layout);
 
-static mut STARTUP_STATE: Option<StartupState> = None;
+/// This process's hook chain: written once by `init` in `_PG_init`, read
+/// when PostgreSQL calls the hooks (per-process state: a parking_lot lock,
+/// never held across a call into PostgreSQL).
+struct Hooks {
+    startup_state: Option<StartupState>,
+    prev_request: pg_sys::shmem_request_hook_type,
+    prev_startup: pg_sys::shmem_startup_hook_type,
+}
+
+static HOOKS: parking_lot::Mutex<Hooks> = parking_lot::const_mutex(Hooks {
+    startup_state: None,
+    prev_request: None,
+    prev_startup: None,
+});
 
 /// Installs the shared-memory hooks. `startup_state` is called once, when
 /// the memory is created. Called from `_PG_init` only while preloading.
 pub fn init(startup_state: StartupState) {
+    let mut hooks = HOOKS.lock();
+    hooks.startup_state = Some(startup_state);
     // SAFETY: hooks are process-global pointers that PostgreSQL expects
     // extensions to chain in _PG_init; this runs once, in the postmaster.
     unsafe {
-        STARTUP_STATE = Some(startup_state);
-        PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
+        hooks.prev_request = pg_sys::shmem_request_hook;
         pg_sys::shmem_request_hook = Some(shmem_request);
-        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        hooks.prev_startup = pg_sys::shmem_startup_hook;
         pg_sys::shmem_startup_hook = Some(shmem_startup);
     }
 }
 
-static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
-static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
-
 fn shmem_size() -> usize {
-    let nslots = gucs::layout().max_worker_id() as usize + 1;
+    let nslots = settings::layout().max_worker_id() as usize + 1;
     size_of::<Header>() + nslots * size_of::<Slot>() + nholders() as usize * size_of::<Holder>()
 }
 
@@ -449,8 +460,9 @@ fn nholders() -> u32 {
 unsafe extern "C-unwind" fn shmem_request() {
     // SAFETY: chaining the previous hook, then requesting space and locks
     // during the shmem request phase, as PostgreSQL requires.
+    let prev = HOOKS.lock().prev_request;
     unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
+        if let Some(prev) = prev {
             prev();
         }
         pg_sys::RequestAddinShmemSpace(shmem_size());
@@ -461,12 +473,13 @@ unsafe extern "C-unwind" fn shmem_request() {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shmem_startup() {
     // SAFETY: chaining the previous hook, as PostgreSQL requires.
+    let prev = HOOKS.lock().prev_startup;
     unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
+        if let Some(prev) = prev {
             prev();
         }
     }
-    let layout = *gucs::layout();
+    let layout = *settings::layout();
     let nslots = layout.max_worker_id() + 1;
     let mut found = false;
     // SAFETY: ShmemInitStruct under AddinShmemInitLock is the documented way
@@ -478,8 +491,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
     };
     let header = base as *mut Header;
     if !found {
-        // SAFETY: written once in _PG_init, before any hook runs.
-        let startup_state = unsafe { STARTUP_STATE };
+        let startup_state = HOOKS.lock().startup_state;
         let (floor_ms, recorded) = match startup_state {
             Some(read) => read(&layout),
             None => (i64::MIN, layout),
@@ -498,13 +510,13 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 reserved_until_ms: AtomicI64::new(floor_ms),
                 floor_ms: AtomicI64::new(floor_ms),
                 newest_tick: AtomicI64::new(-1),
-                registry_pending: AtomicBool::new(gucs::registry_worker_enabled()),
+                registry_pending: AtomicBool::new(settings::registry_worker_enabled()),
                 layout_changed: AtomicBool::new(recorded != layout),
                 recorded_layout: recorded,
                 // All zeros, then set below.
                 lease: std::mem::zeroed(),
             });
-            let mode = if gucs::leases_enabled() {
+            let mode = if settings::leases_enabled() {
                 MODE_UNDECIDED
             } else {
                 MODE_LOCAL
@@ -543,7 +555,7 @@ unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generator::SharedPosition;
+    use snowflake_core::generator::SharedPosition;
 
     fn zeroed_slot() -> Slot {
         // SAFETY: every field is an atomic integer, for which zero is valid.
@@ -552,7 +564,11 @@ mod tests {
 
     #[test]
     fn counters_add_up_what_each_sharer_publishes() {
-        let l = crate::generator::tests::layout("classic");
+        let Ok(l) = snowflake_core::layout::PRESETS[0]
+            .layout(snowflake_core::layout::DEFAULT_EPOCH_MS, 1_790_000_000_000)
+        else {
+            panic!("the classic layout is valid");
+        };
         let slot = zeroed_slot();
         let mut a = GeneratorState::new(&l);
         let mut b = GeneratorState::new(&l);

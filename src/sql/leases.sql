@@ -1,6 +1,6 @@
 -- The registry side of fleet leases (see src/lease.rs for the rules and
 -- the safety argument, src/holder.rs for the holder side, and
--- docs/fleet-fencing.md for incarnations and fences).
+-- docs/design/fleet-fencing.md for incarnations and fences).
 --
 -- Any server with the extension created can be a fleet's registry: the
 -- holders' lease workers connect to it and call the functions below. No

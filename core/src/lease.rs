@@ -39,7 +39,7 @@
 //!
 //! Rules 2 and 3 assume the registry never forgets a mark it confirmed.
 //! That is made true where it can be and detected where it cannot
-//! (`leases.sql`, `holder`, docs/fleet-fencing.md):
+//! (`leases.sql`, `holder`, docs/design/fleet-fencing.md):
 //!
 //! - A grant is durable before the holder uses it: the holder's session
 //!   commits synchronously (`synchronous_commit = on`, which also waits

@@ -17,13 +17,13 @@
 //! All changes happen under `Header::reserve_lock` (see `shmem`).
 
 use crate::clock;
+use crate::durability::wal;
 use crate::errors;
-use crate::gucs;
-use crate::layout::Layout;
+use crate::settings;
 use crate::shmem::{self, Header};
-use crate::wal;
 use pgrx::pg_sys;
 use serde::{Deserialize, Serialize};
+use snowflake_core::layout::Layout;
 use std::ffi::CStr;
 use std::sync::atomic::Ordering::*;
 
@@ -142,13 +142,12 @@ fn replay(until_ms: i64) {
         return;
     };
     header.floor_ms.fetch_max(until_ms, AcqRel);
-    thread_local! {
-        static PERSISTED_AT_REDO: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    }
+    /// The redo pointer when replay last wrote the state file.
+    static PERSISTED_AT_REDO: parking_lot::Mutex<u64> = parking_lot::const_mutex(0);
     let redo = wal::redo_pointer();
-    if PERSISTED_AT_REDO.get() != redo {
+    if *PERSISTED_AT_REDO.lock() != redo {
         persist_replayed();
-        PERSISTED_AT_REDO.set(redo);
+        *PERSISTED_AT_REDO.lock() = redo;
     }
 }
 
@@ -161,7 +160,7 @@ fn persist_replayed() {
     let _guard = header.reserve_lock();
     let floor = header.floor_ms.load(Acquire);
     if floor > header.reserved_until_ms.load(Acquire) {
-        write_state_file(&layout_to_record(header, gucs::layout()), floor);
+        write_state_file(&layout_to_record(header, settings::layout()), floor);
         header.reserved_until_ms.store(floor, Release);
     }
 }

@@ -5,15 +5,14 @@
 //! ([`layout`]). `worker_ids` and `max_drift` can change on reload.
 
 use crate::errors;
-use crate::key_file::KeyFileError;
-use crate::layout::{self, Layout, PRESETS};
-use crate::ranges::WorkerRanges;
+use parking_lot::{const_mutex, Mutex};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{pg_guard, pg_sys, PostgresGucEnum};
+use snowflake_core::key_file::KeyFileError;
+use snowflake_core::layout::{self, Layout, PRESETS};
+use snowflake_core::ranges::WorkerRanges;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::OnceLock;
 
 /// `snowflake_id.layout`: the preset the individual layout settings start from.
@@ -62,29 +61,28 @@ const LEASE_TIME_MAX_MS: i32 = 86_400_000;
 /// The layout in use, computed once per process by [`init`].
 static LAYOUT: OnceLock<Layout> = OnceLock::new();
 
-thread_local! {
-    /// While `init` runs: the settings whose configured value a check hook
-    /// rejected, with the reason. PostgreSQL would only warn and fall back
-    /// to the default (another layout, or every worker id, which could make
-    /// this server collide with others), so `init` refuses instead.
-    static REJECTED_AT_LOAD: std::cell::RefCell<Option<Vec<(&'static str, String)>>> =
-        const { std::cell::RefCell::new(None) };
-}
+/// While `init` runs: the settings whose configured value a check hook
+/// rejected, with the reason. PostgreSQL would only warn and fall back to
+/// the default (another layout, or every worker id, which could make this
+/// server collide with others), so `init` refuses instead.
+#[allow(clippy::type_complexity)]
+static REJECTED_AT_LOAD: Mutex<Option<Vec<(&'static str, String)>>> = const_mutex(None);
 
 /// The first setting rejected so far during `init`, if any.
 fn take_rejected() -> Option<(&'static str, String)> {
-    REJECTED_AT_LOAD.with_borrow_mut(|r| r.as_mut().and_then(|v| v.drain(..).next()))
+    REJECTED_AT_LOAD
+        .lock()
+        .as_mut()
+        .and_then(|v| v.drain(..).next())
 }
 
 /// Rejects a value in a check hook: sets PostgreSQL's error detail, and
 /// during `init` remembers the rejection of a configured value.
 fn reject(name: &'static str, value: &str, detail: &str, source: pg_sys::GucSource::Type) -> bool {
     if source != pg_sys::GucSource::PGC_S_DEFAULT {
-        REJECTED_AT_LOAD.with_borrow_mut(|r| {
-            if let Some(rejected) = r {
-                rejected.push((name, format!("\"{value}\": {detail}")));
-            }
-        });
+        if let Some(rejected) = REJECTED_AT_LOAD.lock().as_mut() {
+            rejected.push((name, format!("\"{value}\": {detail}")));
+        }
     }
     errors::guc_check_detail(detail);
     false
@@ -124,7 +122,7 @@ pub fn init(preloading: bool) {
         layout_context(),
         GucFlags::default(),
     );
-    REJECTED_AT_LOAD.set(Some(Vec::new()));
+    *REJECTED_AT_LOAD.lock() = Some(Vec::new());
     // SAFETY (both blocks): the check hooks are #[pg_guard] functions with
     // the signatures PostgreSQL expects; they only read the value given.
     unsafe {
@@ -140,48 +138,64 @@ pub fn init(preloading: bool) {
             None,
         );
     }
-    let int_setting = |name: &'static CStr, short: &'static CStr, setting, max, check| unsafe {
+    // SHOW and pg_settings give the value in use: the preset's where the
+    // setting is -1 (as wal_buffers shows its computed size).
+    let int_setting = |name: &'static CStr,
+                       short: &'static CStr,
+                       setting,
+                       max,
+                       flags,
+                       check,
+                       show: pg_sys::GucShowHook| unsafe {
         GucRegistry::define_int_guc_with_hooks(
             name,
             short,
-            c"-1 takes the value from snowflake_id.layout.",
+            c"-1 (the default) takes the value from snowflake_id.layout; SHOW gives the value in use.",
             setting,
             FROM_PRESET,
             max,
             layout_context(),
-            GucFlags::default(),
+            flags,
             check,
             None,
-            None,
+            show,
         )
     };
     int_setting(
         c"snowflake_id.time_unit_ms",
-        c"Milliseconds per tick of the time field.",
+        c"Length of one tick of the time field.",
         &TIME_UNIT_MS,
         86_400_000,
+        GucFlags::UNIT_MS,
         Some(check_time_unit_ms),
+        Some(show_time_unit),
     );
     int_setting(
         c"snowflake_id.total_bits",
         c"Bits an ID may use (63 for the whole bigint, 53 for JavaScript-safe IDs).",
         &TOTAL_BITS,
         63,
+        GucFlags::default(),
         Some(check_total_bits),
+        Some(show_total_bits),
     );
     int_setting(
         c"snowflake_id.worker_bits",
         c"Bits of the worker id field.",
         &WORKER_BITS,
         layout::MAX_WORKER_BITS as i32,
+        GucFlags::default(),
         None,
+        Some(show_worker_bits),
     );
     int_setting(
         c"snowflake_id.sequence_bits",
         c"Bits of the per-tick sequence field.",
         &SEQUENCE_BITS,
         layout::MAX_SEQUENCE_BITS as i32,
+        GucFlags::default(),
         Some(check_sequence_bits),
+        Some(show_sequence_bits),
     );
     if let Some((name, problem)) = take_rejected() {
         errors::invalid_layout(&format!("{name} = {problem}"));
@@ -211,7 +225,7 @@ pub fn init(preloading: bool) {
         );
     }
     let rejected = take_rejected();
-    REJECTED_AT_LOAD.set(None);
+    *REJECTED_AT_LOAD.lock() = None;
     if let Some((_, problem)) = rejected {
         errors::bad_worker_ids(&problem);
     }
@@ -267,7 +281,7 @@ pub fn init(preloading: bool) {
         c"Sessions beyond the leased ids share them. Keeps one server from taking every block of the fleet.",
         &MAX_BLOCKS,
         1,
-        crate::lease::BLOCKS_PER_LAYOUT as i32,
+        snowflake_core::lease::BLOCKS_PER_LAYOUT as i32,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -293,7 +307,7 @@ pub fn init(preloading: bool) {
     refuse_secret(
         &mut configured,
         "snowflake_id.registry_options",
-        crate::conninfo::secret_in,
+        snowflake_core::conninfo::secret_in,
         |origin, keyword| {
             errors::conninfo_secret_setting("snowflake_id.registry_options", origin, keyword)
         },
@@ -487,7 +501,7 @@ fn accepted_values(name: &str) -> String {
         "snowflake_id.max_drift" => {
             format!("0 to {MAX_DRIFT_LIMIT_MS} milliseconds, or with a unit: 500ms, 2s, 1min, 1h")
         }
-        _ => "see the settings table in the README".into(),
+        _ => "see the setting's description: SELECT extra_desc FROM pg_settings WHERE name = '<setting>'".into(),
     }
 }
 
@@ -568,7 +582,7 @@ fn registry_problem(text: &str) -> Option<String> {
     if text.is_empty() {
         return None;
     }
-    crate::conninfo::problem(text).map(|e| format!("invalid connection string: {e}"))
+    snowflake_core::conninfo::problem(text).map(|e| format!("invalid connection string: {e}"))
 }
 
 /// A string setting's candidate value in a check hook (`None`: NULL).
@@ -643,7 +657,7 @@ fn registry_refusal(text: &str) -> Option<RegistryRefusal> {
     if let Some(problem) = registry_problem(text) {
         return Some(RegistryRefusal::Unusable(problem));
     }
-    crate::conninfo::secret_in(text).map(RegistryRefusal::Password)
+    snowflake_core::conninfo::secret_in(text).map(RegistryRefusal::Password)
 }
 
 /// Makes this process resolve unqualified names in `pg_catalog` only:
@@ -680,7 +694,7 @@ unsafe extern "C-unwind" fn check_registry_options(
     let Some(text) = (unsafe { candidate(newval) }) else {
         return true;
     };
-    match crate::conninfo::secret_in(&text) {
+    match snowflake_core::conninfo::secret_in(&text) {
         None => true,
         Some(keyword) => {
             errors::conninfo_secret_check_failed("snowflake_id.registry_options", keyword);
@@ -754,6 +768,40 @@ fn compute_layout() -> Result<Layout, String> {
         pick(&SEQUENCE_BITS, preset.sequence_bits.into()) as u32,
     )
     .map_err(|e| e.to_string())
+}
+
+/// The value in use of a layout setting: its own, or the preset's when it
+/// is -1, as a string in the current memory context (PostgreSQL copies it).
+fn show_layout_setting(setting: &GucSetting<i32>, preset_value: i64) -> *const c_char {
+    let value = match setting.get() {
+        FROM_PRESET => preset_value,
+        v => i64::from(v),
+    };
+    // Digits and a sign only: no NUL inside, so the CString always builds.
+    let text = CString::new(value.to_string()).unwrap_or_default();
+    // SAFETY: copies a NUL-terminated string into the current memory
+    // context, where PostgreSQL expects a show hook's result.
+    unsafe { pg_sys::pstrdup(text.as_ptr()) }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn show_time_unit() -> *const c_char {
+    show_layout_setting(&TIME_UNIT_MS, PRESET.get().values().unit_ms)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn show_total_bits() -> *const c_char {
+    show_layout_setting(&TOTAL_BITS, PRESET.get().values().total_bits.into())
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn show_worker_bits() -> *const c_char {
+    show_layout_setting(&WORKER_BITS, PRESET.get().values().worker_bits.into())
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn show_sequence_bits() -> *const c_char {
+    show_layout_setting(&SEQUENCE_BITS, PRESET.get().values().sequence_bits.into())
 }
 
 /// Check hook of `snowflake_id.worker_ids`: rejects text that does not
@@ -851,12 +899,21 @@ static PUBLIC_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 /// value is refused without being shown rather than taken for an unknown
 /// name (which the log would show with its value).
 static PUBLIC_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
-/// Bumped by the assign hook whenever `snowflake_id.public_key_file` is
-/// set in this process: a new name, or the same again on a reload.
-static PUBLIC_KEY_FILE_VERSION: AtomicU64 = AtomicU64::new(0);
-/// Set in the postmaster once `init` has checked the key file: later calls
-/// of the assign hook there are reloads, which check the file again.
-static POSTMASTER_CHECKS_RELOADS: AtomicBool = AtomicBool::new(false);
+/// This process's view of `snowflake_id.public_key_file`.
+struct KeyFileState {
+    /// Bumped by the assign hook whenever the setting is set in this
+    /// process: a new name, or the same again on a reload.
+    version: u64,
+    /// Set in the postmaster once `init` has checked the key file: later
+    /// calls of the assign hook there are reloads, which check the file
+    /// again.
+    postmaster_checks_reloads: bool,
+}
+
+static KEY_FILE_STATE: Mutex<KeyFileState> = const_mutex(KeyFileState {
+    version: 0,
+    postmaster_checks_reloads: false,
+});
 
 /// Defines `snowflake_id.public_key_file` (superuser-only, as
 /// `ssl_key_file`) and the removed `snowflake_id.public_key`. Called from
@@ -916,7 +973,7 @@ fn check_public_key_file_at_start() {
     if let Err((path, err)) = public_keys() {
         errors::public_key_file(Some(&path), &err);
     }
-    POSTMASTER_CHECKS_RELOADS.store(true, Relaxed);
+    KEY_FILE_STATE.lock().postmaster_checks_reloads = true;
 }
 
 /// Refuses the start when the configured value of the secret setting
@@ -966,20 +1023,21 @@ fn key_file_path(setting: &str) -> Option<PathBuf> {
 /// named; on error, the file's path (for the message) and the problem.
 fn read_public_keys(
     setting: &str,
-) -> Result<Option<Vec<crate::public_id::Key>>, (String, KeyFileError)> {
+) -> Result<Option<Vec<snowflake_core::public_id::Key>>, (String, KeyFileError)> {
     let Some(path) = key_file_path(setting) else {
         return Ok(None);
     };
     // SAFETY: a plain system call without arguments.
     let euid = unsafe { libc::geteuid() };
-    crate::key_file::read_keys(&path, euid)
+    snowflake_core::key_file::read_keys(&path, euid)
         .map(Some)
         .map_err(|err| (path.to_string_lossy().into_owned(), err))
 }
 
 /// The keys of `snowflake_id.public_key_file`, read from the file now:
 /// `Ok(None)` when no file is named.
-pub fn public_keys() -> Result<Option<Vec<crate::public_id::Key>>, (String, KeyFileError)> {
+pub fn public_keys() -> Result<Option<Vec<snowflake_core::public_id::Key>>, (String, KeyFileError)>
+{
     let setting = PUBLIC_KEY_FILE
         .get()
         .map(|s| s.to_string_lossy().into_owned())
@@ -996,14 +1054,18 @@ pub fn public_key_stamp() -> (u64, i64) {
     // SAFETY: PostgreSQL sets PgReloadTime when this process (re)reads its
     // configuration; a plain read in the process's only thread.
     let reloaded = unsafe { pg_sys::PgReloadTime };
-    (PUBLIC_KEY_FILE_VERSION.load(Relaxed), reloaded)
+    (KEY_FILE_STATE.lock().version, reloaded)
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn assign_public_key_file(newval: *const c_char, _extra: *mut c_void) {
-    PUBLIC_KEY_FILE_VERSION.fetch_add(1, Relaxed);
+    let checks_reloads = {
+        let mut state = KEY_FILE_STATE.lock();
+        state.version += 1;
+        state.postmaster_checks_reloads
+    };
     // SAFETY: a flag PostgreSQL sets in every child of the postmaster.
-    if !POSTMASTER_CHECKS_RELOADS.load(Relaxed) || unsafe { pg_sys::IsUnderPostmaster } {
+    if !checks_reloads || unsafe { pg_sys::IsUnderPostmaster } {
         return;
     }
     // A reload in the postmaster: say now in the log when the file cannot

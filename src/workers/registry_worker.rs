@@ -21,7 +21,7 @@
 //! reload the configuration on SIGHUP, and neither starts in binary-upgrade
 //! mode (`pg_upgrade` needs the new cluster to itself).
 
-use crate::gucs;
+use crate::settings;
 use crate::shmem;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
@@ -158,7 +158,7 @@ ON CONFLICT (worker_id) DO UPDATE SET
 
 /// Registers the launcher. Called from `_PG_init` while preloading.
 pub fn init() {
-    if !gucs::registry_worker_enabled() {
+    if !settings::registry_worker_enabled() {
         return;
     }
     BackgroundWorkerBuilder::new(LAUNCHER)
@@ -226,12 +226,12 @@ fn database_exists(name: &str) -> bool {
 pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(None, None);
-    gucs::pin_search_path();
+    settings::pin_search_path();
     let mut backoff = FIRST_BACKOFF;
     let mut missing_reported = false;
     loop {
         reload_on_sighup();
-        let Some(database) = gucs::registry_database() else {
+        let Some(database) = settings::registry_database() else {
             return;
         };
         if !database_exists(&database) {
@@ -375,11 +375,11 @@ fn sync() -> Sync {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let Some(database) = gucs::registry_database() else {
+    let Some(database) = settings::registry_database() else {
         return;
     };
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
-    gucs::pin_search_path();
+    settings::pin_search_path();
     let Some(header) = shmem::header() else {
         return;
     };
@@ -445,11 +445,11 @@ fn registry_read(high_water_ms: Option<i64>) {
         return;
     };
     if let Some(ms) = high_water_ms {
-        let layout = gucs::layout();
-        crate::reservation::advance_past(header, ms, layout);
+        let layout = settings::layout();
+        crate::durability::reservation::advance_past(header, ms, layout);
         pgrx::log!(
             "snowflake_id registry: new IDs start above the registry's high-water mark {}",
-            crate::layout::format_unix_ms(ms)
+            snowflake_core::layout::format_unix_ms(ms)
         );
     }
     header.registry_pending.store(false, Release);

@@ -22,11 +22,18 @@ pub const RMGR_ID: u8 = 173;
 const RMGR_NAME: &CStr = c"snowflake_id";
 const XLOG_SNOWFLAKE_RESERVE: u8 = 0x00;
 
-/// What replay does with a reservation record's Unix ms.
-static mut ON_REDO: Option<fn(i64)> = None;
-/// What replay does when it stops: at the end of recovery, and when the
-/// startup process exits (a standby shutting down).
-static mut ON_REDO_END: Option<fn()> = None;
+/// What replay does with a reservation record's Unix ms (`on_redo`), and
+/// when it stops (`on_redo_end`: at the end of recovery, and when the startup
+/// process exits, a standby shutting down). Written once by `init`.
+struct Callbacks {
+    on_redo: Option<fn(i64)>,
+    on_redo_end: Option<fn()>,
+}
+
+static CALLBACKS: parking_lot::RwLock<Callbacks> = parking_lot::const_rwlock(Callbacks {
+    on_redo: None,
+    on_redo_end: None,
+});
 
 /// Registers the resource manager. `on_redo` receives each replayed
 /// reservation; `on_redo_end` runs when replay ends (end of recovery or
@@ -41,14 +48,13 @@ pub fn init(on_redo: fn(i64), on_redo_end: fn()) {
         rm_cleanup: Some(redo_cleanup),
         ..Default::default()
     }));
-    // SAFETY: called while loading shared_preload_libraries, as PostgreSQL
-    // requires; the RmgrData lives for the life of the process, and the
-    // callbacks are written once here, before any record can be replayed.
-    unsafe {
-        ON_REDO = Some(on_redo);
-        ON_REDO_END = Some(on_redo_end);
-        pg_sys::RegisterCustomRmgr(RMGR_ID, rmgr)
+    *CALLBACKS.write() = Callbacks {
+        on_redo: Some(on_redo),
+        on_redo_end: Some(on_redo_end),
     };
+    // SAFETY: called while loading shared_preload_libraries, as PostgreSQL
+    // requires; the RmgrData lives for the life of the process.
+    unsafe { pg_sys::RegisterCustomRmgr(RMGR_ID, rmgr) };
 }
 
 /// The redo pointer of the newest checkpoint or restartpoint: it moves when
@@ -59,8 +65,8 @@ pub fn redo_pointer() -> u64 {
 }
 
 fn redo_end() {
-    // SAFETY: written once in _PG_init, before replay starts.
-    if let Some(on_end) = unsafe { ON_REDO_END } {
+    let on_end = CALLBACKS.read().on_redo_end;
+    if let Some(on_end) = on_end {
         on_end();
     }
 }
@@ -139,10 +145,10 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
     }
     // SAFETY: PostgreSQL calls redo with a record of our resource manager.
     let Some(until_ms) = (unsafe { record_until(record) }) else {
-        pgrx::error!("snowflake_id: malformed reservation record in WAL");
+        pgrx::error!("malformed snowflake_id reservation record in WAL");
     };
-    // SAFETY: written once in _PG_init, before replay starts.
-    if let Some(on_redo) = unsafe { ON_REDO } {
+    let on_redo = CALLBACKS.read().on_redo;
+    if let Some(on_redo) = on_redo {
         on_redo(until_ms);
     }
 }
@@ -154,7 +160,7 @@ unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::X
         if let Some(until_ms) = record_until(record) {
             let text = std::ffi::CString::new(format!(
                 "reserved until {}",
-                crate::layout::format_unix_ms(until_ms)
+                snowflake_core::layout::format_unix_ms(until_ms)
             ))
             .unwrap_or_default();
             pg_sys::appendStringInfoString(buf, text.as_ptr());

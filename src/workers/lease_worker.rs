@@ -3,7 +3,7 @@
 //! the Citus coordinator). This file is glue: the holder's rules are the
 //! state machine in `holder` (tested against a fake registry), the marks
 //! and the safety argument in `lease`, the registry's side in `leases.sql`
-//! (created with the extension), the design in docs/fleet-fencing.md.
+//! (created with the extension), the design in docs/design/fleet-fencing.md.
 //!
 //! - It runs when `snowflake_id.registry` is set, or when Citus is
 //!   preloaded (then it reads Citus's `pg_dist_node` in
@@ -33,28 +33,25 @@
 //!   retried every renewal interval.
 
 use crate::clock;
-use crate::generator::{floor_word, unpack};
-use crate::gucs;
-use crate::holder::{
-    self, AcquireRequest, CallError, Event, Holder, Identity, Now, Registry, ReleaseReply,
-    ReleaseRequest, RenewRequest, Reply,
-};
-use crate::layout::{format_unix_ms, Layout};
-use crate::lease::{self, Timing, Usage};
-use crate::registry_client::{self, Connection};
-use crate::reservation;
+use crate::durability::reservation;
+use crate::settings;
 use crate::shmem::{self, Header, MODE_CITUS, MODE_LOCAL, MODE_REGISTRY, NO_LEASE};
+use crate::workers::registry_client::{self, Connection};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
+use snowflake_core::generator::{floor_word, unpack};
+use snowflake_core::holder::{
+    self, AcquireRequest, CallError, Event, Holder, Identity, Now, Registry, ReleaseReply,
+    ReleaseRequest, RenewRequest, Reply,
+};
+use snowflake_core::layout::{format_unix_ms, Layout};
+use snowflake_core::lease::{self, Timing, Usage};
 use std::ffi::CStr;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::time::{Duration, Instant};
-
-pgrx::extension_sql_file!("leases.sql", name = "leases");
 
 const NAME: &str = "snowflake_id lease";
 const LEASE_FILE: &str = "snowflake_id.leases";
@@ -69,18 +66,18 @@ const RESTORE_FILES: [&str; 3] = ["backup_label", "recovery.signal", "standby.si
 
 /// Set in the postmaster when it started with one of [`RESTORE_FILES`]
 /// (inherited by the lease worker, which forks from it).
-static STARTED_FROM_BACKUP: AtomicBool = AtomicBool::new(false);
+static STARTED_FROM_BACKUP: parking_lot::Mutex<bool> = parking_lot::const_mutex(false);
 
 /// Registers the worker. Called from `_PG_init` while preloading, in the
 /// postmaster, whose working directory is the data directory.
 pub fn init() {
-    if !gucs::leases_enabled() {
+    if !settings::leases_enabled() {
         return;
     }
     let restored = RESTORE_FILES
         .iter()
         .any(|f| std::path::Path::new(f).exists());
-    STARTED_FROM_BACKUP.store(restored, Relaxed);
+    *STARTED_FROM_BACKUP.lock() = restored;
     BackgroundWorkerBuilder::new(NAME)
         .set_type(NAME)
         .set_library("snowflake_id")
@@ -188,14 +185,14 @@ struct Worker {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let citus = gucs::registry().is_none();
+    let citus = settings::registry().is_none();
     let database = if citus {
-        gucs::registry_database()
+        settings::registry_database()
     } else {
         None
     };
     BackgroundWorker::connect_worker_to_spi(database.as_deref(), None);
-    gucs::pin_search_path();
+    settings::pin_search_path();
     let Some(header) = shmem::header() else {
         return;
     };
@@ -230,7 +227,7 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
 
 impl Worker {
     fn new(header: &'static Header) -> Worker {
-        let layout = *gucs::layout();
+        let layout = *settings::layout();
         let data_directory = data_directory_id();
         let mut file = read_lease_file();
         let copied = file.data_directory.is_some() && file.data_directory != data_directory;
@@ -277,7 +274,7 @@ impl Worker {
             registry_session: None,
             public_warned: false,
         };
-        let target = if let Some(registry) = gucs::registry() {
+        let target = if let Some(registry) = settings::registry() {
             Some(Target {
                 display: redact(&registry),
                 conninfo: registry,
@@ -297,7 +294,7 @@ impl Worker {
         if target.is_some() {
             worker.set_target(target);
         }
-        let from_backup = STARTED_FROM_BACKUP.load(Relaxed) || file.from_backup;
+        let from_backup = *STARTED_FROM_BACKUP.lock() || file.from_backup;
         let same_registry = file.registry.is_some()
             && file.registry
                 == worker
@@ -350,7 +347,7 @@ impl Worker {
     }
 
     fn timing(&self) -> Timing {
-        Timing::new(gucs::lease_time_ms())
+        Timing::new(settings::lease_time_ms())
     }
 
     /// How long to sleep: until the next renewal, deadline or poll.
@@ -474,10 +471,10 @@ impl Worker {
             mono_ms: self.mono_ms(),
             wall_ms: clock::unix_ms(),
             timing: self.timing(),
-            max_drift_ms: gucs::max_drift_ms(),
-            max_blocks: gucs::max_blocks(),
+            max_drift_ms: settings::max_drift_ms(),
+            max_blocks: settings::max_blocks(),
         };
-        let (ranges, _) = gucs::worker_ranges();
+        let (ranges, _) = settings::worker_ranges();
         let allowed = lease::allowed_blocks(&ranges, self.holder.id.block_size);
         let result = {
             let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
@@ -717,7 +714,7 @@ impl Worker {
     /// How many ids of each held block this server may use, and how many
     /// have sessions.
     fn usage(&self) -> Vec<Usage> {
-        let (ranges, _) = gucs::worker_ranges();
+        let (ranges, _) = settings::worker_ranges();
         let slots = self.header.slots();
         let max = self.layout.max_worker_id();
         let size = self.holder.id.block_size;
@@ -1062,7 +1059,7 @@ fn conninfo_quote(value: &str) -> String {
 /// The coordinator of the Citus cluster this node belongs to (from
 /// `pg_dist_node`), `None` when it belongs to none, or why it cannot tell.
 fn citus_target() -> Result<Option<Target>, String> {
-    let database = gucs::registry_database().unwrap_or_default();
+    let database = settings::registry_database().unwrap_or_default();
     let found = BackgroundWorker::transaction(|| {
         Spi::connect(
             |client| -> Result<Option<(String, i32, i64, String)>, pgrx::spi::Error> {
@@ -1120,7 +1117,7 @@ fn citus_target() -> Result<Option<Target>, String> {
                 conninfo_quote(&host),
                 conninfo_quote(&database),
                 conninfo_quote(&user),
-                gucs::registry_options()
+                settings::registry_options()
             ),
             display: format!("\"Citus coordinator {host}:{port} dbname={database}\""),
             mode: MODE_CITUS,

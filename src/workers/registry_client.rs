@@ -14,9 +14,9 @@
 //! one refuses newer options (`sslcertmode` on PostgreSQL 16). libpq is
 //! installed wherever PostgreSQL is (`libpq5` on Debian).
 
-use crate::holder::CallError;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
+use snowflake_core::holder::CallError;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};

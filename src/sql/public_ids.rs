@@ -9,20 +9,19 @@
 //! process, and again only after a reload.
 
 use crate::errors;
-use crate::gucs;
-use crate::layout::PartError;
-use crate::public_id::{self, Codec, Token};
+use crate::settings;
+use parking_lot::{const_mutex, Mutex};
 use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
 use pgrx::datum::Datum;
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use snowflake_core::layout::PartError;
+use snowflake_core::public_id::{self, Codec, Token};
 
-thread_local! {
-    /// The codec for the keys in force, or `None` when no key file is named.
-    static CODEC: RefCell<Option<Codec>> = const { RefCell::new(None) };
-    /// `gucs::public_key_stamp()` when `CODEC` was built from the file.
-    static CODEC_STAMP: Cell<Option<(u64, i64)>> = const { Cell::new(None) };
-}
+/// This process's codec: `settings::public_key_stamp()` when it was built
+/// from the key file, and the codec for the keys in force (`None` when no key
+/// file is named). `None` until first used, and after a failed read.
+#[allow(clippy::type_complexity)]
+static CODEC: Mutex<Option<((u64, i64), Option<Codec>)>> = const_mutex(None);
 
 /// Runs `f` with the codec of the keys in force. The key file is read
 /// again only after this process reloaded its configuration or the
@@ -30,26 +29,29 @@ thread_local! {
 /// system call); a file that cannot be used is an error on every call
 /// until it is fixed (58P01, 42501, 22023), never old keys.
 fn with_codec<R>(function: &str, f: impl FnOnce(&Codec) -> R) -> R {
-    let stamp = gucs::public_key_stamp();
-    if CODEC_STAMP.get() != Some(stamp) {
-        CODEC.set(None);
-        CODEC_STAMP.set(None);
-        match gucs::public_keys() {
+    let stamp = settings::public_key_stamp();
+    let mut cached = CODEC.lock();
+    if cached.as_ref().map(|(built, _)| *built) != Some(stamp) {
+        *cached = None;
+        match settings::public_keys() {
             Ok(keys) => {
-                let width = gucs::layout().total_bits;
-                CODEC.set(keys.map(|keys| Codec::new(&keys, width)));
-                CODEC_STAMP.set(Some(stamp));
+                let width = settings::layout().total_bits;
+                *cached = Some((stamp, keys.map(|keys| Codec::new(&keys, width))));
             }
             Err((path, err)) => {
-                let shown = gucs::may_read_hidden_settings().then_some(path.as_str());
+                drop(cached);
+                let shown = settings::may_read_hidden_settings().then_some(path.as_str());
                 errors::public_key_file(shown, &err)
             }
         }
     }
-    CODEC.with_borrow(|codec| match codec {
-        Some(codec) => f(codec),
-        None => errors::no_public_key(function),
-    })
+    match cached.as_ref() {
+        Some((_, Some(codec))) => f(codec),
+        _ => {
+            drop(cached);
+            errors::no_public_key(function)
+        }
+    }
 }
 
 /// A token returned as SQL `text` straight from its stack bytes: one
@@ -85,7 +87,7 @@ fn snowflake_to_public(id: i64) -> TokenText {
             Some(token) => TokenText(token),
             None => errors::part_out_of_range(PartError::Id {
                 value: id,
-                max: gucs::layout().max_id(),
+                max: settings::layout().max_id(),
             }),
         }
     })

@@ -7,10 +7,10 @@
 
 use crate::claims;
 use crate::errors;
-use crate::gucs;
-use crate::layout::{Layout, PartError};
+use crate::settings;
 use pgrx::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use snowflake_core::layout::{Layout, PartError};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
@@ -40,17 +40,18 @@ const CHUNK: usize = 4096;
 /// Set once this process has seen the clock within the layout's usable
 /// time (not before the epoch, not within ten years of its end); from then
 /// on the generator's own clock rules apply.
-static TIME_USABLE: AtomicBool = AtomicBool::new(false);
+static TIME_USABLE: parking_lot::Mutex<bool> = parking_lot::const_mutex(false);
 
 /// Refuses to make IDs (55000) while the clock is outside the layout's
 /// usable time. Checked here rather than at start, so that a clock set
 /// wrong never stops the server.
 fn require_usable_time() {
-    if TIME_USABLE.load(Relaxed) {
+    let mut usable = TIME_USABLE.lock();
+    if *usable {
         return;
     }
-    match gucs::layout().time_problem(crate::clock::unix_ms()) {
-        None => TIME_USABLE.store(true, Relaxed),
+    match settings::layout().time_problem(crate::clock::unix_ms()) {
+        None => *usable = true,
         Some(problem) => errors::layout_unusable_now(&problem.to_string()),
     }
 }
@@ -119,7 +120,7 @@ impl Iterator for Batch {
 /// The worker id part of an ID.
 #[pg_extern(stable, strict, parallel_safe)]
 fn snowflake_worker_id(id: i64) -> i32 {
-    let parts = gucs::layout()
+    let parts = settings::layout()
         .decode(id)
         .unwrap_or_else(|e| errors::part_out_of_range(e));
     parts.worker_id as i32
@@ -128,7 +129,7 @@ fn snowflake_worker_id(id: i64) -> i32 {
 /// The sequence part of an ID.
 #[pg_extern(stable, strict, parallel_safe)]
 fn snowflake_sequence(id: i64) -> i32 {
-    let parts = gucs::layout()
+    let parts = settings::layout()
         .decode(id)
         .unwrap_or_else(|e| errors::part_out_of_range(e));
     parts.sequence as i32
@@ -137,7 +138,7 @@ fn snowflake_sequence(id: i64) -> i32 {
 /// The time an ID was made (the start of its tick).
 #[pg_extern(stable, strict, parallel_safe)]
 fn snowflake_timestamp(id: i64) -> TimestampWithTimeZone {
-    let layout = gucs::layout();
+    let layout = settings::layout();
     let parts = layout
         .decode(id)
         .unwrap_or_else(|e| errors::part_out_of_range(e));
@@ -148,7 +149,7 @@ fn snowflake_timestamp(id: i64) -> TimestampWithTimeZone {
 /// `WHERE id >= snowflake_from_timestamp(now() - interval '1 day')`.
 #[pg_extern(stable, strict, parallel_safe)]
 fn snowflake_from_timestamp(ts: TimestampWithTimeZone) -> i64 {
-    let layout = gucs::layout();
+    let layout = settings::layout();
     let unix_ms = to_unix_ms(ts, layout);
     layout
         .first_id_at(unix_ms)
@@ -158,7 +159,7 @@ fn snowflake_from_timestamp(ts: TimestampWithTimeZone) -> i64 {
 /// Builds an ID from its parts (for tests and migrations).
 #[pg_extern(stable, strict, parallel_safe)]
 fn snowflake_compose(ts: TimestampWithTimeZone, worker_id: i32, sequence: i32) -> i64 {
-    let layout = gucs::layout();
+    let layout = settings::layout();
     let unix_ms = to_unix_ms(ts, layout);
     let ticks = layout.tick_at(unix_ms);
     if !(0..=layout.max_ticks()).contains(&ticks) {
@@ -202,9 +203,9 @@ fn snowflake_layout() -> TableIterator<
         name!(ends_at, TimestampWithTimeZone),
     ),
 > {
-    let l = gucs::layout();
+    let l = settings::layout();
     TableIterator::once((
-        gucs::preset_name().to_string(),
+        settings::preset_name().to_string(),
         to_timestamptz(l.epoch_ms),
         l.unit_ms,
         l.total_bits as i32,
@@ -249,7 +250,7 @@ fn snowflake_config() -> TableIterator<
             None,
             None,
             None,
-            gucs::max_drift_ms(),
+            settings::max_drift_ms(),
             "not preloaded".to_string(),
             None,
             None,
@@ -276,14 +277,14 @@ fn snowflake_config() -> TableIterator<
     // node id this server has there are for superusers and members of
     // pg_read_all_settings (a role that can reach the registry could hold
     // the node id's lock there and make this server take itself for a copy).
-    let (registry, node_id) = if gucs::may_read_hidden_settings() {
+    let (registry, node_id) = if settings::may_read_hidden_settings() {
         (lease.registry.get(), lease.node_id.get())
     } else {
         (String::new(), String::new())
     };
     TableIterator::once((
         if text.is_empty() {
-            format!("0-{}", gucs::layout().max_worker_id())
+            format!("0-{}", settings::layout().max_worker_id())
         } else {
             text
         },
@@ -291,7 +292,7 @@ fn snowflake_config() -> TableIterator<
         Some(held as i64),
         Some(total.saturating_sub(held) as i64),
         claims::my_worker_id().map(|w| w as i32),
-        gucs::max_drift_ms(),
+        settings::max_drift_ms(),
         mode.to_string(),
         (!registry.is_empty()).then_some(registry),
         leased.then(|| lease.blocks_held.load(Relaxed) as i32),
@@ -326,7 +327,7 @@ fn snowflake_worker_status() -> TableIterator<
         name!(shared_claims, i64),
     ),
 > {
-    let layout = gucs::layout();
+    let layout = settings::layout();
     let ts = |micros: i64| TimestampWithTimeZone::try_from(micros).ok();
     let rows = claims::worker_rows().into_iter().map(move |r| {
         (
@@ -366,7 +367,7 @@ fn snowflake_advance_past(id: i64) -> TimestampWithTimeZone {
         errors::superuser_only("snowflake_advance_past");
     }
     let header = claims::require_shared("snowflake_advance_past");
-    let layout = gucs::layout();
+    let layout = settings::layout();
     // A changed layout not yet accepted: `id` could be of either layout.
     if header
         .layout_changed
@@ -377,7 +378,11 @@ fn snowflake_advance_past(id: i64) -> TimestampWithTimeZone {
     let parts = layout
         .decode(id)
         .unwrap_or_else(|e| errors::part_out_of_range(e));
-    crate::reservation::advance_past(header, layout.tick_start_unix_ms(parts.ticks), layout);
+    crate::durability::reservation::advance_past(
+        header,
+        layout.tick_start_unix_ms(parts.ticks),
+        layout,
+    );
     to_timestamptz(layout.tick_start_unix_ms(parts.ticks + 1))
 }
 
@@ -418,16 +423,18 @@ fn snowflake_accept_layout() -> TableIterator<
         errors::superuser_only("snowflake_accept_layout");
     }
     let header = claims::require_shared("snowflake_accept_layout");
-    let layout = gucs::layout();
+    let layout = settings::layout();
     let changed = header
         .layout_changed
         .load(std::sync::atomic::Ordering::Acquire);
     let first = if changed {
-        let latest_ms = crate::clock::unix_ms() + gucs::max_drift_ms();
-        match crate::reservation::accept_layout(header, layout, latest_ms) {
+        let latest_ms = crate::clock::unix_ms() + settings::max_drift_ms();
+        match crate::durability::reservation::accept_layout(header, layout, latest_ms) {
             Ok(first) => first,
-            Err(crate::reservation::AcceptError::CannotRise) => errors::layout_cannot_rise(None),
-            Err(crate::reservation::AcceptError::NotUntil(ms)) => {
+            Err(crate::durability::reservation::AcceptError::CannotRise) => {
+                errors::layout_cannot_rise(None)
+            }
+            Err(crate::durability::reservation::AcceptError::NotUntil(ms)) => {
                 errors::layout_cannot_rise(Some(ms))
             }
         }

@@ -1,0 +1,28 @@
+//! snowflake_core: the pure core of snowflake_id.
+//!
+//! Everything here is plain Rust with no PostgreSQL calls and no pgrx, so it
+//! builds and tests in seconds (`cargo test -p snowflake_core`) with injected
+//! clocks and fake registry clients. The extension crate (`src/`) is the glue
+//! that puts these rules into shared memory, settings, WAL and workers.
+//!
+//! - `layout`     the bit layout of an ID
+//! - `generator`  the clock and sequence rules (injected clock)
+//! - `ranges`     worker-id range parsing
+//! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument
+//! - `holder`     the holder side of leases, a state machine over a registry client
+//! - `public_id`  the keyed, reversible text form of IDs
+//! - `key_file`   reading and checking the public key file's contents
+//! - `conninfo`   reading libpq connection strings (secrets, problems)
+#![forbid(unsafe_code)]
+
+pub mod conninfo;
+pub mod generator;
+pub mod holder;
+pub mod key_file;
+pub mod layout;
+pub mod lease;
+pub mod public_id;
+pub mod ranges;
+
+#[cfg(test)]
+mod proptests;

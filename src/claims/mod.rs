@@ -1,0 +1,228 @@
+//! Worker ids: each backend claims one on its first `snowflake_nextval()`
+//! and keeps it until it exits. Several backends may share one worker id:
+//! its generator position is one word in shared memory advanced by
+//! compare-and-swap (see `generator` and `shmem`), so a backend alone on an
+//! id is merely uncontended.
+//!
+//! Which id a claim takes: the free id (no session holds it) released
+//! longest ago, so a freshly released id is reused last; when no id of the
+//! range is free, the held id with the fewest sessions (ties: the one
+//! claimed least recently, then the lowest). So IDs never run out: 53400
+//! remains only when no id of the range can be taken at all (some other
+//! code holding a claim lock in a conflicting mode; SQL cannot).
+//!
+//! A claim shows in two places:
+//! - the slot's `sessions` count (and `holder_pid` .. of the most recent
+//!   claim) in shared memory, set under the slot table's LWLock and undone
+//!   by an exit callback; shared memory is reset if a backend crashes, so a
+//!   claim can never outlive its holder;
+//! - a session-level advisory lock in ShareLock mode on a server-wide key
+//!   (database 0, classid [`ADVISORY_CLASSID`], objid = worker id, objsubid
+//!   [`ADVISORY_OBJSUBID`]), so `pg_locks` shows every session holding each
+//!   id, sharers included. SQL's `pg_advisory_*` functions cannot produce
+//!   this key, so no role can forge or block a claim.
+//!   `pg_advisory_unlock_all()` and `DISCARD ALL` (a pooler's reset) drop
+//!   the lock, not the claim: the slot stays held until the backend exits,
+//!   and a pre-commit callback takes the lock again when the transaction
+//!   that dropped it commits (one lookup in the backend's local lock table
+//!   per commit, nothing per ID).
+//!
+//! Release order at exit: the advisory lock first, then the slot's count.
+//!
+//! Files: this one is the hot path (`generate`) and the claim it keeps;
+//! `pick` chooses and takes a worker id (and waits for leases or the
+//! registry); `locks` holds the claim locks and the callbacks that keep and
+//! release them; `report` reads the slots for `snowflake_workers`.
+
+mod locks;
+mod pick;
+mod report;
+
+use locks::release_slot;
+use pick::claim_worker;
+pub use report::{range_usage, worker_rows};
+
+use crate::clock::WallClock;
+use crate::durability::reservation;
+use crate::errors;
+use crate::settings;
+use crate::shmem::{self, Header, Holder, Slot};
+use snowflake_core::generator::{Clock, GenError, GeneratorState};
+use snowflake_core::layout::Layout;
+use std::cell::{Cell, RefCell};
+
+/// This backend's claim.
+struct Claim {
+    worker_id: u32,
+    slot: &'static Slot,
+    /// This backend's entry, where it publishes its count of IDs.
+    holder: Option<&'static Holder>,
+    /// This backend's generator: its view of the slot's position, its clock
+    /// observations and its counters.
+    state: GeneratorState,
+    /// `state`'s counters as last added to the slot's.
+    published: GeneratorState,
+    /// The reservation floor (Unix ms) this claim started above, until it
+    /// issues its first ID.
+    fresh_floor: Option<i64>,
+    /// `state.clock_backward` when the last ID was issued.
+    backward_at_issue: u64,
+    /// The slot's `lease_epoch` when claimed.
+    epoch: u64,
+}
+
+thread_local! {
+    static CLAIM: RefCell<Option<Claim>> = const { RefCell::new(None) };
+    /// The slot this backend holds, kept apart from `CLAIM` so that the exit
+    /// callback can release it even while `CLAIM` is borrowed: a FATAL error
+    /// (e.g. pg_terminate_backend while `generate` sleeps) exits without
+    /// unwinding the frame that borrowed it.
+    static HELD: Cell<Option<(u32, &'static Slot)>> = const { Cell::new(None) };
+    /// The tick of the last ID made under a claim this backend gave up
+    /// when its lease ended: later claims start above it.
+    static MOVED_ABOVE: Cell<i64> = const { Cell::new(i64::MIN) };
+}
+
+impl Claim {
+    /// Adds this backend's new counts to the slot's (for reports).
+    #[inline]
+    fn publish(&mut self) {
+        self.slot
+            .publish_counters(&self.state, &mut self.published, self.holder);
+    }
+}
+
+/// The shared header, or the "not preloaded" error naming `function`.
+pub fn require_shared(function: &str) -> &'static Header {
+    match shmem::header() {
+        Some(header) => header,
+        None => errors::not_preloaded(function),
+    }
+}
+
+/// Makes `n` IDs from this backend's worker id, claiming one first if
+/// needed, and hands each to `emit`. Every ID is covered by the durable
+/// reservation before this returns. `function` names the caller in errors.
+#[inline]
+pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
+    let header = require_shared(function);
+    let layout = settings::layout();
+    let max_drift_ms = settings::max_drift_ms();
+    CLAIM.with_borrow_mut(|held| {
+        let mut claim = match held {
+            Some(claim) => claim,
+            None => held.insert(claim_worker(header, MOVED_ABOVE.get())),
+        };
+        let mut clock = WallClock {
+            newest_tick: Some(&header.newest_tick),
+        };
+        // The lease bound (see `lease`): no ID above the slot's limit, and
+        // none from a claim the lease worker has since re-leased.
+        let (mut limit, epoch) = claim.slot.lease_view();
+        let mut current = epoch == claim.epoch;
+        let mut i = 0;
+        while i < n {
+            match claim.state.next_shared(
+                layout,
+                claim.worker_id,
+                max_drift_ms,
+                &mut clock,
+                claim.slot,
+            ) {
+                Ok(_) if claim.state.last_tick > limit || !current => {
+                    claim = move_to_another_id(header, held);
+                    let (new_limit, epoch) = claim.slot.lease_view();
+                    limit = new_limit;
+                    current = epoch == claim.epoch;
+                    continue;
+                }
+                Ok(id) => {
+                    emit(id);
+                    i += 1;
+                }
+                Err(e) => {
+                    claim.publish();
+                    claim.refused(e, layout, max_drift_ms, &mut clock);
+                    continue;
+                }
+            }
+            claim.fresh_floor = None;
+        }
+        claim.backward_at_issue = claim.state.clock_backward;
+        claim.publish();
+        reservation::reserve(
+            header,
+            layout.tick_start_unix_ms(claim.state.last_tick),
+            layout,
+        );
+    });
+}
+
+/// This backend's claim's lease ended (expired, revoked or given again):
+/// hands the worker id back and claims another usable one, whose IDs go on
+/// above every ID this backend made (each backend's IDs increase, also
+/// when the new claim fails and a later call claims again).
+#[cold]
+fn move_to_another_id<'a>(header: &'static Header, held: &'a mut Option<Claim>) -> &'a mut Claim {
+    if let Some(mut old) = held.take() {
+        old.publish();
+        MOVED_ABOVE.set(MOVED_ABOVE.get().max(old.state.last_tick));
+        if let Some((worker_id, slot)) = HELD.take() {
+            release_slot(header, worker_id, slot);
+        }
+    }
+    held.insert(claim_worker(header, MOVED_ABOVE.get()))
+}
+
+/// How long a claim that has issued nothing waits for the clock to pass
+/// the reservation floor instead of failing, in ms. The floor is at most
+/// `reservation::RESERVE_MS` ahead of the last ID made before a restart or
+/// crash (plus any drift those IDs had), so this covers a restart with
+/// `max_drift = 0` with room to spare, and is still short for a client.
+const FLOOR_WAIT_MS: i64 = 1000;
+
+impl Claim {
+    /// The generator refused with `err`: waits when the only cause is the
+    /// floor of a claim that has issued nothing and the wait is short
+    /// (returns, to retry); otherwise raises the error naming the actual
+    /// cause.
+    #[cold]
+    fn refused(
+        &mut self,
+        err: GenError,
+        layout: &Layout,
+        max_drift_ms: i64,
+        clock: &mut WallClock,
+    ) {
+        let GenError::ClockBehind { behind, .. } = err else {
+            errors::generator(err, layout, max_drift_ms)
+        };
+        let now_ms = crate::clock::unix_ms();
+        let behind_ms = behind * layout.unit_ms;
+        let own_lead_ms = layout.tick_start_unix_ms(self.state.last_tick) - now_ms;
+        if let Some(floor_ms) = self.fresh_floor {
+            if own_lead_ms > max_drift_ms {
+                if own_lead_ms - max_drift_ms <= FLOOR_WAIT_MS {
+                    // Wait until the clock is within max_drift of the floor.
+                    clock.sleep_ms(own_lead_ms - max_drift_ms);
+                    return;
+                }
+                errors::behind_floor(floor_ms, behind_ms, max_drift_ms)
+            }
+        }
+        if own_lead_ms > max_drift_ms && self.state.clock_backward == self.backward_at_issue {
+            // The clock did not go back since this worker's last ID: its
+            // lead comes from borrowed ticks under a larger max_drift.
+            errors::borrowed_lead(behind_ms, max_drift_ms)
+        }
+        if own_lead_ms <= max_drift_ms {
+            errors::behind_server(behind_ms, max_drift_ms)
+        }
+        errors::generator(err, layout, max_drift_ms)
+    }
+}
+
+/// The worker id this backend holds, if any.
+pub fn my_worker_id() -> Option<u32> {
+    CLAIM.with_borrow(|claim| claim.as_ref().map(|c| c.worker_id))
+}

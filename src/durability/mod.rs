@@ -1,0 +1,9 @@
+//! Durability: no ID repeats after a restart, a crash or a failover.
+//!
+//! - `reservation` the state file, the floor above every ID issued, and WAL
+//!   replay of the reservation
+//! - `wal`         the custom WAL resource manager and its records (a leaf:
+//!   `reservation` calls it, it calls back through registered functions)
+
+pub mod reservation;
+pub mod wal;
