@@ -1,0 +1,91 @@
+//! What keeps the lease worker from leasing, and what the holder did: the
+//! log lines (each problem once, when it starts and when it ends) and the
+//! text `snowflake_config()` shows.
+
+use super::*;
+
+/// What keeps the lease worker from leasing, by cause: the cause decides
+/// which later success clears it. Shown in the log and in
+/// `snowflake_config().lease_problem` as text.
+#[derive(Clone, PartialEq)]
+pub(super) enum Problem {
+    /// Which Citus cluster this node belongs to cannot be read: cleared
+    /// when the metadata is read.
+    Citus(String),
+    /// The registry refused a call: cleared by the next call that succeeds.
+    Refused(String),
+    /// Anything else (unreachable, fenced, no free block, went back in
+    /// time): cleared when a new connection works.
+    Other(String),
+}
+
+impl Problem {
+    pub(super) fn text(&self) -> &str {
+        match self {
+            Problem::Citus(t) | Problem::Refused(t) | Problem::Other(t) => t,
+        }
+    }
+}
+
+impl Worker {
+    pub(super) fn set_problem(&mut self, problem: Problem) {
+        if self.problem.as_ref() != Some(&problem) {
+            pgrx::warning!("snowflake_id lease: {}", problem.text());
+        }
+        self.header.lease.problem.set(problem.text());
+        self.problem = Some(problem);
+    }
+
+    pub(super) fn clear_problem(&mut self) {
+        if self.problem.take().is_some() {
+            pgrx::log!(
+                "snowflake_id lease: the registry {} is reachable again",
+                self.display()
+            );
+        }
+        self.header.lease.problem.set("");
+    }
+
+    /// Logs what the holder did.
+    pub(super) fn report_events(&mut self) {
+        let display = self.display();
+        for event in std::mem::take(&mut self.holder.events) {
+            match event {
+                Event::Leased { block, floor_ms } => {
+                    let floor = if floor_ms > 0 {
+                        format!("its IDs start above {}", format_unix_ms(floor_ms))
+                    } else {
+                        "never used before".to_string()
+                    };
+                    pgrx::log!("snowflake_id lease: leased block {block} from {display}; {floor}");
+                }
+                Event::Expired { block } => pgrx::log!(
+                    "snowflake_id lease: the lease of block {block} ran out before a renewal; its worker ids are no longer used here"
+                ),
+                Event::Lost { block } => pgrx::log!(
+                    "snowflake_id lease: block {block} is no longer leased to this server (its lease expired at the registry, or the registry did not confirm it); its worker ids are no longer used here"
+                ),
+                Event::Released { block } => {
+                    pgrx::log!("snowflake_id lease: gave idle block {block} back")
+                }
+                Event::NewIncarnation { old, new } if !old.is_empty() => pgrx::log!(
+                    "snowflake_id lease: the registry {display} began a new incarnation ({new}, was {old}): it may have forgotten grants (a failover, a restore, an emptied lease table); this server re-asserts the blocks it holds"
+                ),
+                Event::NewIncarnation { .. } => {}
+                Event::Rollback { seen, reply } => self.set_problem(Problem::Other(format!(
+                    "the registry {display} answered from WAL position {reply}, below {seen} seen before: it went back in time; its answer is not used"
+                ))),
+                Event::Fenced { until_ms } => self.set_problem(Problem::Other(format!(
+                    "the registry {display} is fenced until {} (a new incarnation after it may have forgotten grants): it leases no block anew until then",
+                    format_unix_ms(until_ms)
+                ))),
+                Event::Refused(text) => self.set_problem(Problem::Refused(format!(
+                    "the registry {display} refused a call: {text}"
+                ))),
+                Event::NoFreeBlock => self.set_problem(Problem::Other(format!(
+                    "the registry {display} has no free block of worker ids for this server (snowflake_id.worker_ids limits which it may lease)"
+                ))),
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The holder's `Registry`: the lease protocol's calls (one `jsonb`
+//! request each) over the registry client's session.
+
+use super::*;
+
+/// The registry over a client session that took the node's lock.
+pub(super) struct PgRegistry {
+    pub(super) client: Connection,
+    /// The extension's schema on the registry, quoted.
+    pub(super) schema: String,
+}
+
+impl PgRegistry {
+    fn call<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        function: &str,
+        req: &impl Serialize,
+    ) -> Result<T, CallError> {
+        let body = serde_json::to_string(req)
+            .map_err(|e| CallError::Refused(format!("request not encoded: {e}")))?;
+        let sql = format!("SELECT {}.{function}($1::jsonb)::text", self.schema);
+        let text = self
+            .client
+            .value(&sql, &[&body])?
+            .ok_or_else(|| CallError::Refused(format!("{function} answered nothing")))?;
+        serde_json::from_str(&text).map_err(|e| {
+            CallError::Refused(format!(
+                "{function} answered what this server cannot read: {e}"
+            ))
+        })
+    }
+}
+
+impl Registry for PgRegistry {
+    fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
+        self.call("snowflake_lease_acquire", req)
+    }
+    fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
+        self.call("snowflake_lease_renew", req)
+    }
+    fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
+        self.call("snowflake_lease_release", req)
+    }
+}
+
+/// A call's error as text.
+pub(super) fn call_error_text(e: &CallError) -> String {
+    match e {
+        CallError::Unreachable(text) | CallError::Refused(text) => text.clone(),
+    }
+}
