@@ -109,6 +109,29 @@ SPREAD_MODULES = frozenset({
 })
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup schedules by module as SPREAD_MODULES says.
+
+    pytest-xdist's loadgroup puts a test's xdist_group into its node id,
+    which pytest 9 no longer lets a plugin change (xdist 3.8 sets
+    ``item._nodeid``, which pytest 9 ignores): the groups are lost and a
+    module's tests land on both workers (then a module-scoped server is made
+    twice and tests that build on an earlier test's rows fail). This
+    scheduler makes the same groups from the node ids themselves."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            module = os.path.splitext(os.path.basename(path))[0]
+            return nodeid if module in SPREAD_MODULES else path
+
+    return ModuleScheduling(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     selection = os.environ.get("SNOWFLAKE_TESTS", "all")

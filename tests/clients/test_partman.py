@@ -1,7 +1,8 @@
 """pg_partman 4.7 (Debian's postgresql-15-partman) keeping daily partitions
 of a snowflake-keyed table, with the recipe quoted from
-docs/guides/partitions.md as it is: every partition starts at a UTC midnight, IDs made now land in today's
-partition, and run_maintenance() keeps the premade days ahead."""
+docs/guides/partitions.md as it is: every partition starts at a UTC
+midnight, IDs made now land in today's partition, and run_maintenance()
+keeps the premade days ahead."""
 from __future__ import annotations
 
 import pytest

@@ -3,10 +3,11 @@ clients generate, and the errors a clock gives.
 
 The server runs under libfaketime with the offset read from a file that the
 test rewrites (helpers.FakeClock: ``FAKETIME_TIMESTAMP_FILE`` +
-``FAKETIME_NO_CACHE=1``, so every clock reading re-reads it). The offset syntax, checked by experiment with
-``date`` under libfaketime 0.9.10: ``+0``, ``-0.05``, ``-0.9``, ``-5``,
-``+600`` are seconds (decimals allowed; ``-0.050000s`` works too). Beware:
-``-50ms`` is *not* 50 milliseconds; ``m`` is minutes, so it means -50 minutes.
+``FAKETIME_NO_CACHE=1``, so every clock reading re-reads it). The offset
+syntax, checked by experiment with ``date`` under libfaketime 0.9.10:
+``+0``, ``-0.05``, ``-0.9``, ``-5``, ``+600`` are seconds (decimals
+allowed; ``-0.050000s`` works too). Beware: ``-50ms`` is *not* 50
+milliseconds; ``m`` is minutes, so it means -50 minutes.
 ``FAKETIME_DONT_FAKE_MONOTONIC=1`` keeps PostgreSQL's timeouts on the real
 monotonic clock; the generator reads the (faked) realtime clock.
 

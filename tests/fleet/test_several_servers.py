@@ -292,10 +292,11 @@ def _claim_worker_id(writer, wanted: int) -> tuple[psycopg.Connection, list]:
 
 
 def test_overlapping_ranges_break_the_merger(make_cluster):
-    """The misconfiguration docs/operations/fleet.md warns about: A has '0-9', B has '5-14'.
-    Both hand out worker id 7 (forced here by holding 0-6 and 5-6); rows made
-    in the same millisecond with the same sequence get the same ID, and the
-    merger's apply worker stops on the duplicate key, retrying forever."""
+    """The misconfiguration docs/operations/fleet.md warns about: A has
+    '0-9', B has '5-14'. Both hand out worker id 7 (forced here by holding
+    0-6 and 5-6); rows made in the same millisecond with the same sequence
+    get the same ID, and the merger's apply worker stops on the duplicate
+    key, retrying forever."""
     a = make_cluster(tcp=True, settings={**LOGICAL_REPLICATION_SETTINGS,
                                         "snowflake_id.worker_ids": "0-9"})
     b = make_cluster(tcp=True, settings={**LOGICAL_REPLICATION_SETTINGS,
