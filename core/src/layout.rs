@@ -465,22 +465,39 @@ impl fmt::Display for PartError {
     }
 }
 
+/// Why an epoch text was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EpochError {
+    /// Digits only, but more than an `i64` holds.
+    TooLarge(String),
+    /// Neither a date, a date and time, nor Unix milliseconds.
+    Malformed(String),
+}
+
+impl fmt::Display for EpochError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EpochError::TooLarge(text) => write!(f, "\"{text}\" is too large for Unix milliseconds"),
+            EpochError::Malformed(text) => write!(
+                f,
+                "\"{text}\" is not a UTC date (YYYY-MM-DD), date and time (YYYY-MM-DD HH:MM:SS[.fff][Z]) \
+                 or Unix milliseconds"
+            ),
+        }
+    }
+}
+
 /// Parses an epoch: Unix milliseconds (`1704067200000`), a date
 /// (`2024-01-01`) or a UTC date and time (`2024-01-01 00:00:00`, `T` also
 /// accepted, optional `Z`, `+00` or `+00:00`, optional fraction of a second).
-pub fn parse_epoch(text: &str) -> Result<i64, String> {
+pub fn parse_epoch(text: &str) -> Result<i64, EpochError> {
     let s = text.trim();
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return s
             .parse::<i64>()
-            .map_err(|_| format!("\"{text}\" is too large for Unix milliseconds"));
+            .map_err(|_| EpochError::TooLarge(text.into()));
     }
-    let bad = || {
-        format!(
-            "\"{text}\" is not a UTC date (YYYY-MM-DD), date and time (YYYY-MM-DD HH:MM:SS[.fff][Z]) \
-             or Unix milliseconds"
-        )
-    };
+    let bad = || EpochError::Malformed(text.into());
     let mut rest = s;
     for suffix in ["Z", "z", "+00:00", "+00", "+0000"] {
         if let Some(r) = rest.strip_suffix(suffix) {
@@ -492,7 +509,7 @@ pub fn parse_epoch(text: &str) -> Result<i64, String> {
         Some(i) => (&rest[..i], Some(&rest[i + 1..])),
         None => (rest, None),
     };
-    let num = |t: &str, len: usize| -> Result<i64, String> {
+    let num = |t: &str, len: usize| -> Result<i64, EpochError> {
         if t.len() == len && t.bytes().all(|b| b.is_ascii_digit()) {
             t.parse::<i64>().map_err(|_| bad())
         } else {

@@ -11,7 +11,7 @@ use crate::layout::{
     format_unix_ms, parse_epoch, Layout, LayoutError, PartError, Parts, DEFAULT_EPOCH_MS,
     MAX_SEQUENCE_BITS, MAX_WORKER_BITS, MIN_LIFETIME_MS, PRESETS,
 };
-use crate::ranges::WorkerRanges;
+use crate::ranges::{RangeError, WorkerRanges};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use std::collections::HashSet;
@@ -1415,7 +1415,7 @@ proptest! {
         parts.push(id.to_string());
         let text = parts.join(",");
         let err = WorkerRanges::parse(&text, max).unwrap_err();
-        prop_assert!(err.contains("overlap"), "{}: {}", text, err);
+        prop_assert!(matches!(err, RangeError::Overlap { .. }), "{}: {}", text, err);
     }
 
     /// `WorkerRanges::parse` never panics, whatever the text.

@@ -2,6 +2,49 @@
 
 use std::fmt;
 
+/// Why a worker-id range text was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RangeError {
+    /// A part is not a number or a range of numbers.
+    NotAnId { part: String },
+    /// A number does not fit a worker id.
+    TooLarge { part: String },
+    /// A range's start is after its end.
+    Empty { part: String },
+    /// A range goes beyond the layout's largest worker id.
+    BeyondLayout { part: String, max: u32 },
+    /// Two ranges overlap.
+    Overlap {
+        first: (u32, u32),
+        second: (u32, u32),
+    },
+}
+
+impl fmt::Display for RangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RangeError::NotAnId { part } => write!(
+                f,
+                "\"{part}\" is not a worker id or a range of them (write e.g. 0-15,32,40-47)"
+            ),
+            RangeError::TooLarge { part } => write!(f, "\"{part}\" is too large for a worker id"),
+            RangeError::Empty { part } => write!(
+                f,
+                "\"{part}\" is an empty range (its start is after its end)"
+            ),
+            RangeError::BeyondLayout { part, max } => write!(
+                f,
+                "\"{part}\" goes beyond the largest worker id of the layout, {max}"
+            ),
+            RangeError::Overlap { first, second } => write!(
+                f,
+                "the ranges {}-{} and {}-{} overlap",
+                first.0, first.1, second.0, second.1
+            ),
+        }
+    }
+}
+
 /// A set of worker ids, as sorted, non-overlapping inclusive ranges.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerRanges(Vec<(u32, u32)>);
@@ -14,7 +57,7 @@ impl WorkerRanges {
 
     /// Parses `text` (empty means every id of the layout) and checks it
     /// against the largest worker id, `max`.
-    pub fn parse(text: &str, max: u32) -> Result<Self, String> {
+    pub fn parse(text: &str, max: u32) -> Result<Self, RangeError> {
         let text = text.trim();
         if text.is_empty() {
             return Ok(Self::all(max));
@@ -30,24 +73,23 @@ impl WorkerRanges {
                 }
             };
             if lo > hi {
-                return Err(format!(
-                    "\"{part}\" is an empty range (its start is after its end)"
-                ));
+                return Err(RangeError::Empty { part: part.into() });
             }
             if hi > max {
-                return Err(format!(
-                    "\"{part}\" goes beyond the largest worker id of the layout, {max}"
-                ));
+                return Err(RangeError::BeyondLayout {
+                    part: part.into(),
+                    max,
+                });
             }
             ranges.push((lo, hi));
         }
         ranges.sort_unstable();
         for w in ranges.windows(2) {
             if w[1].0 <= w[0].1 {
-                return Err(format!(
-                    "the ranges {}-{} and {}-{} overlap",
-                    w[0].0, w[0].1, w[1].0, w[1].1
-                ));
+                return Err(RangeError::Overlap {
+                    first: w[0],
+                    second: w[1],
+                });
             }
         }
         Ok(WorkerRanges(ranges))
@@ -88,15 +130,13 @@ impl fmt::Display for WorkerRanges {
     }
 }
 
-fn number(s: &str, part: &str) -> Result<u32, String> {
+fn number(s: &str, part: &str) -> Result<u32, RangeError> {
     let s = s.trim();
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "\"{part}\" is not a worker id or a range of them (write e.g. 0-15,32,40-47)"
-        ));
+        return Err(RangeError::NotAnId { part: part.into() });
     }
     s.parse::<u32>()
-        .map_err(|_| format!("\"{part}\" is too large for a worker id"))
+        .map_err(|_| RangeError::TooLarge { part: part.into() })
 }
 
 #[cfg(test)]
@@ -129,6 +169,17 @@ mod tests {
             assert!(WorkerRanges::parse(bad, 1023).is_err(), "{bad}");
         }
         let e = WorkerRanges::parse("0-1023", 63).unwrap_err();
-        assert!(e.contains("largest worker id of the layout, 63"), "{e}");
+        assert_eq!(
+            e,
+            RangeError::BeyondLayout {
+                part: "0-1023".into(),
+                max: 63
+            }
+        );
+        assert!(
+            e.to_string()
+                .contains("largest worker id of the layout, 63"),
+            "{e}"
+        );
     }
 }

@@ -528,7 +528,7 @@ pub fn worker_ranges() -> (WorkerRanges, String) {
         .unwrap_or_default();
     match WorkerRanges::parse(&text, layout().max_worker_id()) {
         Ok(ranges) => (ranges, text),
-        Err(detail) => errors::bad_worker_ids(&detail),
+        Err(detail) => errors::bad_worker_ids(&detail.to_string()),
     }
 }
 
@@ -822,7 +822,12 @@ unsafe extern "C-unwind" fn check_worker_ids(
     };
     match WorkerRanges::parse(&text, layout.max_worker_id()) {
         Ok(_) => true,
-        Err(detail) => reject("snowflake_id.worker_ids", &text, &detail, source),
+        Err(detail) => reject(
+            "snowflake_id.worker_ids",
+            &text,
+            &detail.to_string(),
+            source,
+        ),
     }
 }
 
@@ -840,7 +845,7 @@ unsafe extern "C-unwind" fn check_epoch(
     // stop the server; snowflake_nextval() refuses instead.
     match layout::parse_epoch(&text) {
         Ok(_) => true,
-        Err(detail) => reject("snowflake_id.epoch", &text, &detail, source),
+        Err(detail) => reject("snowflake_id.epoch", &text, &detail.to_string(), source),
     }
 }
 
