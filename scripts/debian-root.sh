@@ -3,7 +3,7 @@
 # scripts/debian-root.sh -- a Debian 13 (trixie) root directory made with
 # debootstrap from Debian's own packages, for the package test that installs
 # the PostgreSQL 17 package into Debian 13's postgresql-17
-# (tests/test_package.py).
+# (tests/upgrade/test_package.py).
 #
 # Run as root:   bash scripts/debian-root.sh
 #

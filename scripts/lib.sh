@@ -162,7 +162,7 @@ _ensure_cargo_pgrx() {
         log "installing cargo-pgrx $PGRX_VERSION (found: ${have:-none}); this takes several minutes"
         cargo install cargo-pgrx --version "=$PGRX_VERSION" --locked
     fi
-    # Every supported version is configured, so that `cargo pgrx test pgNN`
+    # Every supported version is configured, so that `cargo pgrx install --pg-config` and `cargo test --features pgNN`
     # works for each; re-run init only when config.toml says otherwise.
     local cfg="$PGRX_HOME/config.toml" args=() v want
     for v in "${SUPPORTED_PG_VERSIONS[@]}"; do
@@ -289,7 +289,7 @@ _ensure_venv() {
     printf '%s\n' "$want" >"$stamp"
 }
 
-# Citus (tests/test_citus.py) is built from the tarball the project is given
+# Citus (tests/fleet/test_citus.py) is built from the tarball the project is given
 # in ../shared/citus (next to the repository; SNOWFLAKE_CITUS_DIR overrides),
 # for PostgreSQL 15 only, once (install.sh does nothing when it is there).
 # Without the tarball the Citus tests skip, saying so

@@ -10,7 +10,7 @@
 -- as pg_stat_activity does. The registry table keeps its rows.
 --
 -- Made from the generated 0.1.0 and 0.2.0 install scripts (see sql/README.md);
--- tests/test_extension_upgrade.py checks that an updated database has the
+-- tests/upgrade/test_extension_upgrade.py checks that an updated database has the
 -- same objects as a fresh CREATE EXTENSION.
 
 \echo Use "ALTER EXTENSION snowflake_id UPDATE TO '0.2.0'" to load this file. \quit

@@ -11,7 +11,7 @@
 -- none is free), so they are dropped and made again too.
 --
 -- Made from the generated 0.2.0 and 0.3.0 install scripts (see sql/README.md);
--- tests/test_extension_upgrade.py checks that an updated database has the
+-- tests/upgrade/test_extension_upgrade.py checks that an updated database has the
 -- same objects as a fresh CREATE EXTENSION.
 
 \echo Use "ALTER EXTENSION snowflake_id UPDATE TO '0.3.0'" to load this file. \quit

@@ -22,12 +22,17 @@ passed and kept (path printed, log tail shown) when it failed.
 
 Tests marked ``@pytest.mark.slow`` are skipped unless SNOWFLAKE_SLOW=1.
 
-With SNOWFLAKE_TESTS=core only the test modules of CORE_MODULES run (the
-core subset: what depends on the PostgreSQL version, and the basic
-guarantees; see CORE_MODULES below); the others are skipped, saying so.
-scripts/test.sh sets it for the versions of CORE_ONLY_PG_VERSIONS
-(scripts/lib.sh), so that a run over every supported version stays under 45
-minutes on two cores (CONTRIBUTING.md, "What is tested where").
+SNOWFLAKE_TESTS chooses the tests: ``all`` (the default), ``core`` (the
+modules of CORE_MODULES: what depends on the PostgreSQL version, and the
+basic guarantees) or ``core+fencing`` (the core subset and the fleet's
+fencing tests); the others are skipped, saying so. scripts/test.sh sets it
+per version (tests_for_version in scripts/lib.sh), so that a run over every
+supported version stays under 45 minutes on two cores (CONTRIBUTING.md,
+"What is tested where").
+
+Tests marked ``@pytest.mark.serial`` change the installation itself (the
+package test installs and removes the Debian package): scripts/test.sh runs
+them alone, after the others (``-m serial``).
 
 The tests are grouped by component, one folder each: claims/, clocks/,
 durability/, fleet/, settings/, sql_api/, upgrade/, clients/, docs/ (and
@@ -67,10 +72,9 @@ CORE_MODULES = frozenset({
     # durability/
     "test_restarts",
     "test_reservation",
-    # fleet/: the worker registry table and its worker, and the fleet's
-    # safety (fencing, the lease worker's connection to its registry).
+    # fleet/: the worker registry table and its worker, and the lease
+    # worker's connection to its registry (libpq, loaded at run time).
     "test_registry",
-    "test_fencing",
     "test_registry_client",
     # upgrade/
     "test_extension_upgrade",
@@ -78,6 +82,17 @@ CORE_MODULES = frozenset({
     "test_package",
     "test_meta",
 })
+
+# What each SNOWFLAKE_TESTS selection runs (None: every module). The fencing
+# tests exercise the registry's SQL and the lease worker, the same code on
+# every version; the parts of them that depend on the version (background
+# workers, shared memory, WAL) are in the core subset: scripts/test.sh runs
+# them on 15 (everything) and 18 (the newest).
+SELECTIONS = {
+    "all": None,
+    "core": CORE_MODULES,
+    "core+fencing": CORE_MODULES | {"test_fencing"},
+}
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -135,18 +150,18 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     selection = os.environ.get("SNOWFLAKE_TESTS", "all")
-    if selection not in ("all", "core"):
-        raise pytest.UsageError(f"SNOWFLAKE_TESTS={selection!r}: use 'all' or 'core'")
-    not_core = pytest.mark.skip(
-        reason=f"PostgreSQL {PG_MAJOR} runs the core subset (CORE_MODULES in "
-               "tests/conftest.py, SNOWFLAKE_TESTS=core); the whole suite runs on the "
-               "other versions (SNOWFLAKE_TESTS=all runs it here)")
+    if selection not in SELECTIONS:
+        raise pytest.UsageError(f"SNOWFLAKE_TESTS={selection!r}: use one of "
+                                + ", ".join(SELECTIONS))
+    modules = SELECTIONS[selection]
+    not_selected = pytest.mark.skip(
+        reason=f"PostgreSQL {PG_MAJOR} runs the {selection} subset (SELECTIONS in "
+               "tests/conftest.py, SNOWFLAKE_TESTS); the whole suite runs on 15 "
+               "(SNOWFLAKE_TESTS=all runs it here)")
     slow = pytest.mark.skip(reason="slow test: set SNOWFLAKE_SLOW=1 to run")
     for item in items:
-        if item.module.__name__ not in SPREAD_MODULES:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-        if selection == "core" and item.module.__name__ not in CORE_MODULES:
-            item.add_marker(not_core)
+        if modules is not None and item.module.__name__ not in modules:
+            item.add_marker(not_selected)
         elif "slow" in item.keywords and os.environ.get("SNOWFLAKE_SLOW") != "1":
             item.add_marker(slow)
 

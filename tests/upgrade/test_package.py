@@ -38,6 +38,12 @@ MAJOR = pg_config("--version").split()[1].split(".")[0]
 DEBIAN_PG15 = PG_CONFIG == "/usr/lib/postgresql/15/bin/pg_config"
 AS_ROOT = os.geteuid() == 0
 
+# Installing the package for real sets the installed extension aside while
+# it runs: no other test may run meanwhile (scripts/test.sh runs these
+# alone, after the others). The whole module, so that its package is built
+# once.
+pytestmark = pytest.mark.serial
+
 
 def _cargo_version() -> str:
     with open(os.path.join(REPO, "Cargo.toml")) as f:
