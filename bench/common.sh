@@ -2,9 +2,16 @@
 #
 # bench/common.sh -- shared by bench/run.sh and bench/profile.sh (source it).
 #
-#   REPO_ROOT, PG_CONFIG, PY        paths
-#   log / die                       progress / error lines
-#   bench_checks                    root, postgres user, pg_config, .venv with psycopg
+# Sources scripts/lib.sh, which provides REPO_ROOT, PG_CONFIG, log, die,
+# require_root, as_postgres and the dependency steps; adds only what is the
+# benchmark's own:
+#
+#   PY                              the repo's venv Python
+#   bench_checks                    root, postgres user, pg_config, and the venv:
+#                                   tests/requirements.txt (psycopg; lib.sh's
+#                                   _ensure_venv) plus bench/requirements.txt
+#                                   (matplotlib), each installed only when its
+#                                   requirements changed (a stamp of their hash)
 #   bench_build                     unless BENCH_SKIP_INSTALL=1:
 #                                     cargo pgrx install --release   (the system install)
 #                                     cargo pgrx package             (bench/out/pkg, same build)
@@ -13,22 +20,28 @@
 #                                   nothing is built: BENCH_PKG=<dir> if set, else the
 #                                   installed files are measured.
 
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 export PG_CONFIG
 PY="$REPO_ROOT/.venv/bin/python"
 
-log() { printf '==> %s\n' "$*" >&2; }
-die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
+# bench/requirements.txt into .venv, when the stamp (the hash of the file and
+# of the interpreter's version) says it changed.
+_ensure_bench_venv() {
+    local req="$REPO_ROOT/bench/requirements.txt" stamp="$REPO_ROOT/.venv/.bench-requirements.sha256" want
+    want="$( { sha256sum <"$req"; "$PY" --version; } 2>&1 | sha256sum | cut -d' ' -f1)"
+    [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && return 0
+    log "pip install -r bench/requirements.txt"
+    "$PY" -m pip install -q --disable-pip-version-check -r "$req"
+    printf '%s\n' "$want" >"$stamp"
+}
 
 bench_checks() {
-    [[ $EUID -eq 0 ]] || die "run as root: the servers run as the 'postgres' OS user (runuser)"
+    require_root
     id postgres >/dev/null 2>&1 || die "no 'postgres' OS user: install postgresql-15"
     [[ -x $PG_CONFIG ]] || die "pg_config not found at $PG_CONFIG"
-    if ! { [[ -x $PY ]] && "$PY" -c 'import psycopg' 2>/dev/null; }; then
-        die "$PY with psycopg not found: run 'bash scripts/test.sh' once (it creates .venv), or
-       python3 -m venv .venv && .venv/bin/pip install -r tests/requirements.txt"
-    fi
+    _ensure_venv
+    _ensure_bench_venv
 }
 
 bench_build() {
@@ -40,10 +53,10 @@ bench_build() {
         fi
         return 0
     fi
-    if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
-        # shellcheck source=/dev/null
-        . "$HOME/.cargo/env"
-    fi
+    # The build tools, Rust and cargo-pgrx for PG_CONFIG's major version only.
+    # shellcheck disable=SC2034  # read by lib.sh's ensure_build_deps
+    PG_VERSIONS=("$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')")
+    ensure_build_deps
     log "building and installing the release build (BENCH_SKIP_INSTALL=1 skips this)"
     (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG")
     # The same build again as a package directory: the benchmark copies the

@@ -83,7 +83,7 @@ esac
 # startup too, which 2,000,000 rows make small.
 if [[ $TOOL == callgrind ]]; then CALLS="${PROFILE_CALLS:-200000}"; else CALLS="${PROFILE_CALLS:-2000000}"; fi
 
-WORK="$(mktemp -d /tmp/sfbenchXXXXXX)"   # bench.py's orphan cleanup knows the prefix
+WORK="$(mktemp -d /tmp/sfbenchXXXXXX)"   # bench.py's orphan cleanup (harness.stop_orphans) knows the prefix
 echo $$ >"$WORK/owner.pid"
 chmod 755 "$WORK"
 cleanup() {
@@ -95,13 +95,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A private copy of the installation with this build (see bench.py build_pg_tree).
+# A private copy of the installation with this build (bench/servers.py build_pg_tree).
 POSTGRES="$("$PY" "$REPO_ROOT/bench/bench.py" --pg-tree "$WORK/pg")"
 DATA="$WORK/data"
 OUTD="$WORK/out"   # profiles and logs, written by the postgres OS user
 mkdir "$DATA" "$OUTD" && chown postgres: "$DATA" "$OUTD" && chmod 700 "$DATA"
-as_pg() { (cd "$WORK" && runuser -u postgres -- "$@"); }
-as_pg "$(dirname "$PG_CONFIG")/initdb" -D "$DATA" -A trust -U postgres -E UTF8 \
+as_postgres "$(dirname "$PG_CONFIG")/initdb" -D "$DATA" -A trust -U postgres -E UTF8 \
     --locale=C.UTF-8 --no-sync --no-instructions >/dev/null
 cat >>"$DATA/postgresql.conf" <<EOF
 shared_preload_libraries = 'snowflake_id'
@@ -116,8 +115,8 @@ EOF
 # One single-user backend running the given SQL, optionally under a profiler.
 single() {  # single SQL [PROFILER ARGS...]
     local sql="$1"; shift
-    printf '%s\n' "$sql" | (cd "$WORK" && runuser -u postgres -- "$@" \
-        "$POSTGRES" --single -D "$DATA" -c exit_on_error=on postgres)
+    printf '%s\n' "$sql" | as_postgres "$@" "$POSTGRES" --single -D "$DATA" \
+        -c exit_on_error=on postgres
 }
 single "CREATE EXTENSION snowflake_id;" >"$OUTD/setup.log" 2>&1 \
     || die "CREATE EXTENSION failed: $(cat "$OUTD/setup.log")"

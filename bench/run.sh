@@ -9,12 +9,16 @@
 #      (cargo pgrx install --release), and packages the same build into
 #      bench/out/pkg (cargo pgrx package); BENCH_SKIP_INSTALL=1 skips both and
 #      measures the installed library instead
-#   2. runs bench/bench.py with the repo's venv (.venv, psycopg 3): two
+#   2. runs bench/bench.py with the repo's venv (.venv: psycopg 3 from
+#      tests/requirements.txt, matplotlib from bench/requirements.txt, both
+#      installed when missing): two
 #      throwaway servers as the postgres OS user in /tmp/sfbenchXXXXXX (the
 #      default layout, and snowflake_id.layout = 'js53' for one row of case 1)
 #      running a private copy of that build; always stopped at the end
 #   3. prints the results and the goals (PASS/MISS), and writes bench/out/
-#      results.csv, chart.svg, results.txt and meta.json
+#      results.csv, chart.svg (and chart.png), results.txt and meta.json
+#
+# bash bench/run.sh --help lists the knobs (no build, no servers).
 #
 # A full run takes about 8-10 minutes; BENCH_QUICK=1 about a minute. The knobs
 # (BENCH_REPS, BENCH_N, BENCH_CASES=1,3, ...) are listed in bench/README.md.
@@ -24,6 +28,10 @@ set -euo pipefail
 # shellcheck source=bench/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    [[ -x $PY ]] || die "no .venv yet: run bash bench/run.sh once (as root)"
+    exec "$PY" "$REPO_ROOT/bench/bench.py" --help
+fi
 bench_checks
 bench_build
 exec "$PY" "$REPO_ROOT/bench/bench.py" "$@"
