@@ -424,6 +424,5 @@ def stop_orphans(dir_prefix: str = DIR_PREFIX, remove: bool = False) -> None:
 
 
 # bench/bench.py imports pg_ids under its earlier, private name.
-_pg_ids = pg_ids
 
 

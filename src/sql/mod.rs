@@ -5,8 +5,28 @@
 //! - `tools`      SQL-language functions (`tools.sql`: decode row, convert a
 //!   column, partitions) and COMMENTs
 //! - `leases`     the registry's side of the lease protocol (`leases.sql`)
+//! - `registry`   the table the registry worker keeps (`registry.sql`)
+//!
+//! The SQL objects are in `.sql` files next to the Rust that pulls them in
+//! with `extension_sql_file!`: `privileges.sql`, `workers_view.sql`,
+//! `registry.sql`, `leases.sql`, `tools.sql`.
 
 pub mod api;
 pub mod leases;
 pub mod public_ids;
+pub mod registry;
 pub mod tools;
+
+use pgrx::spi::Spi;
+
+/// The extension's schema in this database, quoted for SQL text; `None`
+/// when the extension is not created here. Needs a transaction.
+pub fn extension_schema() -> Option<String> {
+    Spi::get_one::<String>(
+        "SELECT quote_ident(n.nspname) FROM pg_catalog.pg_extension e \
+           JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
+          WHERE e.extname = 'snowflake_id'",
+    )
+    .ok()
+    .flatten()
+}

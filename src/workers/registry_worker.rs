@@ -23,6 +23,7 @@
 
 use crate::settings;
 use crate::shmem;
+use crate::sql;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
     DynamicBackgroundWorker, SignalWakeFlags,
@@ -46,104 +47,15 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 const LAUNCHER: &str = "snowflake_id registry launcher";
 const SYNC: &str = "snowflake_id registry";
 
-// The table the sync worker keeps (created by `CREATE EXTENSION`). Dumped
-// with the database (pg_extension_config_dump): restoring the dump into
-// another database copies the rows too.
-extension_sql!(
-    r#"
-CREATE TABLE snowflake_worker_registry (
-    worker_id        int PRIMARY KEY,
-    pid              int,
-    database         name,
-    role             name,
-    application_name text,
-    claimed_at       timestamptz,
-    released_at      timestamptz,
-    claims           bigint NOT NULL DEFAULT 0,
-    ids_issued       bigint NOT NULL DEFAULT 0,
-    high_water       timestamptz,
-    updated_at       timestamptz NOT NULL DEFAULT now()
-);
-COMMENT ON TABLE snowflake_worker_registry IS
-  'Who held each worker id and when, and the time of the last ID made under it; kept by the snowflake_id registry worker in the database named by snowflake_id.registry_database.';
-REVOKE ALL ON snowflake_worker_registry FROM PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('snowflake_worker_registry', '');
-"#,
-    name = "snowflake_worker_registry_table"
-);
-
-// Rows a restore brings back (pg_restore, COPY, INSERT) carry the
-// high-water marks of the server they came from: every later ID of this
-// server goes above them at once, with no manual step. The registry
-// worker's own upserts go through here too (a no-op: their marks are this
-// server's own). pg_upgrade copies the table's files instead of inserting:
-// the worker reads the table when the server starts (`read_high_water`).
-extension_sql!(
-    r#"
-CREATE FUNCTION snowflake_registry_high_water() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    hw timestamptz;
-BEGIN
-    SELECT max(high_water) INTO hw FROM new_rows;
-    IF hw IS NOT NULL THEN
-        BEGIN
-            PERFORM @extschema@.snowflake_advance_past(@extschema@.snowflake_from_timestamp(hw));
-        EXCEPTION WHEN others THEN
-            RAISE WARNING 'snowflake_id: new IDs of this server may not be above the restored registry''s high-water mark %: %', hw, SQLERRM
-                USING HINT = 'Run SELECT snowflake_advance_past(max(id)) on the restored tables as a superuser, in a server that preloads snowflake_id.';
-        END;
-    END IF;
-    RETURN NULL;
-END
-$fn$;
-COMMENT ON FUNCTION snowflake_registry_high_water() IS
-  'Trigger on snowflake_worker_registry: restored rows raise this server''s floor above their high-water marks.';
-REVOKE EXECUTE ON FUNCTION snowflake_registry_high_water() FROM PUBLIC;
-CREATE TRIGGER snowflake_registry_high_water
-    AFTER INSERT ON snowflake_worker_registry
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_registry_high_water();
--- A restored row whose worker id this server's registry worker has
--- already recorded replaces that row, keeping the higher mark, instead of
--- failing the restore's COPY on the primary key (and then raising nothing).
--- The worker's next update writes its live values back.
-CREATE FUNCTION snowflake_registry_merge() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    hw timestamptz;
-BEGIN
-    DELETE FROM @extschema@.snowflake_worker_registry WHERE worker_id = NEW.worker_id
-    RETURNING high_water INTO hw;
-    IF FOUND THEN
-        NEW.high_water := greatest(NEW.high_water, hw);
-    END IF;
-    RETURN NEW;
-END
-$fn$;
-COMMENT ON FUNCTION snowflake_registry_merge() IS
-  'Trigger on snowflake_worker_registry: a restored row replaces the row of the same worker id, keeping the higher high-water mark.';
-REVOKE EXECUTE ON FUNCTION snowflake_registry_merge() FROM PUBLIC;
-CREATE TRIGGER snowflake_registry_merge
-    BEFORE INSERT ON snowflake_worker_registry
-    FOR EACH ROW EXECUTE FUNCTION snowflake_registry_merge();
-"#,
-    name = "snowflake_worker_registry_trigger",
-    requires = [
-        "snowflake_worker_registry_table",
-        api::snowflake_advance_past,
-        api::snowflake_from_timestamp
-    ]
-);
-
-/// Copies every slot into the table; `%s` is the extension's schema.
+/// Copies every slot into the table (the extension's schema is on the
+/// search_path, after pg_catalog).
 const UPSERT: &str = r#"
-INSERT INTO %s.snowflake_worker_registry AS r
+INSERT INTO snowflake_worker_registry AS r
        (worker_id, pid, database, role, application_name, claimed_at, released_at,
         claims, ids_issued, high_water, updated_at)
 SELECT w.worker_id, w.pid, d.datname, o.rolname, w.application_name, w.claimed_at,
        w.released_at, w.claims, w.ids_issued, w.last_id_time, now()
-  FROM %s.snowflake_worker_status() w
+  FROM snowflake_worker_status() w
   LEFT JOIN pg_database d ON d.oid = w.database_oid
   LEFT JOIN pg_roles o ON o.oid = w.role_oid
 ON CONFLICT (worker_id) DO UPDATE SET
@@ -343,21 +255,21 @@ fn sync_once() -> Sync {
 }
 
 fn sync() -> Sync {
-    let schema = Spi::get_one::<String>(
-        "SELECT quote_ident(n.nspname) FROM pg_extension e
-           JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'snowflake_id'",
-    );
-    let Ok(Some(schema)) = schema else {
+    let Some(schema) = sql::extension_schema() else {
         return Sync::NoExtension;
     };
     // The worker's own rows skip the table's triggers (this transaction
     // only): they merge restored rows and raise the floor from them, which
-    // for this server's own marks is nothing to do.
-    if let Err(e) = Spi::run("SET LOCAL session_replication_role = replica") {
+    // for this server's own marks is nothing to do. Names resolve in
+    // pg_catalog first, then in the extension's schema.
+    if let Err(e) = Spi::run(&format!(
+        "SET LOCAL session_replication_role = replica; \
+         SET LOCAL search_path = pg_catalog, {schema}, pg_temp"
+    )) {
         pgrx::warning!("snowflake_id registry: could not update snowflake_worker_registry: {e}");
         return Sync::Failed;
     }
-    match Spi::run(&UPSERT.replace("%s", &schema)) {
+    match Spi::run(UPSERT) {
         Ok(()) => {
             pgrx::debug1!("snowflake_id registry: snowflake_worker_registry is up to date");
             Sync::Done
@@ -462,13 +374,7 @@ fn registry_read(high_water_ms: Option<i64>) {
 fn read_high_water_once() -> Option<i64> {
     PgTryBuilder::new(|| {
         BackgroundWorker::transaction(|| {
-            let schema = Spi::get_one::<String>(
-                "SELECT quote_ident(n.nspname) FROM pg_extension e
-                   JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'snowflake_id'",
-            );
-            let Ok(Some(schema)) = schema else {
-                return None;
-            };
+            let schema = sql::extension_schema()?;
             Spi::get_one::<i64>(&format!(
                 "SELECT (extract(epoch FROM max(high_water)) * 1000)::int8
                    FROM {schema}.snowflake_worker_registry"
