@@ -421,8 +421,3 @@ def stop_orphans(dir_prefix: str = DIR_PREFIX, remove: bool = False) -> None:
                     "immediate", "-w", "stop"], cwd="/", check=False)
         if remove:
             shutil.rmtree(d, ignore_errors=True)
-
-
-# bench/bench.py imports pg_ids under its earlier, private name.
-
-
