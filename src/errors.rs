@@ -88,6 +88,27 @@ pub fn layout_unusable_now(problem: &str) -> ! {
     )
 }
 
+/// WARNING at server start: the layout's time field runs out within
+/// `snowflake_id.layout_end_warning` years.
+pub fn layout_ends_soon(end: &str, years_left: f64, warn_years: u32) {
+    pgrx::pg_sys::panic::ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        if years_left > 0.0 {
+            format!("the snowflake_id layout's time field runs out at {end}, in {years_left:.1} years")
+        } else {
+            format!("the snowflake_id layout's time field ran out at {end}: no ID can be made")
+        },
+        "snowflake_id",
+    )
+    .set_detail(format!(
+        "snowflake_id.layout_end_warning is {warn_years} years. After that time no ID can be made."
+    ))
+    .set_hint(
+        "Plan a new layout (a later snowflake_id.epoch, more time bits or a coarser time unit) and adopt it with SELECT snowflake_accept_layout() after a restart; set snowflake_id.layout_end_warning = 0 to silence this.",
+    )
+    .report(PgLogLevel::WARNING);
+}
+
 /// Sets the detail of a GUC check hook's failure.
 pub fn guc_check_detail(detail: &str) {
     let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();

@@ -57,6 +57,7 @@ pub extern "C-unwind" fn _PG_init() {
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     settings::init(preloading);
     if preloading {
+        settings::warn_if_layout_ends_soon();
         shmem::init(durability::reservation::read_at_startup);
         durability::reservation::init();
         workers::registry_worker::init();

@@ -19,8 +19,10 @@ use std::fmt;
 pub const MAX_WORKER_BITS: u32 = 16;
 /// The widest sequence field (it must fit a SQL `int`).
 pub const MAX_SEQUENCE_BITS: u32 = 30;
-/// Milliseconds in ten (Julian) years: a layout must last at least this long.
-pub const MIN_LIFETIME_MS: i64 = 10 * 36_525 * 86_400_000 / 100;
+/// Milliseconds in a (Julian) year.
+pub const MS_PER_YEAR: i64 = 36_525 * 86_400_000 / 100;
+/// Milliseconds in ten years: a layout must last at least this long.
+pub const MIN_LIFETIME_MS: i64 = 10 * MS_PER_YEAR;
 /// Default epoch: 2024-01-01T00:00:00Z, in Unix milliseconds.
 pub const DEFAULT_EPOCH_MS: i64 = 1_704_067_200_000;
 
@@ -101,8 +103,8 @@ pub enum LayoutError {
     },
     /// The epoch lies after the current time.
     EpochInFuture { epoch_ms: i64, now_ms: i64 },
-    /// The time field runs out too soon.
-    TooShort { end_ms: i64, now_ms: i64 },
+    /// The time field has run out: no ID can be made any more.
+    Ended { end_ms: i64, now_ms: i64 },
     /// The time field lasts less than ten years from the epoch.
     Lifetime { end_ms: i64, epoch_ms: i64 },
 }
@@ -130,9 +132,9 @@ impl fmt::Display for LayoutError {
                 format_unix_ms(*epoch_ms),
                 format_unix_ms(*now_ms)
             ),
-            LayoutError::TooShort { end_ms, now_ms } => write!(
+            LayoutError::Ended { end_ms, now_ms } => write!(
                 f,
-                "the time field runs out at {}, less than 10 years after now ({})",
+                "the layout's time field ran out at {} (now is {})",
                 format_unix_ms(*end_ms),
                 format_unix_ms(*now_ms)
             ),
@@ -255,7 +257,8 @@ impl Layout {
     }
 
     /// Why this layout cannot make IDs at `now_ms`, if it cannot: the epoch
-    /// lies in the future, or the time field runs out within ten years.
+    /// lies in the future, or the time field has run out. (A layout that
+    /// ends soon still makes IDs: [`Layout::years_left`] is for warnings.)
     pub fn time_problem(&self, now_ms: i64) -> Option<LayoutError> {
         if self.epoch_ms > now_ms {
             return Some(LayoutError::EpochInFuture {
@@ -264,10 +267,22 @@ impl Layout {
             });
         }
         let end_ms = self.end_unix_ms();
-        if end_ms < now_ms.saturating_add(MIN_LIFETIME_MS) {
-            return Some(LayoutError::TooShort { end_ms, now_ms });
+        if end_ms <= now_ms {
+            return Some(LayoutError::Ended { end_ms, now_ms });
         }
         None
+    }
+
+    /// Years (of 365.25 days) from `now_ms` until the time field runs out;
+    /// negative once it has.
+    pub fn years_left(&self, now_ms: i64) -> f64 {
+        (self.end_unix_ms() as f64 - now_ms as f64) / MS_PER_YEAR as f64
+    }
+
+    /// Whether the time field runs out less than `years` from `now_ms`
+    /// (`years` 0: never warn).
+    pub fn ends_within(&self, now_ms: i64, years: u32) -> bool {
+        years > 0 && self.years_left(now_ms) < f64::from(years)
     }
 
     /// The settings that differ from `current`, each as
@@ -666,10 +681,10 @@ mod tests {
             Layout::new(NOW + 1, 1, 63, 10, 12, NOW),
             Err(LayoutError::EpochInFuture { .. })
         ));
-        // 30 time bits of milliseconds last 12 days.
+        // 30 time bits of milliseconds last 12 days: long over.
         assert!(matches!(
             Layout::new(DEFAULT_EPOCH_MS, 1, 52, 10, 12, NOW),
-            Err(LayoutError::TooShort { .. })
+            Err(LayoutError::Ended { .. })
         ));
         assert!(matches!(
             Layout::new(DEFAULT_EPOCH_MS, 1, 63, 17, 12, NOW),
@@ -689,14 +704,22 @@ mod tests {
             Some(LayoutError::EpochInFuture { .. })
         ));
         assert_eq!(future.time_problem(NOW + 1), None);
-        // Classic layout near its end: starts, but makes no IDs.
+        // Classic layout near its end: still makes IDs (with a warning),
+        // until its last millisecond; then none.
         let classic = Layout::from_settings(DEFAULT_EPOCH_MS, 1, 63, 10, 12).unwrap();
         assert_eq!(classic.time_problem(NOW), None);
+        assert!(!classic.ends_within(NOW, 10));
         let late = classic.end_unix_ms() - MIN_LIFETIME_MS + 1;
+        assert_eq!(classic.time_problem(late), None);
+        assert!(classic.ends_within(late, 10));
+        assert!(!classic.ends_within(late, 0));
+        assert!(!classic.ends_within(late, 9));
+        assert_eq!(classic.time_problem(classic.end_unix_ms() - 1), None);
         assert!(matches!(
-            classic.time_problem(late),
-            Some(LayoutError::TooShort { .. })
+            classic.time_problem(classic.end_unix_ms()),
+            Some(LayoutError::Ended { .. })
         ));
+        assert!(classic.years_left(classic.end_unix_ms() + MS_PER_YEAR) < 0.0);
         // A time field that can never last ten years is refused outright.
         assert!(matches!(
             Layout::from_settings(DEFAULT_EPOCH_MS, 1, 52, 10, 12),

@@ -1142,8 +1142,8 @@ fn expected_new(
     if epoch > NOW {
         return Err("future");
     }
-    if exact_end_ms(epoch, unit, total - worker - seq) < i128::from(NOW + MIN_LIFETIME_MS) {
-        return Err("short");
+    if exact_end_ms(epoch, unit, total - worker - seq) <= i128::from(NOW) {
+        return Err("ended");
     }
     Ok(Layout {
         epoch_ms: epoch,
@@ -1160,7 +1160,7 @@ fn kind(r: &Result<Layout, LayoutError>) -> Result<Layout, &'static str> {
         Err(LayoutError::Setting { name, .. }) => Err(*name),
         Err(LayoutError::Bits { .. }) => Err("bits"),
         Err(LayoutError::EpochInFuture { .. }) => Err("future"),
-        Err(LayoutError::TooShort { .. }) => Err("short"),
+        Err(LayoutError::Ended { .. }) => Err("ended"),
         Err(LayoutError::Lifetime { .. }) => Err("lifetime"),
     }
 }
@@ -1209,7 +1209,7 @@ proptest! {
             Err(LayoutError::EpochInFuture { epoch_ms, now_ms }) => {
                 prop_assert_eq!((epoch_ms, now_ms), (epoch, NOW));
             }
-            Err(LayoutError::TooShort { end_ms, now_ms }) => {
+            Err(LayoutError::Ended { end_ms, now_ms }) => {
                 let exact = exact_end_ms(epoch, unit, total - worker - seq);
                 prop_assert_eq!(i128::from(end_ms), exact);
                 prop_assert_eq!(now_ms, NOW);
@@ -1218,19 +1218,27 @@ proptest! {
         }
     }
 
-    /// Property 9: the ten-year rule at its exact edge.
+    /// Property 9: a layout makes IDs up to its last millisecond and none
+    /// after it; it warns when it ends within the years asked.
     #[test]
-    fn ten_year_rule_at_the_edge((unit, worker, seq, tb) in arb_edge_layout()) {
+    fn end_of_the_layout_at_the_exact_edge((unit, worker, seq, tb) in arb_edge_layout()) {
         let span = (1i128 << tb) * i128::from(unit);
-        // With this epoch the layout ends exactly ten years after now.
-        let edge = i64::try_from(i128::from(NOW + MIN_LIFETIME_MS) + 1 - span).unwrap();
+        // With this epoch the layout's last millisecond is now.
+        let edge = i64::try_from(i128::from(NOW) + 1 - span).unwrap();
         let total = tb + worker + seq;
-        let ok = Layout::new(edge, unit, total, worker, seq, NOW).unwrap();
-        prop_assert_eq!(ok.end_unix_ms(), NOW + MIN_LIFETIME_MS);
         prop_assert_eq!(
-            Layout::new(edge - 1, unit, total, worker, seq, NOW),
-            Err(LayoutError::TooShort { end_ms: NOW + MIN_LIFETIME_MS - 1, now_ms: NOW })
+            Layout::new(edge, unit, total, worker, seq, NOW),
+            Err(LayoutError::Ended { end_ms: NOW, now_ms: NOW })
         );
+        let ok = Layout::new(edge + 1, unit, total, worker, seq, NOW).unwrap();
+        prop_assert_eq!(ok.end_unix_ms(), NOW + 1);
+        prop_assert!(ok.ends_within(NOW, 1));
+        prop_assert!(!ok.ends_within(NOW, 0));
+        // Ten years ahead: warned about at 11 years, not at 10.
+        let later = i64::try_from(i128::from(NOW + MIN_LIFETIME_MS) + 1 - span).unwrap();
+        let l = Layout::new(later, unit, total, worker, seq, NOW).unwrap();
+        prop_assert!(l.ends_within(NOW, 11));
+        prop_assert!(!l.ends_within(NOW, 10));
     }
 
     /// Property 9: every preset is valid at any epoch from 2015 to now, with
@@ -1308,10 +1316,12 @@ fn layout_new_rejects_each_rule_once() {
     // An epoch equal to now is fine.
     assert!(Layout::new(NOW, 1, 63, 10, 12, NOW).is_ok());
     // classic's 41 bits of milliseconds last 69.7 years: an epoch 60 years
-    // ago leaves less than ten.
+    // ago leaves less than ten (a warning), 70 years ago none (refused).
+    let old = Layout::new(NOW - 60 * YEAR_MS, 1, 63, 10, 12, NOW).unwrap();
+    assert!(old.ends_within(NOW, 10));
     assert!(matches!(
-        Layout::new(NOW - 60 * YEAR_MS, 1, 63, 10, 12, NOW),
-        Err(LayoutError::TooShort { .. })
+        Layout::new(NOW - 70 * YEAR_MS, 1, 63, 10, 12, NOW),
+        Err(LayoutError::Ended { .. })
     ));
     for (name, total, worker, seq, unit) in [
         ("time_unit_ms", 63, 10, 12, 0),

@@ -51,6 +51,9 @@ static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::ne
 static LEASE_TIME_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 /// `snowflake_id.max_blocks`: the most blocks this server leases.
 static MAX_BLOCKS: GucSetting<i32> = GucSetting::<i32>::new(8);
+/// `snowflake_id.layout_end_warning`: warn when the layout's time field runs
+/// out within this many years (0: never).
+static LAYOUT_END_WARNING: GucSetting<i32> = GucSetting::<i32>::new(10);
 /// `snowflake_id.registry_options`: connection options added to the
 /// Citus coordinator's connection string (user, TLS, passfile).
 static REGISTRY_OPTIONS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -233,12 +236,26 @@ pub fn init(preloading: bool) {
         c"snowflake_id.max_drift",
         c"How far the time of an ID may run ahead of the wall clock.",
         c"Covers sequence exhaustion (borrowing future ticks) and a clock that went \
-          backwards. Beyond it snowflake_nextval() waits (exhaustion) or fails (clock).",
+          backwards. Beyond it snowflake_nextval() waits (exhaustion) or fails (clock). \
+          When it is above 0 but shorter than one tick of the layout, one tick is used, \
+          so that a restart within a tick needs no wait for the next.",
         &MAX_DRIFT_MS,
         0,
         MAX_DRIFT_LIMIT_MS,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+
+    GucRegistry::define_int_guc(
+        c"snowflake_id.layout_end_warning",
+        c"Years before the layout's time field runs out from which the server warns (0: never).",
+        c"Warned about in the log at server start and shown by snowflake_layout() (years_left, \
+          ends_soon). A layout that has run out makes no IDs, whatever this says.",
+        &LAYOUT_END_WARNING,
+        0,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
 
     GucRegistry::define_string_guc(
@@ -514,8 +531,42 @@ pub fn layout() -> &'static Layout {
 }
 
 /// `snowflake_id.max_drift` in milliseconds.
+///
+/// The value in force: at least one tick of the layout unless the setting
+/// is 0. A tick longer than the drift allowed would otherwise stop every
+/// restart within a tick until the next one begins (the state file's floor
+/// is above the IDs of the current tick); with one tick of lead the first
+/// IDs after the restart take the next tick at once.
 pub fn max_drift_ms() -> i64 {
-    i64::from(MAX_DRIFT_MS.get())
+    let setting = i64::from(MAX_DRIFT_MS.get());
+    match LAYOUT.get() {
+        Some(layout) if setting > 0 => setting.max(layout.unit_ms),
+        _ => setting,
+    }
+}
+
+/// Warns in the log when the layout's time field runs out within
+/// `snowflake_id.layout_end_warning` years. Called at server start.
+pub fn warn_if_layout_ends_soon() {
+    let layout = layout();
+    let now = crate::clock::unix_ms();
+    let years = layout_end_warning_years();
+    let ended = matches!(
+        layout.time_problem(now),
+        Some(layout::LayoutError::Ended { .. })
+    );
+    if ended || layout.ends_within(now, years) {
+        errors::layout_ends_soon(
+            &layout::format_unix_ms(layout.end_unix_ms()),
+            layout.years_left(now),
+            years,
+        );
+    }
+}
+
+/// `snowflake_id.layout_end_warning`, in years (0: never warn).
+pub fn layout_end_warning_years() -> u32 {
+    u32::try_from(LAYOUT_END_WARNING.get()).unwrap_or(0)
 }
 
 /// The ids this server may claim now (`snowflake_id.worker_ids`), and the

@@ -201,9 +201,12 @@ fn snowflake_layout() -> TableIterator<
         name!(max_sequence, i32),
         name!(max_id, i64),
         name!(ends_at, TimestampWithTimeZone),
+        name!(years_left, f64),
+        name!(ends_soon, bool),
     ),
 > {
     let l = settings::layout();
+    let now = crate::clock::unix_ms();
     TableIterator::once((
         settings::preset_name().to_string(),
         to_timestamptz(l.epoch_ms),
@@ -218,6 +221,8 @@ fn snowflake_layout() -> TableIterator<
         // A time field that outlasts timestamptz (year 294276) ends at infinity.
         TimestampWithTimeZone::try_from((l.end_unix_ms() - PG_EPOCH_UNIX_MS).saturating_mul(1000))
             .unwrap_or_else(|_| TimestampWithTimeZone::positive_infinity()),
+        l.years_left(now),
+        l.ends_within(now, settings::layout_end_warning_years()),
     ))
 }
 

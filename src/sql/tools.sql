@@ -1,4 +1,4 @@
--- SQL-language parts of the API (included last by src/sql_tools.rs):
+-- SQL-language parts of the API (included last by src/sql/tools.rs):
 -- snowflake_decode() as one composite row, decoders that take the layout
 -- explicitly (IMMUTABLE, for tools that require it), converting a key column,
 -- calendar partitions, and a COMMENT on every function, view and table.
@@ -19,64 +19,103 @@ SELECT @extschema@.snowflake_timestamp(id), @extschema@.snowflake_worker_id(id),
        @extschema@.snowflake_sequence(id)
 $$;
 
--- Checks the explicit layout arguments of the IMMUTABLE decoders.
-CREATE FUNCTION snowflake_check_layout_args(time_unit_ms bigint, worker_bits int, sequence_bits int)
-RETURNS void
+-- The layout-explicit decoders: IMMUTABLE, for generated columns, index
+-- expressions and partition bounds. Their bodies are SQL-standard (RETURN):
+-- parsed when created, so every name in them is bound then and no
+-- search_path of a caller can change what they call; and simple enough for
+-- the planner to inline. The checks that raise errors are three small
+-- plpgsql functions each returns its (checked) argument from.
+
+-- The bits below the time field of an explicit layout, after checking it
+-- as the server checks its settings (22023 otherwise).
+CREATE FUNCTION snowflake_layout_shift(time_unit_ms bigint, worker_bits int,
+                                       sequence_bits int, total_bits int)
+RETURNS int
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF time_unit_ms < 1 OR worker_bits < 0 OR worker_bits > 16 OR sequence_bits < 1
-       OR sequence_bits > 30 THEN
-        RAISE EXCEPTION 'invalid explicit snowflake layout: time_unit_ms %, worker_bits %, sequence_bits %',
-                        time_unit_ms, worker_bits, sequence_bits
+    IF time_unit_ms < 1 OR time_unit_ms > 86400000 OR worker_bits < 0 OR worker_bits > 16
+       OR sequence_bits < 1 OR sequence_bits > 30 OR total_bits < 2 OR total_bits > 63
+       OR worker_bits + sequence_bits >= total_bits THEN
+        RAISE EXCEPTION 'invalid explicit snowflake layout: time_unit_ms %, worker_bits %, sequence_bits %, total_bits %',
+                        time_unit_ms, worker_bits, sequence_bits, total_bits
             USING ERRCODE = '22023',
-                  HINT = 'Pass the values snowflake_layout() shows: time_unit_ms >= 1, worker_bits 0 to 16, sequence_bits 1 to 30.';
+                  HINT = 'Pass the values snowflake_layout() shows: time_unit_ms 1 to 86400000, worker_bits 0 to 16, sequence_bits 1 to 30, total_bits 2 to 63 with at least one time bit.';
     END IF;
+    RETURN worker_bits + sequence_bits;
 END
 $$;
 
--- IMMUTABLE: the layout is in the arguments, so the answer never changes.
-CREATE FUNCTION snowflake_timestamp(id bigint, epoch timestamptz, time_unit_ms bigint,
-                                    worker_bits int, sequence_bits int)
-RETURNS timestamptz
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM @extschema@.snowflake_check_layout_args(time_unit_ms, worker_bits, sequence_bits);
-    IF id < 0 THEN
-        RAISE EXCEPTION 'snowflake ID out of range: % is negative', id
-            USING ERRCODE = '22003',
-                  HINT = 'IDs are non-negative bigints made by snowflake_nextval().';
-    END IF;
-    RETURN epoch + ((id >> (worker_bits + sequence_bits)) * time_unit_ms) * interval '1 millisecond';
-END
-$$;
-
-CREATE FUNCTION snowflake_from_timestamp(ts timestamptz, epoch timestamptz, time_unit_ms bigint,
-                                         worker_bits int, sequence_bits int)
+-- id, when it is an ID of a layout of total_bits bits (22003 otherwise).
+CREATE FUNCTION snowflake_layout_id(id bigint, total_bits int)
 RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    ms numeric := floor((extract(epoch FROM ts) - extract(epoch FROM epoch)) * 1000);
 BEGIN
-    PERFORM @extschema@.snowflake_check_layout_args(time_unit_ms, worker_bits, sequence_bits);
-    IF ms < 0 THEN
+    IF id < 0 OR (total_bits < 63 AND id >= (1::bigint << total_bits)) THEN
+        RAISE EXCEPTION 'snowflake ID out of range: % is not an ID of a layout of % bits', id, total_bits
+            USING ERRCODE = '22003',
+                  HINT = 'IDs are non-negative bigints made by snowflake_nextval(); pass the total_bits snowflake_layout() shows.';
+    END IF;
+    RETURN id;
+END
+$$;
+
+-- ticks, when the time field of time_bits bits holds it (22008 otherwise).
+CREATE FUNCTION snowflake_layout_ticks(ticks numeric, time_bits int, ts timestamptz,
+                                       epoch timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF ticks < 0 THEN
         RAISE EXCEPTION 'timestamp % is outside the range of snowflake IDs', ts
             USING ERRCODE = '22008', DETAIL = format('It is before the epoch %s.', epoch),
                   HINT = 'Use a timestamp within the layout''s range; see snowflake_layout().';
     END IF;
-    IF floor(ms / time_unit_ms) >= 2::numeric ^ (63 - worker_bits - sequence_bits) THEN
+    IF ticks >= 2::numeric ^ time_bits THEN
         RAISE EXCEPTION 'timestamp % is outside the range of snowflake IDs', ts
             USING ERRCODE = '22008', DETAIL = 'It is after the last time this layout can encode.',
                   HINT = 'Use a timestamp within the layout''s range; see snowflake_layout().';
     END IF;
-    RETURN (floor(ms / time_unit_ms)::bigint) << (worker_bits + sequence_bits);
+    RETURN ticks::bigint;
 END
 $$;
+
+CREATE FUNCTION snowflake_timestamp(id bigint, epoch timestamptz, time_unit_ms bigint,
+                                    worker_bits int, sequence_bits int, total_bits int)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN ((epoch AT TIME ZONE 'UTC')
+        + ((snowflake_layout_id(id, total_bits)
+            >> snowflake_layout_shift(time_unit_ms, worker_bits, sequence_bits, total_bits))
+           * time_unit_ms) * interval '1 millisecond') AT TIME ZONE 'UTC';
+
+CREATE FUNCTION snowflake_from_timestamp(ts timestamptz, epoch timestamptz, time_unit_ms bigint,
+                                         worker_bits int, sequence_bits int, total_bits int)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN snowflake_layout_ticks(
+           floor(floor(extract(epoch FROM ts - epoch) * 1000) / time_unit_ms),
+           total_bits - snowflake_layout_shift(time_unit_ms, worker_bits, sequence_bits, total_bits),
+           ts, epoch)
+       << snowflake_layout_shift(time_unit_ms, worker_bits, sequence_bits, total_bits);
+
+-- The forms without total_bits (0.2.0 to 0.4.0): 63 bits, the whole bigint.
+CREATE FUNCTION snowflake_timestamp(id bigint, epoch timestamptz, time_unit_ms bigint,
+                                    worker_bits int, sequence_bits int)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN snowflake_timestamp(id, epoch, time_unit_ms, worker_bits, sequence_bits, 63);
+
+CREATE FUNCTION snowflake_from_timestamp(ts timestamptz, epoch timestamptz, time_unit_ms bigint,
+                                         worker_bits int, sequence_bits int)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN snowflake_from_timestamp(ts, epoch, time_unit_ms, worker_bits, sequence_bits, 63);
 
 -- Switches a key column to snowflake IDs, in the caller's transaction.
 CREATE FUNCTION snowflake_convert_column(tbl regclass, col name, convert_type boolean DEFAULT false)
@@ -330,14 +369,22 @@ COMMENT ON FUNCTION snowflake_from_timestamp(timestamptz) IS
   'The smallest snowflake ID that can be made at ts, for range queries and partition bounds.';
 COMMENT ON FUNCTION snowflake_compose(timestamptz, int, int) IS
   'A snowflake ID from its parts (tests, migrations).';
+COMMENT ON FUNCTION snowflake_timestamp(bigint, timestamptz, bigint, int, int, int) IS
+  'IMMUTABLE snowflake_timestamp(id) with the layout given explicitly (epoch, time_unit_ms, worker_bits, sequence_bits, total_bits as in snowflake_layout()); an SQL-standard body the planner can inline.';
+COMMENT ON FUNCTION snowflake_from_timestamp(timestamptz, timestamptz, bigint, int, int, int) IS
+  'IMMUTABLE snowflake_from_timestamp(ts) with the layout given explicitly (epoch, time_unit_ms, worker_bits, sequence_bits, total_bits as in snowflake_layout()); refuses times the layout cannot encode (22008).';
 COMMENT ON FUNCTION snowflake_timestamp(bigint, timestamptz, bigint, int, int) IS
-  'IMMUTABLE snowflake_timestamp(id) with the layout given explicitly (epoch, time_unit_ms, worker_bits, sequence_bits as in snowflake_layout()).';
+  'snowflake_timestamp(id, epoch, time_unit_ms, worker_bits, sequence_bits, 63): the explicit form for layouts of 63 bits.';
 COMMENT ON FUNCTION snowflake_from_timestamp(timestamptz, timestamptz, bigint, int, int) IS
-  'IMMUTABLE snowflake_from_timestamp(ts) with the layout given explicitly (epoch, time_unit_ms, worker_bits, sequence_bits as in snowflake_layout()).';
-COMMENT ON FUNCTION snowflake_check_layout_args(bigint, int, int) IS
-  'Checks the explicit layout arguments of the IMMUTABLE decoders (internal).';
+  'snowflake_from_timestamp(ts, epoch, time_unit_ms, worker_bits, sequence_bits, 63): the explicit form for layouts of 63 bits.';
+COMMENT ON FUNCTION snowflake_layout_shift(bigint, int, int, int) IS
+  'Checks an explicit layout and returns worker_bits + sequence_bits (internal, for the IMMUTABLE decoders).';
+COMMENT ON FUNCTION snowflake_layout_id(bigint, int) IS
+  'Returns id when it is an ID of a layout of total_bits bits, 22003 otherwise (internal, for the IMMUTABLE decoders).';
+COMMENT ON FUNCTION snowflake_layout_ticks(numeric, int, timestamptz, timestamptz) IS
+  'Returns ticks when a time field of time_bits bits holds it, 22008 otherwise (internal, for the IMMUTABLE decoders).';
 COMMENT ON FUNCTION snowflake_layout() IS
-  'The layout in use: preset, epoch, time unit, bits of each field, limits, and when the time field runs out.';
+  'The layout in use: preset, epoch, time unit, bits of each field, limits, when the time field runs out, the years left and whether that is within snowflake_id.layout_end_warning.';
 COMMENT ON FUNCTION snowflake_config() IS
   'Worker ids in force, held and free, this backend''s worker id, max_drift_ms, and where worker ids come from: mode (local, registry, citus), registry, blocks held, lease deadline, since when the registry is unreachable, node id; worker_ids says "not preloaded" without shared_preload_libraries.';
 COMMENT ON FUNCTION snowflake_worker_status() IS

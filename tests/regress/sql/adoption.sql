@@ -43,6 +43,31 @@ SELECT snowflake_timestamp(1, '2024-01-01+00', 0, 10, 12);
 \echo :SQLSTATE
 SELECT snowflake_from_timestamp('2023-12-31 23:59:59+00', '2024-01-01+00', 1, 10, 12);
 \echo :SQLSTATE
+-- The forms with total_bits: the same answers with 63, and under js53's
+-- 53 bits a time past the layout's end (22008) and an ID wider than 53
+-- bits (22003) are refused instead of giving a wider ID.
+SELECT snowflake_timestamp(o.id, l.epoch, l.time_unit_ms, l.worker_bits, l.sequence_bits, l.total_bits)
+       = snowflake_timestamp(o.id) AS six_argument_form_agrees
+  FROM adopt_orders o, snowflake_layout() l LIMIT 1;
+SELECT snowflake_from_timestamp('2100-01-01+00', '2024-01-01+00', 1, 6, 6, 53);
+\echo :SQLSTATE
+SELECT snowflake_from_timestamp('2100-01-01+00', '2024-01-01+00', 1, 6, 6, 63) >= (1::bigint << 53)
+       AS wider_than_53_bits_under_63;
+SELECT snowflake_from_timestamp('2026-01-01+00', '2024-01-01+00', 1, 6, 6, 53) < (1::bigint << 53)
+       AS within_53_bits;
+SELECT snowflake_timestamp(1::bigint << 53, '2024-01-01+00', 1, 6, 6, 53);
+\echo :SQLSTATE
+SELECT snowflake_timestamp(1, '2024-01-01+00', 1, 10, 12, 22);
+\echo :SQLSTATE
+-- SQL-standard bodies: bound when created (no search_path of the caller
+-- matters, none is set) and inlined by the planner.
+SELECT p.oid::regprocedure AS function, p.prosqlbody IS NOT NULL AS sql_standard_body,
+       p.proconfig IS NULL AS no_set_clause
+  FROM pg_proc p
+ WHERE p.proname IN ('snowflake_timestamp', 'snowflake_from_timestamp') AND p.pronargs >= 5
+ ORDER BY 1::text;
+EXPLAIN (VERBOSE, COSTS OFF)
+SELECT snowflake_timestamp(id, '2024-01-01+00', 1, 10, 12, 63) FROM adopt_orders;
 -- Every function, view and table of the extension has a description, so
 -- \df+ snowflake_* and \dv+ describe them.
 SELECT pg_describe_object(d.classid, d.objid, 0) AS undescribed

@@ -2,7 +2,10 @@
 -- snowflake_workers view, for a superuser and for an ordinary role.
 \set SHOW_CONTEXT never
 -- The classic layout (the default), as docs/reference/layout.md documents it.
-SELECT * FROM snowflake_layout();
+SELECT preset, epoch, time_unit_ms, total_bits, time_bits, worker_bits, sequence_bits,
+       max_worker_id, max_sequence, max_id, ends_at,
+       years_left BETWEEN 60 AND 70 AS decades_left, ends_soon
+  FROM snowflake_layout();
 SELECT to_char(ends_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS lasts_until FROM snowflake_layout();
 -- A fresh session holds no worker id; the whole layout is the range.
 SELECT worker_ids, worker_ids_total, worker_ids_held + worker_ids_free = worker_ids_total AS adds_up,
