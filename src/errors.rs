@@ -40,6 +40,20 @@ pub fn invalid_layout(problem: &str) -> ! {
     )
 }
 
+/// 22023 at load: a drift shorter than one tick (but not 0).
+pub fn tick_longer_than_drift(unit_ms: i64, max_drift_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!(
+            "snowflake_id.max_drift ({max_drift_ms} ms) is shorter than one tick of the layout ({unit_ms} ms)"
+        ),
+        Some("After every restart within a tick, no ID could be made until the next tick began: the IDs of the current tick are reserved, and the next tick is more lead than snowflake_id.max_drift allows.".into()),
+        Some(format!(
+            "Set snowflake_id.max_drift to at least {unit_ms} ms (at most 1h), or to 0 to wait for the next tick after a restart, or use a shorter snowflake_id.time_unit_ms, and restart the server."
+        )),
+    )
+}
+
 /// 22023: `snowflake_id.worker_ids` does not parse for this layout.
 pub fn bad_worker_ids(detail: &str) -> ! {
     raise(
@@ -327,6 +341,24 @@ pub fn behind_floor(floor_ms: i64, behind_ms: i64, max_drift_ms: i64) -> ! {
             "Check the system clock (NTP): it is behind the time of IDs made before. Otherwise wait until {}, or raise snowflake_id.max_drift and reload.",
             format_unix_ms(floor_ms)
         )),
+    )
+}
+
+/// 55000: IDs of the current tick may have been issued (before this
+/// server's last restart), and `max_drift = 0` allows no lead: the next
+/// tick (at `next`, Unix ms) must begin.
+pub fn floor_in_this_tick(next: i64, layout: &Layout, max_drift_ms: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "no snowflake ID can be made before the next tick begins at {}",
+            format_unix_ms(next)
+        ),
+        Some(format!(
+            "IDs of the current tick (the layout's tick is {} ms) may have been issued already (before this server's last restart, crash or promotion, or as the registry's high-water mark says), and snowflake_id.max_drift is {max_drift_ms} ms, so no ID may be ahead of the clock.",
+            layout.unit_ms
+        )),
+        Some("Set snowflake_id.max_drift above 0 and reload (one tick of lead is then allowed), or wait for the next tick.".into()),
     )
 }
 

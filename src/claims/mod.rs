@@ -199,6 +199,13 @@ impl Claim {
         };
         let now_ms = crate::clock::unix_ms();
         let behind_ms = behind * layout.unit_ms;
+        let next_tick_ms = layout.tick_start_unix_ms(layout.tick_at(now_ms) + 1);
+        if behind <= 1 && layout.unit_ms > max_drift_ms && next_tick_ms - now_ms > FLOOR_WAIT_MS {
+            // Only the current tick is in the way (its IDs may have been
+            // made before a restart) and max_drift allows no lead: nothing
+            // is wrong with the clock, the tick is just not over.
+            errors::floor_in_this_tick(next_tick_ms, layout, max_drift_ms)
+        }
         let own_lead_ms = layout.tick_start_unix_ms(self.state.last_tick) - now_ms;
         if let Some(floor_ms) = self.fresh_floor {
             if own_lead_ms > max_drift_ms {

@@ -232,19 +232,35 @@ pub fn init(preloading: bool) {
     if let Some((_, problem)) = rejected {
         errors::bad_worker_ids(&problem);
     }
-    GucRegistry::define_int_guc(
-        c"snowflake_id.max_drift",
-        c"How far the time of an ID may run ahead of the wall clock.",
-        c"Covers sequence exhaustion (borrowing future ticks) and a clock that went \
-          backwards. Beyond it snowflake_nextval() waits (exhaustion) or fails (clock). \
-          When it is above 0 but shorter than one tick of the layout, one tick is used, \
-          so that a restart within a tick needs no wait for the next.",
-        &MAX_DRIFT_MS,
-        0,
-        MAX_DRIFT_LIMIT_MS,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
-    );
+    // SAFETY: the check hook is a #[pg_guard] function with the signature
+    // PostgreSQL expects; it only reads the value given.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"snowflake_id.max_drift",
+            c"How far the time of an ID may run ahead of the wall clock.",
+            c"Covers sequence exhaustion (borrowing future ticks), a clock that went \
+              backwards and a restart within a tick. Beyond it snowflake_nextval() waits \
+              (exhaustion) or fails (clock). 0, or at least one tick of the layout.",
+            &MAX_DRIFT_MS,
+            0,
+            MAX_DRIFT_LIMIT_MS,
+            GucContext::Sighup,
+            GucFlags::UNIT_MS,
+            Some(check_max_drift),
+            None,
+            None,
+        );
+    }
+    // A drift shorter than a tick (but not 0) would stop every restart
+    // within a tick until the next tick began (the reservation is above the
+    // IDs of the current tick, and the next tick is more lead than allowed).
+    let drift = MAX_DRIFT_MS.get();
+    if drift > 0 && i64::from(drift) < layout.unit_ms {
+        errors::tick_longer_than_drift(layout.unit_ms, drift.into());
+    }
+    // From now on the check hook refuses such a value (a reload, ALTER
+    // SYSTEM); while loading, the check above says it better.
+    *DRIFT_CHECKED_BY_HOOK.lock() = true;
 
     GucRegistry::define_int_guc(
         c"snowflake_id.layout_end_warning",
@@ -531,18 +547,8 @@ pub fn layout() -> &'static Layout {
 }
 
 /// `snowflake_id.max_drift` in milliseconds.
-///
-/// The value in force: at least one tick of the layout unless the setting
-/// is 0. A tick longer than the drift allowed would otherwise stop every
-/// restart within a tick until the next one begins (the state file's floor
-/// is above the IDs of the current tick); with one tick of lead the first
-/// IDs after the restart take the next tick at once.
 pub fn max_drift_ms() -> i64 {
-    let setting = i64::from(MAX_DRIFT_MS.get());
-    match LAYOUT.get() {
-        Some(layout) if setting > 0 => setting.max(layout.unit_ms),
-        _ => setting,
-    }
+    i64::from(MAX_DRIFT_MS.get())
 }
 
 /// Warns in the log when the layout's time field runs out within
@@ -922,6 +928,37 @@ unsafe extern "C-unwind" fn check_time_unit_ms(
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
     check_at_least("snowflake_id.time_unit_ms", unsafe { *newval }, 1, source)
+}
+
+/// Set once `init` has checked `snowflake_id.max_drift` against the layout:
+/// from then on its check hook does.
+static DRIFT_CHECKED_BY_HOOK: Mutex<bool> = const_mutex(false);
+
+/// Check hook of `snowflake_id.max_drift`: 0, or at least one tick of the
+/// layout in use (at load, `init` checks instead, naming both settings).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_max_drift(
+    newval: *mut i32,
+    _extra: *mut *mut c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    let value = unsafe { *newval };
+    if !*DRIFT_CHECKED_BY_HOOK.lock() {
+        return true;
+    }
+    match LAYOUT.get() {
+        Some(layout) if value > 0 && i64::from(value) < layout.unit_ms => reject(
+            "snowflake_id.max_drift",
+            &value.to_string(),
+            &format!(
+                "it must be 0 or at least one tick of the layout ({} ms)",
+                layout.unit_ms
+            ),
+            source,
+        ),
+        _ => true,
+    }
 }
 
 #[pg_guard]
