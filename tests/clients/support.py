@@ -15,24 +15,26 @@ import pytest
 from harness import Cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-INSTALL = os.path.join(HERE, "install.sh")
 JS_DIR = os.path.join(HERE, "js")
 REPO = os.path.dirname(os.path.dirname(HERE))
 
-_installed: list[str] = []
+_installed: dict[tuple[str, ...], str] = {}
 
 
-def install_clients() -> str:
-    """Runs install.sh once per session; fails the test with its output
-    when it cannot install something."""
-    if not _installed:
-        proc = subprocess.run(["bash", INSTALL], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=900)
+def install_clients(script: str = "install.sh", *args: str) -> str:
+    """Runs an install script of tests/clients (install.sh, or
+    install_java_rails.sh java|rails) once per session; fails the test with
+    its output when it cannot install something. Returns what it printed."""
+    key = (script, *args)
+    if key not in _installed:
+        proc = subprocess.run(["bash", os.path.join(HERE, script), *args], capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, timeout=900)
         if proc.returncode != 0:
-            pytest.fail("could not install the real clients (tests/clients/install.sh, exit "
-                        f"{proc.returncode}):\n{proc.stdout}\n{proc.stderr}", pytrace=False)
-        _installed.append(proc.stdout.strip())
-    return _installed[0]
+            pytest.fail(f"could not install the real clients (tests/clients/{script} "
+                        f"{' '.join(args)}, exit {proc.returncode}):\n{proc.stdout}\n"
+                        f"{proc.stderr}", pytrace=False)
+        _installed[key] = proc.stdout.strip()
+    return _installed[key]
 
 
 def module_server(request, settings: dict | None = None, tcp: bool = False):

@@ -18,26 +18,15 @@ import tempfile
 
 import pytest
 
-from clients.support import HERE, doc_blocks, module_server
+from clients.support import HERE, doc_blocks, install_clients, module_server
 
-INSTALL = os.path.join(HERE, "install_java_rails.sh")
 JAVA_DIR = os.path.join(HERE, "java")
 JAR = "/usr/share/java/postgresql.jar"
 DOC = "docs/guides/java-rails.md"
 
-_installed: list[str] = []
-
 
 def install_java() -> str:
-    if not _installed:
-        proc = subprocess.run(["bash", INSTALL, "java"], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=900)
-        if proc.returncode != 0:
-            pytest.fail("could not install the Java clients (tests/clients/install_java_rails.sh "
-                        f"java, exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}",
-                        pytrace=False)
-        _installed.append(proc.stdout.strip())
-    return _installed[0]
+    return install_clients("install_java_rails.sh", "java")
 
 
 @pytest.fixture(scope="module")

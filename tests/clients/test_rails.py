@@ -14,26 +14,15 @@ import subprocess
 
 import pytest
 
-from clients.support import HERE, doc_blocks, module_server
+from clients.support import HERE, doc_blocks, install_clients, module_server
 
-INSTALL = os.path.join(HERE, "install_java_rails.sh")
 RAILS_DIR = os.path.join(HERE, "rails")
 DOC = "docs/guides/java-rails.md"
 DB = "rails"
 
-_installed: list[str] = []
-
 
 def install_rails() -> str:
-    if not _installed:
-        proc = subprocess.run(["bash", INSTALL, "rails"], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=900)
-        if proc.returncode != 0:
-            pytest.fail("could not install the Rails clients (tests/clients/install_java_rails.sh "
-                        f"rails, exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}",
-                        pytrace=False)
-        _installed.append(proc.stdout.strip())
-    return _installed[0]
+    return install_clients("install_java_rails.sh", "rails")
 
 
 def run_ruby(server, scenario: str) -> dict:
