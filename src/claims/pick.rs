@@ -17,6 +17,7 @@ use super::{Claim, HELD};
 /// every floor), waiting for the lease worker when leases are in use and
 /// no leased id is usable yet.
 pub(super) fn claim_worker(header: &'static Header, above: i64) -> Claim {
+    require_usable_time();
     if header.layout_changed.load(Acquire) {
         errors::layout_changed(&header.recorded_layout.differences(settings::layout()));
     }
@@ -251,5 +252,15 @@ fn wait_for_registry(header: &Header) {
         }
         crate::clock::wait_ms(10);
         waited += 10;
+    }
+}
+
+/// Refuses to claim (55000) while the clock is outside the layout's usable
+/// time: before the epoch, or after the time field ran out. Checked for each
+/// claim rather than at start, so that a clock set wrong never stops the
+/// server; once a claim is made, the generator's own clock rules apply.
+fn require_usable_time() {
+    if let Some(problem) = settings::layout().time_problem(crate::clock::unix_ms()) {
+        errors::layout_unusable_now(&problem.to_string())
     }
 }

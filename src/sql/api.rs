@@ -37,29 +37,9 @@ fn to_unix_ms(ts: TimestampWithTimeZone, layout: &Layout) -> i64 {
 /// whatever `n` the caller asks for.
 const CHUNK: usize = 4096;
 
-/// Set once this process has seen the clock within the layout's usable
-/// time (not before the epoch, not within ten years of its end); from then
-/// on the generator's own clock rules apply.
-static TIME_USABLE: parking_lot::Mutex<bool> = parking_lot::const_mutex(false);
-
-/// Refuses to make IDs (55000) while the clock is outside the layout's
-/// usable time. Checked here rather than at start, so that a clock set
-/// wrong never stops the server.
-fn require_usable_time() {
-    let mut usable = TIME_USABLE.lock();
-    if *usable {
-        return;
-    }
-    match settings::layout().time_problem(crate::clock::unix_ms()) {
-        None => *usable = true,
-        Some(problem) => errors::layout_unusable_now(&problem.to_string()),
-    }
-}
-
 /// A new ID from this backend's worker id.
 #[pg_extern(volatile, parallel_unsafe)]
 fn snowflake_nextval() -> i64 {
-    require_usable_time();
     let mut id = 0;
     claims::generate("snowflake_nextval", 1, |v| id = v);
     id
@@ -76,7 +56,6 @@ fn snowflake_nextvals(n: i32) -> SetOfIterator<'static, i64> {
     if !(1..=MAX_BATCH).contains(&n) {
         errors::bad_batch_size(n, MAX_BATCH);
     }
-    require_usable_time();
     SetOfIterator::new(Batch {
         left: n as usize,
         ids: Vec::new(),
