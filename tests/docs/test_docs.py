@@ -138,3 +138,32 @@ def test_reference_names_every_object_and_setting(cluster):
     missing = [n for n in members + settings
                if not re.search(r"(?<![\w.])" + re.escape(n) + r"(?![\w])", text)]
     assert not missing, f"not named in docs/reference/: {missing}"
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+\s+(.*)$", path.read_text(), flags=re.M)}
+
+
+def test_relative_links_resolve():
+    """Every relative link of README.md, CONTRIBUTING.md, CHANGELOG.md,
+    bench/README.md, sql/README.md and docs/ names a file that exists, and
+    a heading of it when it names one: moving a section cannot leave a dead
+    link behind."""
+    files = [ROOT / n for n in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md",
+                                "bench/README.md", "sql/README.md")]
+    files += sorted(DOCS.rglob("*.md"))
+    dead = []
+    for f in files:
+        text = re.sub(r"```.*?```", "", f.read_text(), flags=re.S)
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            if link.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (f.parent / path).resolve() if path else f
+            if not target.exists():
+                dead.append(f"{f.relative_to(ROOT)}: {link} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+                dead.append(f"{f.relative_to(ROOT)}: {link} (no such heading)")
+    assert not dead, "dead links:\n" + "\n".join(dead)
