@@ -6,7 +6,7 @@ the server.
   with a FATAL naming the setting, the value and what is accepted: PostgreSQL
   itself would only warn and run on the default (another layout, or every
   worker id). Checked for postgresql.conf and for ALTER SYSTEM.
-* A clock before the epoch (or a layout ending within ten years of now) does
+* A clock before the epoch (or a layout whose time field has run out) does
   not stop the server: it starts, decodes, and snowflake_nextval() refuses
   with 55000 naming the reason.
 """
