@@ -48,9 +48,11 @@ pub fn tick_longer_than_drift(unit_ms: i64, max_drift_ms: i64) -> ! {
             "snowflake_id.max_drift ({max_drift_ms} ms) is shorter than one tick of the layout ({unit_ms} ms)"
         ),
         Some("After every restart within a tick, no ID could be made until the next tick began: the IDs of the current tick are reserved, and the next tick is more lead than snowflake_id.max_drift allows.".into()),
-        Some(format!(
-            "Set snowflake_id.max_drift to at least {unit_ms} ms (at most 1h), or to 0 to wait for the next tick after a restart, or use a shorter snowflake_id.time_unit_ms, and restart the server."
-        )),
+        Some(if unit_ms <= 3_600_000 {
+            format!("Set snowflake_id.max_drift to at least {unit_ms} ms, or to 0 to wait for the next tick after a restart, and restart the server.")
+        } else {
+            "Set snowflake_id.max_drift to 0 (then the first ID after a restart within a tick is refused until the next tick), or use a time unit of at most 1h, and restart the server.".into()
+        }),
     )
 }
 
@@ -358,7 +360,11 @@ pub fn floor_in_this_tick(next: i64, layout: &Layout, max_drift_ms: i64) -> ! {
             "IDs of the current tick (the layout's tick is {} ms) may have been issued already (before this server's last restart, crash or promotion, or as the registry's high-water mark says), and snowflake_id.max_drift is {max_drift_ms} ms, so no ID may be ahead of the clock.",
             layout.unit_ms
         )),
-        Some("Set snowflake_id.max_drift above 0 and reload (one tick of lead is then allowed), or wait for the next tick.".into()),
+        Some(if layout.unit_ms <= 3_600_000 {
+            format!("Set snowflake_id.max_drift to at least {} ms and reload (one tick of lead is then allowed), or wait for the next tick.", layout.unit_ms)
+        } else {
+            "Wait for the next tick, or use a time unit of at most 1h (snowflake_id.max_drift can then cover one tick).".into()
+        }),
     )
 }
 

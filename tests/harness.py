@@ -291,7 +291,18 @@ class Cluster:
         return self.start(env=env)
 
     def reload(self) -> None:
+        """Reload the configuration and wait until the postmaster has read
+        it (a new connection's pg_conf_load_time() moves), so that the next
+        statement of a test sees it. pg_ctl reload only sends the signal:
+        two reloads in a row could otherwise be read as one."""
+        try:
+            before = self.scalar("SELECT pg_conf_load_time()")
+        except Exception:  # noqa: BLE001 - not accepting connections: just signal
+            before = None
         self._pg_ctl("reload")
+        if before is not None:
+            wait_until(lambda: self.scalar("SELECT pg_conf_load_time()") > before,
+                       what="the reload to be read")
 
     def promote(self, timeout: int = 60) -> None:
         """Promote a standby and wait until it accepts writes."""

@@ -200,7 +200,12 @@ impl Claim {
         let now_ms = crate::clock::unix_ms();
         let behind_ms = behind * layout.unit_ms;
         let next_tick_ms = layout.tick_start_unix_ms(layout.tick_at(now_ms) + 1);
-        if behind <= 1 && layout.unit_ms > max_drift_ms && next_tick_ms - now_ms > FLOOR_WAIT_MS {
+        if behind <= 1
+            && layout.unit_ms > max_drift_ms
+            && next_tick_ms - now_ms > FLOOR_WAIT_MS
+            && self.fresh_floor.is_some()
+            && self.state.clock_backward == self.backward_at_issue
+        {
             // Only the current tick is in the way (its IDs may have been
             // made before a restart) and max_drift allows no lead: nothing
             // is wrong with the clock, the tick is just not over.

@@ -251,16 +251,6 @@ pub fn init(preloading: bool) {
             None,
         );
     }
-    // A drift shorter than a tick (but not 0) would stop every restart
-    // within a tick until the next tick began (the reservation is above the
-    // IDs of the current tick, and the next tick is more lead than allowed).
-    let drift = MAX_DRIFT_MS.get();
-    if drift > 0 && i64::from(drift) < layout.unit_ms {
-        errors::tick_longer_than_drift(layout.unit_ms, drift.into());
-    }
-    // From now on the check hook refuses such a value (a reload, ALTER
-    // SYSTEM); while loading, the check above says it better.
-    *DRIFT_CHECKED_BY_HOOK.lock() = true;
 
     GucRegistry::define_int_guc(
         c"snowflake_id.layout_end_warning",
@@ -346,6 +336,18 @@ pub fn init(preloading: bool) {
         },
     );
     refuse_invalid_values(&mut configured);
+    // A drift shorter than a tick (but not 0) would stop every restart
+    // within a tick until the next tick began (the reservation is above the
+    // IDs of the current tick, and the next tick is more lead than allowed).
+    // (After refuse_invalid_values: a max_drift PostgreSQL rejected is
+    // named as written, not as the default it would fall back to.)
+    let drift = MAX_DRIFT_MS.get();
+    if drift > 0 && i64::from(drift) < layout.unit_ms {
+        errors::tick_longer_than_drift(layout.unit_ms, drift.into());
+    }
+    // From now on the check hook refuses such a value (a reload, ALTER
+    // SYSTEM); while loading, the check above says it better.
+    *DRIFT_CHECKED_BY_HOOK.lock() = true;
     refuse_unknown_names(&configured);
 
     if preloading {
@@ -944,7 +946,11 @@ unsafe extern "C-unwind" fn check_max_drift(
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
     let value = unsafe { *newval };
-    if !*DRIFT_CHECKED_BY_HOOK.lock() {
+    // The built-in default is always accepted: PostgreSQL sets it in every
+    // parallel worker before it restores the leader's value, and fails the
+    // worker when a check hook refuses it. At start, `init` checks the
+    // value in force (the default included).
+    if source == pg_sys::GucSource::PGC_S_DEFAULT || !*DRIFT_CHECKED_BY_HOOK.lock() {
         return true;
     }
     match LAYOUT.get() {

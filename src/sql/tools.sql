@@ -54,7 +54,8 @@ LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF id < 0 OR (total_bits < 63 AND id >= (1::bigint << total_bits)) THEN
+    -- (A total_bits no layout has is snowflake_layout_shift's 22023.)
+    IF id < 0 OR (total_bits BETWEEN 2 AND 62 AND id >= (1::bigint << total_bits)) THEN
         RAISE EXCEPTION 'snowflake ID out of range: % is not an ID of a layout of % bits', id, total_bits
             USING ERRCODE = '22003',
                   HINT = 'IDs are non-negative bigints made by snowflake_nextval(); pass the total_bits snowflake_layout() shows.';
@@ -99,7 +100,7 @@ CREATE FUNCTION snowflake_from_timestamp(ts timestamptz, epoch timestamptz, time
 RETURNS bigint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN snowflake_layout_ticks(
-           floor(floor(extract(epoch FROM ts - epoch) * 1000) / time_unit_ms),
+           floor(floor(extract(epoch FROM ts - epoch) * 1000) / greatest(time_unit_ms, 1)),
            total_bits - snowflake_layout_shift(time_unit_ms, worker_bits, sequence_bits, total_bits),
            ts, epoch)
        << snowflake_layout_shift(time_unit_ms, worker_bits, sequence_bits, total_bits);
