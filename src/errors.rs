@@ -41,14 +41,14 @@ pub fn invalid_layout(problem: &str) -> ! {
 }
 
 /// 22023 at load: a drift shorter than one tick (but not 0).
-pub fn tick_longer_than_drift(unit_ms: i64, max_drift_ms: i64) -> ! {
+pub fn tick_longer_than_drift(unit_ms: i64, max_drift_ms: i64, drift_can_cover: bool) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         format!(
             "snowflake_id.max_drift ({max_drift_ms} ms) is shorter than one tick of the layout ({unit_ms} ms)"
         ),
         Some("After every restart within a tick, no ID could be made until the next tick began: the IDs of the current tick are reserved, and the next tick is more lead than snowflake_id.max_drift allows.".into()),
-        Some(if unit_ms <= 3_600_000 {
+        Some(if drift_can_cover {
             format!("Set snowflake_id.max_drift to at least {unit_ms} ms, or to 0 to wait for the next tick after a restart, and restart the server.")
         } else {
             "Set snowflake_id.max_drift to 0 (then the first ID after a restart within a tick is refused until the next tick), or use a time unit of at most 1h, and restart the server.".into()
@@ -349,7 +349,12 @@ pub fn behind_floor(floor_ms: i64, behind_ms: i64, max_drift_ms: i64) -> ! {
 /// 55000: IDs of the current tick may have been issued (before this
 /// server's last restart), and `max_drift = 0` allows no lead: the next
 /// tick (at `next`, Unix ms) must begin.
-pub fn floor_in_this_tick(next: i64, layout: &Layout, max_drift_ms: i64) -> ! {
+pub fn floor_in_this_tick(
+    next: i64,
+    layout: &Layout,
+    max_drift_ms: i64,
+    drift_can_cover: bool,
+) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         format!(
@@ -360,7 +365,7 @@ pub fn floor_in_this_tick(next: i64, layout: &Layout, max_drift_ms: i64) -> ! {
             "IDs of the current tick (the layout's tick is {} ms) may have been issued already (before this server's last restart, crash or promotion, or as the registry's high-water mark says), and snowflake_id.max_drift is {max_drift_ms} ms, so no ID may be ahead of the clock.",
             layout.unit_ms
         )),
-        Some(if layout.unit_ms <= 3_600_000 {
+        Some(if drift_can_cover {
             format!("Set snowflake_id.max_drift to at least {} ms and reload (one tick of lead is then allowed), or wait for the next tick.", layout.unit_ms)
         } else {
             "Wait for the next tick, or use a time unit of at most 1h (snowflake_id.max_drift can then cover one tick).".into()

@@ -266,11 +266,18 @@ impl Layout {
                 now_ms,
             });
         }
-        let end_ms = self.end_unix_ms();
-        if end_ms <= now_ms {
-            return Some(LayoutError::Ended { end_ms, now_ms });
+        if self.ended(now_ms) {
+            return Some(LayoutError::Ended {
+                end_ms: self.end_unix_ms(),
+                now_ms,
+            });
         }
         None
+    }
+
+    /// Whether the time field has run out at `now_ms`.
+    pub fn ended(&self, now_ms: i64) -> bool {
+        self.end_unix_ms() <= now_ms
     }
 
     /// Years (of 365.25 days) from `now_ms` until the time field runs out;

@@ -209,7 +209,12 @@ impl Claim {
             // Only the current tick is in the way (its IDs may have been
             // made before a restart) and max_drift allows no lead: nothing
             // is wrong with the clock, the tick is just not over.
-            errors::floor_in_this_tick(next_tick_ms, layout, max_drift_ms)
+            errors::floor_in_this_tick(
+                next_tick_ms,
+                layout,
+                max_drift_ms,
+                settings::drift_can_cover(layout.unit_ms),
+            )
         }
         let own_lead_ms = layout.tick_start_unix_ms(self.state.last_tick) - now_ms;
         if let Some(floor_ms) = self.fresh_floor {

@@ -343,7 +343,11 @@ pub fn init(preloading: bool) {
     // named as written, not as the default it would fall back to.)
     let drift = MAX_DRIFT_MS.get();
     if drift > 0 && i64::from(drift) < layout.unit_ms {
-        errors::tick_longer_than_drift(layout.unit_ms, drift.into());
+        errors::tick_longer_than_drift(
+            layout.unit_ms,
+            drift.into(),
+            drift_can_cover(layout.unit_ms),
+        );
     }
     // From now on the check hook refuses such a value (a reload, ALTER
     // SYSTEM); while loading, the check above says it better.
@@ -559,17 +563,18 @@ pub fn warn_if_layout_ends_soon() {
     let layout = layout();
     let now = crate::clock::unix_ms();
     let years = layout_end_warning_years();
-    let ended = matches!(
-        layout.time_problem(now),
-        Some(layout::LayoutError::Ended { .. })
-    );
-    if ended || layout.ends_within(now, years) {
+    if layout.ended(now) || layout.ends_within(now, years) {
         errors::layout_ends_soon(
             &layout::format_unix_ms(layout.end_unix_ms()),
             layout.years_left(now),
             years,
         );
     }
+}
+
+/// Whether some `snowflake_id.max_drift` covers one tick of `unit_ms`.
+pub fn drift_can_cover(unit_ms: i64) -> bool {
+    unit_ms <= i64::from(MAX_DRIFT_LIMIT_MS)
 }
 
 /// `snowflake_id.layout_end_warning`, in years (0: never warn).
@@ -806,12 +811,7 @@ pub fn preset_name() -> &'static str {
 
 fn compute_layout() -> Result<Layout, String> {
     let preset = PRESET.get().values();
-    let pick = |setting: &GucSetting<i32>, preset_value: i64| -> i64 {
-        match setting.get() {
-            FROM_PRESET => preset_value,
-            v => i64::from(v),
-        }
-    };
+    let pick = value_or_preset;
     let epoch_text = EPOCH.get();
     let epoch_text = epoch_text
         .as_deref()
@@ -829,13 +829,18 @@ fn compute_layout() -> Result<Layout, String> {
     .map_err(|e| e.to_string())
 }
 
+/// A layout setting's value: its own, or the preset's when it is -1.
+fn value_or_preset(setting: &GucSetting<i32>, preset_value: i64) -> i64 {
+    match setting.get() {
+        FROM_PRESET => preset_value,
+        v => i64::from(v),
+    }
+}
+
 /// The value in use of a layout setting: its own, or the preset's when it
 /// is -1, as a string in the current memory context (PostgreSQL copies it).
 fn show_layout_setting(setting: &GucSetting<i32>, preset_value: i64) -> *const c_char {
-    let value = match setting.get() {
-        FROM_PRESET => preset_value,
-        v => i64::from(v),
-    };
+    let value = value_or_preset(setting, preset_value);
     // Digits and a sign only: no NUL inside, so the CString always builds.
     let text = CString::new(value.to_string()).unwrap_or_default();
     // SAFETY: copies a NUL-terminated string into the current memory

@@ -201,7 +201,7 @@ fn snowflake_layout() -> TableIterator<
         TimestampWithTimeZone::try_from((l.end_unix_ms() - PG_EPOCH_UNIX_MS).saturating_mul(1000))
             .unwrap_or_else(|_| TimestampWithTimeZone::positive_infinity()),
         l.years_left(now),
-        l.ends_within(now, settings::layout_end_warning_years()) || l.years_left(now) <= 0.0,
+        l.ended(now) || l.ends_within(now, settings::layout_end_warning_years()),
     ))
 }
 
