@@ -59,6 +59,7 @@ pub extern "C-unwind" fn _PG_init() {
     if preloading {
         settings::warn_if_layout_ends_soon();
         shmem::init(durability::reservation::read_at_startup);
+        durability::backfill::init();
         durability::reservation::init();
         workers::registry_worker::init();
         workers::lease_worker::init();

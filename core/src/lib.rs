@@ -6,6 +6,7 @@
 //! that puts these rules into shared memory, settings, WAL and workers.
 //!
 //! - `layout`     the bit layout of an ID
+//! - `backfill`   IDs for past times: the set-aside space, grants and lanes
 //! - `generator`  the clock and sequence rules (injected clock)
 //! - `ranges`     worker-id range parsing
 //! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument
@@ -15,6 +16,7 @@
 //! - `conninfo`   reading libpq connection strings (secrets, problems)
 #![forbid(unsafe_code)]
 
+pub mod backfill;
 pub mod conninfo;
 pub mod generator;
 pub mod holder;

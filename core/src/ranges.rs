@@ -108,6 +108,36 @@ impl WorkerRanges {
         self.0.iter().any(|&(lo, hi)| (lo..=hi).contains(&id))
     }
 
+    /// The ids of `self` that are not in `other`.
+    pub fn without(&self, other: &WorkerRanges) -> WorkerRanges {
+        let mut out = Vec::new();
+        for &(lo, hi) in &self.0 {
+            // The next id of [lo, hi] not yet placed; None: none is left.
+            let mut start = Some(lo);
+            for &(olo, ohi) in &other.0 {
+                let Some(from) = start else { break };
+                if ohi < from || olo > hi {
+                    continue;
+                }
+                if olo > from {
+                    out.push((from, olo - 1));
+                }
+                start = ohi.checked_add(1).filter(|&next| next <= hi);
+            }
+            if let Some(from) = start {
+                out.push((from, hi));
+            }
+        }
+        WorkerRanges(out)
+    }
+
+    /// Whether an id is in both sets.
+    pub fn overlaps(&self, other: &WorkerRanges) -> bool {
+        self.0
+            .iter()
+            .any(|&(lo, hi)| other.0.iter().any(|&(olo, ohi)| olo <= hi && lo <= ohi))
+    }
+
     /// Every id, in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.0.iter().flat_map(|&(lo, hi)| lo..=hi)
@@ -152,6 +182,25 @@ mod tests {
         assert_eq!(r.to_string(), "0-3,32,40-41");
         assert_eq!(WorkerRanges::parse("", 63).unwrap(), WorkerRanges::all(63));
         assert_eq!(WorkerRanges::all(1023).len(), 1024);
+    }
+
+    #[test]
+    fn without_and_overlaps() {
+        let all = WorkerRanges::all(1023);
+        let bf = WorkerRanges::parse("1020-1023", 1023).unwrap();
+        assert_eq!(all.without(&bf).to_string(), "0-1019");
+        assert!(all.overlaps(&bf));
+        let r = WorkerRanges::parse("0-15,32-47", 1023).unwrap();
+        let cut = WorkerRanges::parse("3,10-33,47", 1023).unwrap();
+        assert_eq!(r.without(&cut).to_string(), "0-2,4-9,34-46");
+        assert!(!r.without(&cut).overlaps(&cut));
+        assert!(!WorkerRanges::parse("0-9", 1023).unwrap().overlaps(&bf));
+        let top = WorkerRanges::parse("4294967295", u32::MAX).unwrap();
+        assert_eq!(
+            WorkerRanges::all(u32::MAX).without(&top).to_string(),
+            "0-4294967294"
+        );
+        assert!(all.without(&all).is_empty());
     }
 
     #[test]

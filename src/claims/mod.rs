@@ -92,6 +92,17 @@ impl Claim {
     }
 }
 
+/// Waits, like a first claim, until the registry worker has put the
+/// registry table's records in force (after `pg_upgrade` or a restore).
+pub fn wait_for_registry(header: &Header) {
+    if header
+        .registry_pending
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        pick::wait_for_registry(header);
+    }
+}
+
 /// The shared header, or the "not preloaded" error naming `function`.
 pub fn require_shared(function: &str) -> &'static Header {
     match shmem::header() {

@@ -243,7 +243,7 @@ const REGISTRY_WAIT_MS: i64 = 30_000;
 /// only record of IDs made before). A hot standby does not wait: its worker
 /// starts only at promotion, and replayed WAL gives it the primary's floor.
 #[cold]
-fn wait_for_registry(header: &Header) {
+pub(super) fn wait_for_registry(header: &Header) {
     let mut waited = 0;
     // SAFETY: a plain read of PostgreSQL's recovery state.
     while header.registry_pending.load(Acquire) && !unsafe { pg_sys::RecoveryInProgress() } {

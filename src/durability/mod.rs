@@ -2,8 +2,11 @@
 //!
 //! - `reservation` the state file, the floor above every ID issued, and WAL
 //!   replay of the reservation
+//! - `backfill`    backfill grants: counted, written and WAL-logged before
+//!   use, replayed
 //! - `wal`         the custom WAL resource manager and its records (a leaf:
 //!   `reservation` calls it, it calls back through registered functions)
 
+pub mod backfill;
 pub mod reservation;
 pub mod wal;

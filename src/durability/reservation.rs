@@ -20,7 +20,7 @@ use crate::clock;
 use crate::durability::wal;
 use crate::errors;
 use crate::settings;
-use crate::shmem::{self, Header};
+use crate::shmem::{self, Header, Startup};
 use pgrx::pg_sys;
 use serde::{Deserialize, Serialize};
 use snowflake_core::layout::Layout;
@@ -33,8 +33,10 @@ pub const RESERVE_MS: i64 = 250;
 /// The state file, relative to the data directory (the server's cwd).
 pub const STATE_FILE: &str = "snowflake_id.state";
 
-/// The format version written into the state file.
-const STATE_FILE_VERSION: u32 = 1;
+/// The format version written into the state file: 2 added the backfill
+/// grants (a build that knows only 1 refuses the file rather than drop
+/// them on its next write).
+const STATE_FILE_VERSION: u32 = 2;
 
 /// What the state file holds.
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
@@ -43,6 +45,30 @@ struct StateFile {
     layout: Layout,
     /// Unix ms up to which IDs may have been issued.
     reserved_until_ms: i64,
+    /// Backfill grants (`durability::backfill`); empty in version 1.
+    #[serde(default)]
+    backfill: BackfillRecord,
+}
+
+/// The backfill part of the state file.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct BackfillRecord {
+    /// The set-aside ids the grants are numbered across.
+    ids: String,
+    /// No backfill ID at or before this Unix ms (an accepted layout change).
+    after_ms: i64,
+    /// `(bucket, grants handed out)` of every bucket with grants.
+    grants: Vec<(u32, u32)>,
+}
+
+impl Default for BackfillRecord {
+    fn default() -> Self {
+        BackfillRecord {
+            ids: String::new(),
+            after_ms: i64::MIN,
+            grants: Vec::new(),
+        }
+    }
 }
 
 /// Registers WAL replay. Called from `_PG_init` while preloading.
@@ -76,7 +102,7 @@ fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
             }
             // Covers a floor raised by replay (hot standby) as well.
             let until = (unix_ms + RESERVE_MS).max(header.floor_ms.load(Acquire));
-            write_state_file(&layout_to_record(header, layout), until);
+            write_state_file(header, &layout_to_record(header, layout), until);
             wal::log_reservation(until);
             header.reserved_until_ms.store(until, Release);
             return;
@@ -142,6 +168,12 @@ fn replay(until_ms: i64) {
         return;
     };
     header.floor_ms.fetch_max(until_ms, AcqRel);
+    persist_at_restartpoint();
+}
+
+/// During replay (of any record of ours): writes the replayed state to the
+/// state file when a restartpoint has begun since the last write.
+pub(crate) fn persist_at_restartpoint() {
     /// The redo pointer when replay last wrote the state file.
     static PERSISTED_AT_REDO: parking_lot::Mutex<u64> = parking_lot::const_mutex(0);
     let redo = wal::redo_pointer();
@@ -149,6 +181,13 @@ fn replay(until_ms: i64) {
         persist_replayed();
         *PERSISTED_AT_REDO.lock() = redo;
     }
+}
+
+/// Writes the state file again with what shared memory holds now (the
+/// caller holds `reserve_lock`): after a backfill grant.
+pub(crate) fn rewrite_state_file(header: &Header) {
+    let until = header.reserved_until_ms.load(Acquire);
+    write_state_file(header, &layout_to_record(header, settings::layout()), until);
 }
 
 /// Writes the replayed floor to the state file when it is above what the
@@ -159,20 +198,38 @@ fn persist_replayed() {
     };
     let _guard = header.reserve_lock();
     let floor = header.floor_ms.load(Acquire);
-    if floor > header.reserved_until_ms.load(Acquire) {
-        write_state_file(&layout_to_record(header, settings::layout()), floor);
-        header.reserved_until_ms.store(floor, Release);
+    let until = header.reserved_until_ms.load(Acquire);
+    if floor > until || header.backfill().replayed.swap(false, AcqRel) {
+        write_state_file(
+            header,
+            &layout_to_record(header, settings::layout()),
+            floor.max(until),
+        );
+        header.reserved_until_ms.store(floor.max(until), Release);
     }
 }
 
-/// Reads the state file at server start: returns the reservation floor
-/// (Unix ms; `i64::MIN` when there is no file) and the recorded layout
-/// (`layout` itself when nothing is recorded). Runs once, in the
+/// Reads the state file at server start: the reservation floor (Unix ms;
+/// `i64::MIN` when there is no file), the recorded layout (`layout` itself
+/// when nothing is recorded) and the backfill grants. Runs once, in the
 /// postmaster, before any backend exists, so plain file access is used.
-pub fn read_at_startup(layout: &Layout) -> (i64, Layout) {
+pub fn read_at_startup(layout: &Layout) -> Startup {
+    let none = || Startup {
+        floor_ms: i64::MIN,
+        layout: *layout,
+        backfill_after_ms: i64::MIN,
+        backfill_ids: String::new(),
+        backfill_grants: Vec::new(),
+    };
     match std::fs::read_to_string(STATE_FILE) {
         Ok(text) => match parse_state_file(&text) {
-            Ok(state) => (state.reserved_until_ms, state.layout),
+            Ok(state) => Startup {
+                floor_ms: state.reserved_until_ms,
+                layout: state.layout,
+                backfill_after_ms: state.backfill.after_ms,
+                backfill_ids: state.backfill.ids,
+                backfill_grants: state.backfill.grants,
+            },
             Err(StateFileError::TooNew(version)) => {
                 errors::state_file_too_new(STATE_FILE, version, STATE_FILE_VERSION)
             }
@@ -182,7 +239,7 @@ pub fn read_at_startup(layout: &Layout) -> (i64, Layout) {
                 errors::state_file_unreadable(STATE_FILE, &problem)
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (i64::MIN, *layout),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => none(),
         Err(e) => errors::state_file("read", STATE_FILE, e),
     }
 }
@@ -229,12 +286,28 @@ const STATE_FILE_C: &CStr = c"snowflake_id.state";
 /// (`OpenTransientFile`), then `durable_rename`, which fsyncs the file,
 /// renames it and fsyncs the directory, under PostgreSQL's fsync-failure
 /// policy (`data_sync_retry`: a failed fsync is a PANIC by default). Each
-/// error names the file that failed.
-fn write_state_file(layout: &Layout, reserved_until_ms: i64) {
+/// error names the file that failed. The backfill grants are read from
+/// shared memory: the caller holds `reserve_lock`, under which they change.
+fn write_state_file(header: &Header, layout: &Layout, reserved_until_ms: i64) {
+    let backfill = header.backfill();
+    let grants: Vec<(u32, u32)> = backfill
+        .grants
+        .iter()
+        .enumerate()
+        .filter_map(|(bucket, n)| {
+            let n = n.load(Acquire);
+            (n > 0).then_some((bucket as u32, n))
+        })
+        .collect();
     let state = StateFile {
         version: STATE_FILE_VERSION,
         layout: *layout,
         reserved_until_ms,
+        backfill: BackfillRecord {
+            ids: backfill.recorded_ids.get(),
+            after_ms: backfill.after_ms.load(Acquire),
+            grants,
+        },
     };
     let text = match serde_json::to_string(&state) {
         Ok(text) => text,
@@ -299,7 +372,15 @@ pub fn accept_layout(header: &Header, layout: &Layout, latest_ms: i64) -> Result
     // Every ID at or below the tick before `first` counts as issued.
     let floor_ms = layout.tick_start_unix_ms(first) - 1;
     let until = until.max(floor_ms);
-    write_state_file(layout, until);
+    // Backfill grants were numbered in the old layout's buckets, and IDs of
+    // the old layout may have any bits: no backfill ID at or before the
+    // change, and the grants start again.
+    let backfill = header.backfill();
+    backfill.after_ms.fetch_max(floor_ms, AcqRel);
+    for n in &backfill.grants {
+        n.store(0, Release);
+    }
+    write_state_file(header, layout, until);
     header.floor_ms.fetch_max(floor_ms, AcqRel);
     header.reserved_until_ms.store(until, Release);
     header.layout_changed.store(false, Release);
@@ -324,6 +405,19 @@ mod tests {
         let v1 = r#"{"version":1,"layout":{"epoch_ms":1704067200000,"unit_ms":1,"total_bits":63,"worker_bits":10,"sequence_bits":12},"reserved_until_ms":1795305600250}"#;
         let state = parse_state_file(v1).unwrap();
         assert_eq!(state.reserved_until_ms, 1_795_305_600_250);
+        assert_eq!(state.backfill, BackfillRecord::default());
+        // Version 2 carries the backfill grants.
+        let v2 = StateFile {
+            version: 2,
+            backfill: BackfillRecord {
+                ids: "1020-1023".into(),
+                after_ms: 5,
+                grants: vec![(3, 7), (16383, 1)],
+            },
+            ..state
+        };
+        let text = serde_json::to_string(&v2).unwrap();
+        assert_eq!(parse_state_file(&text), Ok(v2));
         let future = v1.replace(r#""version":1"#, r#""version":99"#);
         assert_eq!(parse_state_file(&future), Err(StateFileError::TooNew(99)));
         assert!(matches!(

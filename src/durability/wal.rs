@@ -7,8 +7,10 @@
 //! shared memory or the state file. `reservation` registers what replay does
 //! with a record ([`init`]).
 //!
-//! One record type: "reserve", carrying the Unix millisecond up to which the
-//! primary may have issued IDs. Logical decoding ignores the records.
+//! Two record types: "reserve", carrying the Unix millisecond up to which the
+//! primary may have issued IDs, and "backfill grant", carrying a bucket and
+//! the number of grants handed out in it (`durability::backfill`). Logical
+//! decoding ignores the records.
 //!
 //! The resource manager id is [`RMGR_ID`], in the range PostgreSQL sets
 //! aside for extensions. Servers that replay this WAL (standbys, crash
@@ -21,6 +23,7 @@ use std::ffi::{c_char, CStr};
 pub const RMGR_ID: u8 = 173;
 const RMGR_NAME: &CStr = c"snowflake_id";
 const XLOG_SNOWFLAKE_RESERVE: u8 = 0x00;
+const XLOG_SNOWFLAKE_BACKFILL: u8 = 0x10;
 
 /// What replay does with a reservation record's Unix ms (`on_redo`), and
 /// when it stops (`on_redo_end`: at the end of recovery, and when the startup
@@ -28,11 +31,13 @@ const XLOG_SNOWFLAKE_RESERVE: u8 = 0x00;
 struct Callbacks {
     on_redo: Option<fn(i64)>,
     on_redo_end: Option<fn()>,
+    on_backfill: Option<fn(u32, u32)>,
 }
 
 static CALLBACKS: parking_lot::RwLock<Callbacks> = parking_lot::const_rwlock(Callbacks {
     on_redo: None,
     on_redo_end: None,
+    on_backfill: None,
 });
 
 /// Registers the resource manager. `on_redo` receives each replayed
@@ -48,13 +53,19 @@ pub fn init(on_redo: fn(i64), on_redo_end: fn()) {
         rm_cleanup: Some(redo_cleanup),
         ..Default::default()
     }));
-    *CALLBACKS.write() = Callbacks {
-        on_redo: Some(on_redo),
-        on_redo_end: Some(on_redo_end),
-    };
+    let mut callbacks = CALLBACKS.write();
+    callbacks.on_redo = Some(on_redo);
+    callbacks.on_redo_end = Some(on_redo_end);
+    drop(callbacks);
     // SAFETY: called while loading shared_preload_libraries, as PostgreSQL
     // requires; the RmgrData lives for the life of the process.
     unsafe { pg_sys::RegisterCustomRmgr(RMGR_ID, rmgr) };
+}
+
+/// Registers what replay does with a backfill grant record (bucket,
+/// grants). Called from `_PG_init` while preloading, before [`init`].
+pub fn init_backfill(on_backfill: fn(u32, u32)) {
+    CALLBACKS.write().on_backfill = Some(on_backfill);
 }
 
 /// The redo pointer of the newest checkpoint or restartpoint: it moves when
@@ -91,19 +102,47 @@ unsafe extern "C-unwind" fn redo_cleanup() {
 /// Writes and flushes a reservation record. Does nothing during recovery
 /// (a hot standby making IDs with its own range cannot write WAL).
 pub fn log_reservation(until_ms: i64) {
+    log(XLOG_SNOWFLAKE_RESERVE, until_ms.to_le_bytes());
+}
+
+/// Writes and flushes a backfill grant record: `grants` of `bucket` are
+/// handed out. Does nothing during recovery (backfill is refused there).
+pub fn log_backfill_grant(bucket: u32, grants: u32) {
+    let mut data = [0u8; 8];
+    data[..4].copy_from_slice(&bucket.to_le_bytes());
+    data[4..].copy_from_slice(&grants.to_le_bytes());
+    log(XLOG_SNOWFLAKE_BACKFILL, data);
+}
+
+fn log(info: u8, data: [u8; 8]) {
     // SAFETY: plain calls into the WAL machinery with a record of our own
     // resource manager; the data pointer is valid for the call.
     unsafe {
         if pg_sys::RecoveryInProgress() {
             return;
         }
-        let data = until_ms.to_le_bytes();
         pg_sys::XLogBeginInsert();
         // The pointer and length types differ between versions (char * and
         // int on 15, const char * and uint32 on 16-17, const void * on 18).
         pg_sys::XLogRegisterData(data.as_ptr() as _, data.len() as _);
-        let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_SNOWFLAKE_RESERVE);
+        let lsn = pg_sys::XLogInsert(RMGR_ID, info);
         pg_sys::XLogFlush(lsn);
+    }
+}
+
+/// The 8 bytes a record of ours carries.
+///
+/// # Safety
+/// `record` must be a decoded record of our resource manager.
+unsafe fn record_data(record: *mut pg_sys::XLogReaderState) -> Option<[u8; 8]> {
+    // SAFETY: per the contract, `record` and its decoded record are valid.
+    unsafe {
+        let decoded = (*record).record;
+        if decoded.is_null() || (*decoded).main_data_len as usize != 8 {
+            return None;
+        }
+        let bytes = std::slice::from_raw_parts((*decoded).main_data as *const u8, 8);
+        bytes.try_into().ok()
     }
 }
 
@@ -112,30 +151,53 @@ pub fn log_reservation(until_ms: i64) {
 /// # Safety
 /// `record` must be a decoded record of our resource manager.
 unsafe fn record_until(record: *mut pg_sys::XLogReaderState) -> Option<i64> {
-    // SAFETY: per the contract, `record` and its decoded record are valid.
-    unsafe {
-        let decoded = (*record).record;
-        if decoded.is_null() || (*decoded).main_data_len as usize != 8 {
-            return None;
-        }
-        let bytes = std::slice::from_raw_parts((*decoded).main_data as *const u8, 8);
-        Some(i64::from_le_bytes(bytes.try_into().ok()?))
-    }
+    // SAFETY: as the caller promises.
+    unsafe { record_data(record) }.map(i64::from_le_bytes)
 }
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
-    // Like PostgreSQL's own resource managers: an unknown record type means
-    // WAL this build cannot replay correctly, so stop.
-    // SAFETY: PostgreSQL calls redo with a decoded record.
-    let info = unsafe {
+/// The record type of a decoded record (0 when there is none).
+///
+/// # Safety
+/// `record` must be a decoded record of our resource manager.
+unsafe fn record_info(record: *mut pg_sys::XLogReaderState) -> u8 {
+    // SAFETY: as the caller promises.
+    unsafe {
         let decoded = (*record).record;
         if decoded.is_null() {
             0
         } else {
             (*decoded).header.xl_info & !(pg_sys::XLR_INFO_MASK as u8)
         }
-    };
+    }
+}
+
+/// A backfill grant record's bucket and grants.
+fn split_grant(data: [u8; 8]) -> (u32, u32) {
+    let [a, b, c, d, e, f, g, h] = data;
+    (
+        u32::from_le_bytes([a, b, c, d]),
+        u32::from_le_bytes([e, f, g, h]),
+    )
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
+    // Like PostgreSQL's own resource managers: an unknown record type means
+    // WAL this build cannot replay correctly, so stop.
+    // SAFETY: PostgreSQL calls redo with a decoded record of ours.
+    let info = unsafe { record_info(record) };
+    if info == XLOG_SNOWFLAKE_BACKFILL {
+        // SAFETY: PostgreSQL calls redo with a record of our resource manager.
+        let Some(data) = (unsafe { record_data(record) }) else {
+            pgrx::error!("malformed snowflake_id backfill record in WAL");
+        };
+        let (bucket, grants) = split_grant(data);
+        let on_backfill = CALLBACKS.read().on_backfill;
+        if let Some(on_backfill) = on_backfill {
+            on_backfill(bucket, grants);
+        }
+        return;
+    }
     if info != XLOG_SNOWFLAKE_RESERVE {
         pgrx::ereport!(
             pgrx::PgLogLevel::PANIC,
@@ -157,18 +219,27 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
 unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::XLogReaderState) {
     // SAFETY: PostgreSQL passes a valid StringInfo and a record of ours.
     unsafe {
-        if let Some(until_ms) = record_until(record) {
-            let text = std::ffi::CString::new(format!(
+        let text = match (record_info(record), record_data(record)) {
+            (XLOG_SNOWFLAKE_BACKFILL, Some(data)) => {
+                let (bucket, grants) = split_grant(data);
+                format!("backfill bucket {bucket}: {grants} grants")
+            }
+            (_, Some(data)) => format!(
                 "reserved until {}",
-                snowflake_core::layout::format_unix_ms(until_ms)
-            ))
-            .unwrap_or_default();
-            pg_sys::appendStringInfoString(buf, text.as_ptr());
-        }
+                snowflake_core::layout::format_unix_ms(i64::from_le_bytes(data))
+            ),
+            (_, None) => return,
+        };
+        let text = std::ffi::CString::new(text).unwrap_or_default();
+        pg_sys::appendStringInfoString(buf, text.as_ptr());
     }
 }
 
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn identify(_info: u8) -> *const c_char {
-    c"RESERVE".as_ptr()
+unsafe extern "C-unwind" fn identify(info: u8) -> *const c_char {
+    if info & !(pg_sys::XLR_INFO_MASK as u8) == XLOG_SNOWFLAKE_BACKFILL {
+        c"BACKFILL_GRANT".as_ptr()
+    } else {
+        c"RESERVE".as_ptr()
+    }
 }

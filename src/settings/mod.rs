@@ -3,11 +3,17 @@
 //! The layout settings are postmaster settings: they are read once, when the
 //! library loads, and turned into the [`Layout`] every function uses
 //! ([`layout`]). `worker_ids` and `max_drift` can change on reload.
+//! `backfill` holds `snowflake_id.backfill_worker_ids`.
+
+mod backfill;
+
+pub use backfill::{backfill_ids_text, backfill_ids_to_record, backfill_space};
 
 use crate::errors;
 use parking_lot::{const_mutex, Mutex};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{pg_guard, pg_sys, PostgresGucEnum};
+use snowflake_core::backfill::Space;
 use snowflake_core::key_file::KeyFileError;
 use snowflake_core::layout::{self, Layout, PRESETS};
 use snowflake_core::ranges::WorkerRanges;
@@ -232,6 +238,7 @@ pub fn init(preloading: bool) {
     if let Some((_, problem)) = rejected {
         errors::bad_worker_ids(&problem);
     }
+    backfill::define(layout_context());
     // SAFETY: the check hook is a #[pg_guard] function with the signature
     // PostgreSQL expects; it only reads the value given.
     unsafe {
@@ -591,7 +598,11 @@ pub fn worker_ranges() -> (WorkerRanges, String) {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     match WorkerRanges::parse(&text, layout().max_worker_id()) {
-        Ok(ranges) => (ranges, text),
+        // Live claims never take the ids set aside for backfill.
+        Ok(ranges) => match backfill_space() {
+            Some(space) => (ranges.without(space.ids()), text),
+            None => (ranges, text),
+        },
         Err(detail) => errors::bad_worker_ids(&detail.to_string()),
     }
 }
@@ -885,7 +896,11 @@ unsafe extern "C-unwind" fn check_worker_ids(
         return true;
     };
     match WorkerRanges::parse(&text, layout.max_worker_id()) {
-        Ok(_) => true,
+        Ok(_) if text.trim().is_empty() => true,
+        Ok(ranges) => match backfill::check_live_ids_against_backfill(&ranges) {
+            None => true,
+            Some(detail) => reject("snowflake_id.worker_ids", &text, &detail, source),
+        },
         Err(detail) => reject(
             "snowflake_id.worker_ids",
             &text,

@@ -2,9 +2,9 @@
 //! policy lives here: the reservation (state file, WAL, floor) is in
 //! `reservation`, the claims in `claims`.
 //!
-//! Layout: a [`Header`] followed by `2^worker_bits` [`Slot`]s and one
-//! [`Holder`] per backend (`MaxBackends`), sized when the server starts (the
-//! layout settings are postmaster settings).
+//! Layout: a [`Header`] followed by `2^worker_bits` [`Slot`]s, one
+//! [`Holder`] per backend (`MaxBackends`) and the [`Backfill`] grants, sized
+//! when the server starts (the layout settings are postmaster settings).
 //!
 //! Locking rules (read these before touching the structures):
 //! - `Header::lock`, the first LWLock of tranche "snowflake_id", guards the
@@ -40,6 +40,10 @@
 //!   epoch, then limit with Release), and the limit is raised without the
 //!   lock on renewals (`fetch_max`); the hot path reads the limit with
 //!   Acquire, then the epoch (`Slot::lease_view`).
+//! - [`Backfill`]'s grant counters and its other fields change only under
+//!   `Header::reserve_lock`, together with the state file that makes them
+//!   durable (see `durability::backfill`); WAL replay raises a counter with
+//!   `fetch_max` (the startup process alone). Reports read them relaxed.
 //! - Every field is an atomic, so concurrent readers never see undefined
 //!   behaviour, only (for reports) a value that is a moment old.
 //!
@@ -270,6 +274,41 @@ impl Slot {
 /// stores, so the hot path needs no atomic read-modify-write for it. At
 /// exit its count moves into the slot's `ids_issued`, under
 /// `Header::lock`; a report adds the live entries of a slot to the slot's.
+/// Backfill grants (see `snowflake_core::backfill`): per bucket, how many
+/// grants were handed out.
+#[repr(C)]
+pub struct Backfill {
+    /// No backfill ID at or before this Unix ms: an accepted layout change
+    /// (`i64::MIN`: none).
+    pub after_ms: AtomicI64,
+    /// The set-aside ids the grants were handed out for, as recorded in the
+    /// state file (what the state file keeps writing).
+    pub recorded_ids: ShmText<256>,
+    /// `snowflake_id.backfill_worker_ids` does not continue the recorded
+    /// ids: backfill is refused until it does again.
+    pub ids_changed: AtomicBool,
+    /// WAL replay raised a counter the state file does not hold yet.
+    pub replayed: AtomicBool,
+    /// Bumped on every grant, for the registry worker.
+    pub changes: AtomicU64,
+    pub grants: [AtomicU32; BACKFILL_BUCKETS],
+}
+
+/// Buckets of backfill grants.
+pub const BACKFILL_BUCKETS: usize = snowflake_core::backfill::BUCKETS as usize;
+
+/// What the state file held at startup.
+pub struct Startup {
+    /// Unix ms up to which IDs may have been issued (`i64::MIN`: no file).
+    pub floor_ms: i64,
+    /// The layout that made them.
+    pub layout: Layout,
+    pub backfill_after_ms: i64,
+    pub backfill_ids: String,
+    /// `(bucket, grants)` of the buckets with grants.
+    pub backfill_grants: Vec<(u32, u32)>,
+}
+
 #[repr(C)]
 pub struct Holder {
     /// The backend's pid while it holds a worker id, else 0 (under
@@ -327,6 +366,16 @@ impl Header {
 
     /// This backend's [`Holder`] entry (`None` for a process without a
     /// backend slot, which then publishes to the slot directly).
+    pub fn backfill(&self) -> &Backfill {
+        // SAFETY: the startup hook allocated the backfill grants right after
+        // the holders (aligned: every structure before it has 8-byte
+        // alignment and a size that is a multiple of 8) and zeroed them.
+        unsafe {
+            let first = self.holders().as_ptr().add(self.nholders as usize) as *const Backfill;
+            &*first
+        }
+    }
+
     pub fn my_holder(&self) -> Option<&Holder> {
         // SAFETY: reading this process's own number.
         #[cfg(any(feature = "pg15", feature = "pg16"))]
@@ -413,7 +462,7 @@ impl Drop for LockGuard {
 /// What the reservation knows when shared memory is first created: the
 /// floor (Unix ms; `i64::MIN` when nothing was recorded) and the recorded
 /// layout.
-pub type StartupState = fn(&Layout) -> (i64, Layout);
+pub type StartupState = fn(&Layout) -> Startup;
 
 /// This process's hook chain: written once by `init` in `_PG_init`, read
 /// when PostgreSQL calls the hooks (per-process state: a parking_lot lock,
@@ -447,7 +496,10 @@ pub fn init(startup_state: StartupState) {
 
 fn shmem_size() -> usize {
     let nslots = settings::layout().max_worker_id() as usize + 1;
-    size_of::<Header>() + nslots * size_of::<Slot>() + nholders() as usize * size_of::<Holder>()
+    size_of::<Header>()
+        + nslots * size_of::<Slot>()
+        + nholders() as usize * size_of::<Holder>()
+        + size_of::<Backfill>()
 }
 
 /// Backends that can hold a worker id (set before the shmem hooks run).
@@ -492,10 +544,17 @@ unsafe extern "C-unwind" fn shmem_startup() {
     let header = base as *mut Header;
     if !found {
         let startup_state = HOOKS.lock().startup_state;
-        let (floor_ms, recorded) = match startup_state {
+        let startup = match startup_state {
             Some(read) => read(&layout),
-            None => (i64::MIN, layout),
+            None => Startup {
+                floor_ms: i64::MIN,
+                layout,
+                backfill_after_ms: i64::MIN,
+                backfill_ids: String::new(),
+                backfill_grants: Vec::new(),
+            },
         };
+        let (floor_ms, recorded) = (startup.floor_ms, startup.layout);
         // SAFETY: we hold AddinShmemInitLock and nobody else can see the
         // memory yet; the tranche was requested with two locks.
         unsafe {
@@ -527,6 +586,22 @@ unsafe extern "C-unwind" fn shmem_startup() {
             std::ptr::write_bytes(first, 0, nslots as usize);
             let holders = first.add(nslots as usize) as *mut Holder;
             std::ptr::write_bytes(holders, 0, nholders() as usize);
+            let backfill = holders.add(nholders() as usize) as *mut Backfill;
+            std::ptr::write_bytes(backfill, 0, 1);
+            (*backfill)
+                .after_ms
+                .store(startup.backfill_after_ms, Relaxed);
+            for &(bucket, grants) in &startup.backfill_grants {
+                if let Some(cell) = (*backfill).grants.get(bucket as usize) {
+                    cell.store(grants, Relaxed);
+                }
+            }
+            let (recorded_ids, changed) = settings::backfill_ids_to_record(
+                &startup.backfill_ids,
+                !startup.backfill_grants.is_empty(),
+            );
+            (*backfill).recorded_ids.set(&recorded_ids);
+            (*backfill).ids_changed.store(changed, Relaxed);
             let fresh = GeneratorState::new(&layout).word(&layout);
             let limit = if mode == MODE_LOCAL {
                 i64::MAX

@@ -17,7 +17,7 @@ const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
 /// The largest batch `snowflake_nextvals()` makes.
 pub const MAX_BATCH: i32 = 1_000_000;
 
-fn to_timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
+pub(crate) fn to_timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
     let micros = (unix_ms - PG_EPOCH_UNIX_MS).saturating_mul(1000);
     match TimestampWithTimeZone::try_from(micros) {
         Ok(ts) if micros != i64::MAX => ts,
@@ -25,7 +25,7 @@ fn to_timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
     }
 }
 
-fn to_unix_ms(ts: TimestampWithTimeZone, layout: &Layout) -> i64 {
+pub(crate) fn to_unix_ms(ts: TimestampWithTimeZone, layout: &Layout) -> i64 {
     let micros: i64 = ts.into();
     if micros == i64::MIN || micros == i64::MAX {
         errors::infinite_timestamp(micros > 0, layout);

@@ -1,6 +1,7 @@
 //! The SQL API.
 //!
 //! - `api`        generators, decoders, the monitoring functions and views
+//! - `backfill`   `snowflake_at()` (IDs for past times) and `snowflake_backfill()`
 //! - `public_ids` `snowflake_to_public()` / `snowflake_from_public()`
 //! - `tools`      SQL-language functions (`tools.sql`: decode row, convert a
 //!   column, partitions) and COMMENTs
@@ -12,6 +13,7 @@
 //! `registry.sql`, `leases.sql`, `tools.sql`.
 
 pub mod api;
+pub mod backfill;
 pub mod leases;
 pub mod public_ids;
 pub mod registry;

@@ -1,0 +1,135 @@
+//! Backfill: `snowflake_at(ts)` makes an ID for a past time that never
+//! equals another ID, from the worker ids set aside by
+//! `snowflake_id.backfill_worker_ids` (the rules and the proof:
+//! `snowflake_core::backfill`); `snowflake_backfill()` shows how much of
+//! each stretch of time is used.
+
+use super::api::{to_timestamptz, to_unix_ms};
+use crate::claims;
+use crate::durability::backfill::grant;
+use crate::errors;
+use crate::settings;
+use crate::shmem;
+use pgrx::prelude::*;
+use snowflake_core::backfill::{tick_for, Lanes};
+use snowflake_core::layout::format_unix_ms;
+use std::cell::RefCell;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+
+thread_local! {
+    /// This backend's lanes: the grants it holds. Borrowed only for a
+    /// lookup or an insert, never across a call that can raise an error.
+    static LANES: RefCell<Lanes> = const { RefCell::new(Lanes::new()) };
+}
+
+/// An ID that decodes to `ts` (the start of its tick) and equals no other
+/// ID: not one of `snowflake_nextval()` (its worker id is set aside), nor
+/// one of another `snowflake_at()` call, of any backend, before or after a
+/// restart or a crash.
+#[pg_extern(volatile, strict, parallel_unsafe)]
+fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
+    let header = claims::require_shared("snowflake_at");
+    let Some(space) = settings::backfill_space() else {
+        errors::backfill_off()
+    };
+    // SAFETY: a plain read of PostgreSQL's recovery state.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        errors::backfill_on_standby();
+    }
+    if header.layout_changed.load(Acquire) {
+        errors::layout_changed(&header.recorded_layout.differences(settings::layout()));
+    }
+    claims::wait_for_registry(header);
+    if header.lease.mode.load(Acquire) != shmem::MODE_LOCAL {
+        errors::backfill_with_leases();
+    }
+    let backfill = header.backfill();
+    if backfill.ids_changed.load(Acquire) {
+        errors::backfill_ids_changed(&backfill.recorded_ids.get(), &settings::backfill_ids_text());
+    }
+    let layout = settings::layout();
+    let unix_ms = to_unix_ms(ts, layout);
+    let tick = tick_for(
+        layout,
+        unix_ms,
+        crate::clock::unix_ms(),
+        settings::max_drift_ms(),
+        backfill.after_ms.load(Acquire),
+    )
+    .unwrap_or_else(|e| errors::backfill_time(&e.to_string()));
+    let bucket = space.bucket_of(tick);
+    let per_tick = space.per_tick();
+    let (grant, index) = match LANES.with_borrow_mut(|lanes| lanes.take(bucket, tick, per_tick)) {
+        Some(taken) => taken,
+        None => {
+            let Some(grant) = grant(header, bucket, space.grants_per_bucket()) else {
+                let start = layout.tick_start_unix_ms(space.bucket_start(bucket));
+                let end = layout.tick_start_unix_ms(space.bucket_start(bucket + 1)) - 1;
+                errors::backfill_bucket_full(
+                    &format_unix_ms(start),
+                    &format_unix_ms(end.min(layout.end_unix_ms())),
+                    space.grants_per_bucket(),
+                )
+            };
+            LANES.with_borrow_mut(|lanes| lanes.add(bucket, grant, tick));
+            (grant, 0)
+        }
+    };
+    let Some((worker_id, sequence)) = space.grant_parts(grant, index) else {
+        errors::internal("a backfill grant beyond the set-aside ids")
+    };
+    layout
+        .compose(tick, worker_id, sequence)
+        .unwrap_or_else(|e| errors::part_out_of_range(e))
+}
+
+/// Each stretch of time with backfill grants: its times, the grants handed
+/// out and how many it holds.
+#[pg_extern(volatile, parallel_safe)]
+#[allow(clippy::type_complexity)]
+fn snowflake_backfill() -> TableIterator<
+    'static,
+    (
+        name!(bucket, i32),
+        name!(starts_at, TimestampWithTimeZone),
+        name!(ends_at, TimestampWithTimeZone),
+        name!(grants, i64),
+        name!(capacity, i64),
+    ),
+> {
+    let header = claims::require_shared("snowflake_backfill");
+    let layout = settings::layout();
+    let ticks = snowflake_core::backfill::Space::ticks_per_bucket(layout);
+    let capacity = settings::backfill_space().map_or(0, |s| i64::from(s.grants_per_bucket()));
+    let rows: Vec<_> = header
+        .backfill()
+        .grants
+        .iter()
+        .enumerate()
+        .filter_map(|(bucket, n)| {
+            let n = n.load(Relaxed);
+            (n > 0).then(|| {
+                let first = (bucket as i64).saturating_mul(ticks);
+                let start = layout.tick_start_unix_ms(first);
+                let end = layout
+                    .tick_start_unix_ms(first.saturating_add(ticks))
+                    .saturating_sub(1)
+                    .min(layout.end_unix_ms());
+                (
+                    bucket as i32,
+                    to_timestamptz(start),
+                    to_timestamptz(end),
+                    i64::from(n),
+                    capacity,
+                )
+            })
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+pgrx::extension_sql_file!(
+    "backfill.sql",
+    name = "backfill_privileges",
+    requires = [snowflake_at]
+);
