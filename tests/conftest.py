@@ -64,6 +64,7 @@ CORE_MODULES = frozenset({
     # sql_api/
     "test_sql_api",
     "test_regress",
+    "test_backfill",
     # settings/
     "test_errors",
     "test_settings",

@@ -90,6 +90,11 @@ impl Space {
         u32::try_from(tick.max(0) / self.bucket_ticks).unwrap_or(BUCKETS - 1)
     }
 
+    /// The bucket of a tick under `layout`, whatever ids are set aside.
+    pub fn bucket_for(layout: &Layout, tick: i64) -> u32 {
+        u32::try_from(tick.max(0) / Self::ticks_per_bucket(layout)).unwrap_or(BUCKETS - 1)
+    }
+
     /// The first tick of a bucket.
     pub fn bucket_start(&self, bucket: u32) -> i64 {
         i64::from(bucket).saturating_mul(self.bucket_ticks)

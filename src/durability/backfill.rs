@@ -38,6 +38,24 @@ pub fn grant(header: &Header, bucket: u32, capacity: u32) -> Option<u32> {
     }
 }
 
+/// Raises the grants of `bucket` to at least `grants`, durably: the
+/// registry table carried them over (`pg_upgrade`, a restore), so they may
+/// have been handed out by an earlier life of this server.
+pub fn raise(header: &Header, bucket: u32, grants: u32) {
+    let Some(cell) = header.backfill().grants.get(bucket as usize) else {
+        return;
+    };
+    if cell.load(Acquire) >= grants {
+        return;
+    }
+    let _guard = header.reserve_lock();
+    if cell.fetch_max(grants, AcqRel) < grants {
+        header.backfill().changes.fetch_add(1, Relaxed);
+        reservation::rewrite_state_file(header);
+        wal::log_backfill_grant(bucket, grants);
+    }
+}
+
 /// WAL replay of a primary's grant: raises the bucket's count in shared
 /// memory; the state file gets it with the next write of replayed state
 /// (see `reservation`'s replay).

@@ -11,7 +11,7 @@ use crate::errors;
 use crate::settings;
 use crate::shmem;
 use pgrx::prelude::*;
-use snowflake_core::backfill::{tick_for, Lanes};
+use snowflake_core::backfill::{tick_for, Lanes, Space};
 use snowflake_core::layout::format_unix_ms;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -99,7 +99,7 @@ fn snowflake_backfill() -> TableIterator<
 > {
     let header = claims::require_shared("snowflake_backfill");
     let layout = settings::layout();
-    let ticks = snowflake_core::backfill::Space::ticks_per_bucket(layout);
+    let ticks = Space::ticks_per_bucket(layout);
     let capacity = settings::backfill_space().map_or(0, |s| i64::from(s.grants_per_bucket()));
     let rows: Vec<_> = header
         .backfill()
@@ -128,8 +128,29 @@ fn snowflake_backfill() -> TableIterator<
     TableIterator::new(rows)
 }
 
+/// Raises this server's grants of the stretch of time that `starts_at`
+/// falls in to at least `grants` (durably): for grants another life of the
+/// server handed out, carried by `snowflake_backfill_grants` (the restore
+/// trigger calls it). Superusers only.
+#[pg_extern(volatile, strict, parallel_unsafe)]
+fn snowflake_backfill_raise(starts_at: TimestampWithTimeZone, grants: i64) {
+    // SAFETY: a plain catalog check of the current user.
+    if !unsafe { pg_sys::superuser() } {
+        errors::superuser_only("snowflake_backfill_raise");
+    }
+    let header = claims::require_shared("snowflake_backfill_raise");
+    let layout = settings::layout();
+    let tick = layout.tick_at(to_unix_ms(starts_at, layout));
+    if !(0..=layout.max_ticks()).contains(&tick) {
+        errors::timestamp_out_of_range(to_unix_ms(starts_at, layout), layout);
+    }
+    let bucket = Space::bucket_for(layout, tick);
+    let grants = u32::try_from(grants.max(0)).unwrap_or(u32::MAX);
+    crate::durability::backfill::raise(header, bucket, grants);
+}
+
 pgrx::extension_sql_file!(
     "backfill.sql",
-    name = "backfill_privileges",
-    requires = [snowflake_at]
+    name = "backfill",
+    requires = [snowflake_at, snowflake_backfill_raise]
 );

@@ -78,7 +78,10 @@ def run_file(cluster, path, key_file):
     return conn
 
 
-def test_every_doc_sql_snippet_runs(cluster):
+def test_every_doc_sql_snippet_runs(make_cluster):
+    # The backfill guide's import needs ids set aside.
+    cluster = make_cluster(settings={"snowflake_id.backfill_worker_ids": "1023"},
+                           create_extension=True)
     key_file = write_key_file(cluster, EXAMPLE_KEY + "\n")
     conns = {}
     try:
@@ -100,6 +103,13 @@ def test_every_doc_sql_snippet_runs(cluster):
         # The public ID the docs show for 12345 under their example key.
         conn = conns["docs/guides/public-ids.md"]
         assert conn.execute("SELECT snowflake_to_public(12345)").fetchone()[0] == "5JSKRPW5Y4TSWA"
+
+        # Imported rows decode to their own times, with distinct backfill IDs.
+        conn = conns["docs/guides/backfill.md"]
+        assert conn.execute(
+            "SELECT count(DISTINCT id) = 3 AND bool_and(snowflake_worker_id(id) = 1023)"
+            " AND bool_and(snowflake_timestamp(id) = date_trunc('milliseconds', created_at))"
+            " FROM posts").fetchone()[0]
 
         # The row went to this month's partition, made by snowflake_create_partitions().
         conn = conns["docs/guides/partitions.md"]

@@ -13,7 +13,7 @@ import threading
 import psycopg
 import pytest
 
-from harness import ClusterError
+from harness import ClusterError, wait_until
 from helpers import sql_error
 
 UTC = dt.timezone.utc
@@ -185,3 +185,29 @@ def test_no_backfill_while_worker_ids_are_leased(make_cluster):
         e = sql_error(conn, "SELECT snowflake_at('2025-01-01')")
         assert e.sqlstate == "55000", str(e)
         assert "leases its worker ids" in e.diag.message_primary
+
+
+def test_a_promoted_standby_continues_above_the_primarys_grants(make_cluster):
+    """Grants reach a standby through WAL (the state file its base backup
+    copied has none): promoted after the primary crashed, it hands out the
+    next grants, so the same times get other IDs. Without the WAL records
+    its first grants would be the primary's, and the IDs the same."""
+    p = make_cluster(settings=SET_ASIDE, create_extension=True)
+    p.sql("SELECT 1")
+    s = make_cluster(basebackup_from=p, settings=SET_ASIDE)
+    assert s.scalar("SELECT pg_is_in_recovery()")
+    made = {r[0] for r in p.sql(
+        "SELECT snowflake_at(t) FROM unnest(%s::timestamptz[]) t", TIMES)}
+    lsn = p.scalar("SELECT pg_current_wal_lsn()")
+    wait_until(lambda: s.scalar("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", str(lsn)),
+               30, "standby replay")
+    with s.connect() as conn:
+        e = sql_error(conn, "SELECT snowflake_at('2025-01-01')")
+        assert e.sqlstate == "55000" and "during recovery" in e.diag.message_primary, str(e)
+        assert conn.execute("SELECT sum(grants) FROM snowflake_backfill()").fetchone()[0] \
+            == p.scalar("SELECT sum(grants) FROM snowflake_backfill()")
+    p.stop(mode="immediate")
+    s.promote()
+    again = {r[0] for r in s.sql(
+        "SELECT snowflake_at(t) FROM unnest(%s::timestamptz[]) t", TIMES)}
+    assert len(again) == len(made) and not again & made

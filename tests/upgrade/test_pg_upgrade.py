@@ -250,3 +250,46 @@ def test_advance_past_is_for_superusers(cluster):
         with pytest.raises(Exception) as e:
             conn.execute("SELECT snowflake_advance_past(1)")
     assert e.value.sqlstate == "42501"
+
+
+BACKFILL = {"snowflake_id.backfill_worker_ids": "1022-1023"}
+BACKFILL_TIMES = "SELECT snowflake_at(t) FROM generate_series('2024-05-01'::timestamptz, " \
+                 "'2024-05-20', interval '90 minutes') t ORDER BY t"
+
+
+@pytest.mark.timeout(600)
+def test_backfill_grants_survive_pg_upgrade_and_a_restore(make_cluster):
+    """Backfill grants live in the state file, which neither pg_upgrade nor
+    pg_dump carries; the registry worker copies them into
+    snowflake_backfill_grants, which both do. The same times backfilled
+    again after either get other IDs: without the table, the new server's
+    first grants would be the old server's and the IDs the same."""
+    old = make_cluster(settings=BACKFILL, create_extension=True)
+    made = {r[0] for r in old.sql(BACKFILL_TIMES)}
+    grants = old.scalar("SELECT sum(grants) FROM snowflake_backfill()")
+    assert grants >= 10
+    # A dump of the registry database, once the worker copied the grants.
+    wait_until(lambda: old.scalar("SELECT sum(grants) FROM snowflake_backfill_grants") == grants,
+               timeout=30, what="the registry worker copying the grants")
+    dump = os.path.join(old.dir, "postgres.dump")
+    run_pg([os.path.join(PG_BINDIR, "pg_dump"), "-Fc", "-f", dump,
+            "-h", old.dir, "-p", old.port, "-U", "postgres", "-d", "postgres"], cwd=old.dir)
+    old.stop()
+
+    new = make_cluster(settings=BACKFILL, start=False)
+    proc = run_pg([os.path.join(PG_BINDIR, "pg_upgrade"), "-b", PG_BINDIR, "-B", PG_BINDIR,
+                   "-d", old.datadir, "-D", new.datadir, "-p", str(old.port),
+                   "-P", str(new.port), "-s", new.dir, "-U", "postgres"],
+                  cwd=new.dir, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    new.start()
+    assert new.scalar("SELECT sum(grants) FROM snowflake_backfill()") == grants
+    again = {r[0] for r in new.sql(BACKFILL_TIMES)}
+    assert len(again) == len(made) and not again & made
+
+    restored = make_cluster(settings=BACKFILL)
+    run_pg([os.path.join(PG_BINDIR, "pg_restore"), "--exit-on-error", "-d", "postgres",
+            "-h", restored.dir, "-p", restored.port, "-U", "postgres", dump], cwd=restored.dir)
+    assert restored.scalar("SELECT sum(grants) FROM snowflake_backfill()") == grants
+    again = {r[0] for r in restored.sql(BACKFILL_TIMES)}
+    assert len(again) == len(made) and not again & made
