@@ -152,5 +152,5 @@ fn snowflake_backfill_raise(starts_at: TimestampWithTimeZone, grants: i64) {
 pgrx::extension_sql_file!(
     "backfill.sql",
     name = "backfill",
-    requires = [snowflake_at, snowflake_backfill_raise]
+    requires = [snowflake_at, snowflake_backfill, snowflake_backfill_raise]
 );

@@ -2,6 +2,9 @@
 -- and finite resource of the server (snowflake_backfill() shows them):
 -- superusers only, and the roles they GRANT EXECUTE to (a migration's).
 REVOKE EXECUTE ON FUNCTION snowflake_at(timestamptz) FROM PUBLIC;
+-- Raising grants changes the server's durable state: superusers only (it
+-- also checks), like snowflake_advance_past().
+REVOKE EXECUTE ON FUNCTION snowflake_backfill_raise(timestamptz, bigint) FROM PUBLIC;
 
 -- snowflake_backfill_grants: the grants of each stretch of time, copied from
 -- shared memory by the registry worker (src/workers/registry_worker.rs) in
@@ -67,3 +70,10 @@ REVOKE EXECUTE ON FUNCTION snowflake_backfill_merge() FROM PUBLIC;
 CREATE TRIGGER snowflake_backfill_merge
     BEFORE INSERT ON snowflake_backfill_grants
     FOR EACH ROW EXECUTE FUNCTION snowflake_backfill_merge();
+
+COMMENT ON FUNCTION snowflake_at(timestamptz) IS
+  'An ID that decodes to the given past time and equals no other ID, from the worker ids set aside by snowflake_id.backfill_worker_ids (backfill; EXECUTE granted by a superuser).';
+COMMENT ON FUNCTION snowflake_backfill() IS
+  'Backfill grants of each stretch of time: its first and last time, grants handed out, grants it holds.';
+COMMENT ON FUNCTION snowflake_backfill_raise(timestamptz, bigint) IS
+  'Raises this server''s backfill grants of the stretch of time containing the given time (restored snowflake_backfill_grants rows); superusers only.';
