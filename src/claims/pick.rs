@@ -114,7 +114,7 @@ fn current_database_has_citus() -> Option<String> {
 /// is usable now.
 fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
     let layout = settings::layout();
-    let (ranges, text) = settings::worker_ranges();
+    let (ranges, text) = live_ranges(header, layout);
     let slots = header.slots();
     let _guard = header.lock(true);
     let (worker_id, shared) = match pick_worker(slots, &ranges, layout) {
@@ -189,6 +189,22 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
         fresh_floor: (floor > before).then_some(floor_ms),
         epoch: slot.lease_epoch.load(Relaxed),
     })
+}
+
+/// The ids live claims may take: `snowflake_id.worker_ids` without the ids
+/// set aside for backfill, and without the ids the state file records
+/// grants for when the setting no longer sets them aside (backfill IDs of
+/// times up to `max_drift` ahead of the clock were made with them).
+fn live_ranges(header: &Header, layout: &Layout) -> (snowflake_core::ranges::WorkerRanges, String) {
+    let (ranges, text) = settings::worker_ranges();
+    if !header.backfill().ids_changed.load(Acquire) {
+        return (ranges, text);
+    }
+    let recorded = header.backfill().recorded_ids.get();
+    match snowflake_core::ranges::WorkerRanges::parse(&recorded, layout.max_worker_id()) {
+        Ok(used) => (ranges.without(&used), text),
+        Err(_) => (ranges, text),
+    }
 }
 
 /// The worker id a claim takes, and whether it is shared: the free id

@@ -162,7 +162,7 @@ def test_configurations_that_could_repeat_ids_are_refused(make_cluster):
     assert c.scalar("SHOW snowflake_id.worker_ids") == "0-1021"
     c.scalar("SELECT snowflake_at('2025-01-01')")
     # Grants were numbered across 1022-1023: other ids would reuse them.
-    c.configure(**{"snowflake_id.worker_ids": "0-1021",
+    c.configure(**{"snowflake_id.worker_ids": "1020-1022",
                    "snowflake_id.backfill_worker_ids": "1023"})
     c.restart()
     with c.connect() as conn:
@@ -170,6 +170,16 @@ def test_configurations_that_could_repeat_ids_are_refused(make_cluster):
         assert e.sqlstate == "55000", str(e)
         assert "(1023) does not start with the ids backfill IDs were made from (1022-1023)" \
             in e.diag.message_primary
+    # Nor do live claims take 1022, which backfill IDs used: three sessions
+    # share 1020 and 1021.
+    conns = [c.connect() for _ in range(3)]
+    try:
+        held = {conn.execute("SELECT snowflake_worker_id(snowflake_nextval())").fetchone()[0]
+                for conn in conns}
+    finally:
+        for conn in conns:
+            conn.close()
+    assert held == {1020, 1021}, held
     # Back as before: fine again, and the earlier grants still count.
     c.configure(**{"snowflake_id.backfill_worker_ids": "1022-1023"})
     c.restart()
