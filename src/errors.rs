@@ -851,3 +851,16 @@ pub fn backfill_bucket_full(start: &str, end: &str, grants: u32) -> ! {
         Some("Add worker ids at the end of snowflake_id.backfill_worker_ids and restart the server; order the rows by time when backfilling (ORDER BY the time column) to use fewer grants.".into()),
     )
 }
+
+/// 55000: backfill without the registry tables read.
+pub fn backfill_needs_registry(database: Option<&str>) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        match database {
+            None => "snowflake_at() needs the registry worker, and snowflake_id.registry_database is empty".into(),
+            Some(db) => format!("the snowflake_id registry worker has not read the registry tables of database \"{db}\" yet"),
+        },
+        Some("Backfill reads snowflake_worker_registry (whether the set-aside worker ids made live IDs) and snowflake_backfill_grants (grants carried by pg_upgrade or a restore) before its first ID.".into()),
+        Some("Set snowflake_id.registry_database to a database with CREATE EXTENSION snowflake_id (default postgres) and restart, or check the log for snowflake_id registry lines.".into()),
+    )
+}

@@ -135,9 +135,10 @@ pub enum TimeError {
     PastEnd { end_ms: i64 },
     /// Further ahead of the clock than `max_drift` allows.
     Future { ahead_ms: i64, max_drift_ms: i64 },
-    /// At or before an accepted layout change: IDs of the old layout may
-    /// use those bits.
-    BeforeLayoutChange { from_ms: i64 },
+    /// At or before a time other IDs may have used the space: an accepted
+    /// layout change (IDs of the old layout may have any bits), or live IDs
+    /// the set-aside ids made before they were set aside.
+    NotAfter { from_ms: i64 },
 }
 
 impl fmt::Display for TimeError {
@@ -157,9 +158,9 @@ impl fmt::Display for TimeError {
                 f,
                 "it is {ahead_ms} ms ahead of the clock, more than snowflake_id.max_drift ({max_drift_ms} ms) allows"
             ),
-            TimeError::BeforeLayoutChange { from_ms } => write!(
+            TimeError::NotAfter { from_ms } => write!(
                 f,
-                "it is not after {}, when this server changed its layout",
+                "it is not after {}, up to which the set-aside worker ids made live IDs or this server's layout changed",
                 at(*from_ms)
             ),
         }
@@ -168,7 +169,7 @@ impl fmt::Display for TimeError {
 
 /// The tick a backfill ID for `unix_ms` gets, or why there is none:
 /// `now_ms` is the clock, `after_ms` the time at or before which no
-/// backfill ID may be made (an accepted layout change; `i64::MIN`: none).
+/// backfill ID may be made (see [`TimeError::NotAfter`]; `i64::MIN`: none).
 pub fn tick_for(
     layout: &Layout,
     unix_ms: i64,
@@ -194,7 +195,7 @@ pub fn tick_for(
         });
     }
     if unix_ms <= after_ms {
-        return Err(TimeError::BeforeLayoutChange { from_ms: after_ms });
+        return Err(TimeError::NotAfter { from_ms: after_ms });
     }
     Ok(layout.tick_at(unix_ms))
 }
@@ -430,7 +431,7 @@ mod tests {
         );
         assert_eq!(
             tick_for(&l, now - 5, now, 0, now - 5),
-            Err(TimeError::BeforeLayoutChange { from_ms: now - 5 })
+            Err(TimeError::NotAfter { from_ms: now - 5 })
         );
         assert_eq!(tick_for(&l, now - 4, now, 0, now - 5), Ok(999_996));
     }

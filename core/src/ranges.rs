@@ -138,6 +138,11 @@ impl WorkerRanges {
             .any(|&(lo, hi)| other.0.iter().any(|&(olo, ohi)| olo <= hi && lo <= ohi))
     }
 
+    /// The ranges, sorted, as inclusive `(first, last)` pairs.
+    pub fn ranges(&self) -> &[(u32, u32)] {
+        &self.0
+    }
+
     /// Every id, in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.0.iter().flat_map(|&(lo, hi)| lo..=hi)

@@ -6,7 +6,9 @@
 
 use crate::clock;
 use crate::durability::{reservation, wal};
+use crate::settings;
 use crate::shmem::{self, Header};
+use snowflake_core::backfill::Space;
 use std::sync::atomic::Ordering::*;
 
 /// Registers WAL replay of grants. Called from `_PG_init` while preloading.
@@ -28,6 +30,7 @@ pub fn grant(header: &Header, bucket: u32, capacity: u32) -> Option<u32> {
             }
             // Counted before it is written: should the write fail, the
             // grant is lost, never handed out twice.
+            header.backfill().used.store(true, Release);
             cell.store(grant + 1, Release);
             header.backfill().changes.fetch_add(1, Relaxed);
             reservation::rewrite_state_file(header);
@@ -49,6 +52,7 @@ pub fn raise(header: &Header, bucket: u32, grants: u32) {
         return;
     }
     let _guard = header.reserve_lock();
+    header.backfill().used.store(true, Release);
     if cell.fetch_max(grants, AcqRel) < grants {
         header.backfill().changes.fetch_add(1, Relaxed);
         reservation::rewrite_state_file(header);
@@ -56,18 +60,61 @@ pub fn raise(header: &Header, bucket: u32, grants: u32) {
     }
 }
 
+/// Raises this server's grants from a record of another life of it (the
+/// registry table's row, carried by pg_upgrade or a restore): the stretch
+/// starting at `start_ms` had `grants` grants numbered across the set-aside
+/// ids `ids` (empty: unknown). Ids this server's setting does not continue
+/// stop backfill (55000), as a changed setting does: their grants map to
+/// other `(worker id, sequence)` pairs here.
+pub fn raise_from_record(header: &Header, start_ms: i64, grants: i64, ids: &str) {
+    let backfill = header.backfill();
+    if !ids.is_empty() && ids != backfill.recorded_ids.get() {
+        let (_, changed) = settings::backfill_ids_to_record(ids, true);
+        if changed {
+            if backfill.recorded_ids.get().is_empty() {
+                backfill.recorded_ids.set(ids);
+            }
+            backfill.ids_changed.store(true, Release);
+        }
+    }
+    let layout = settings::layout();
+    let tick = layout.tick_at(start_ms);
+    if (0..=layout.max_ticks()).contains(&tick) {
+        let grants = u32::try_from(grants.max(0)).unwrap_or(u32::MAX);
+        raise(header, Space::bucket_for(layout, tick), grants);
+    }
+}
+
+/// Refuses backfill IDs at or before `unix_ms` from now on, durably: the
+/// set-aside ids made live IDs up to then (before they were set aside).
+pub fn raise_after(header: &Header, unix_ms: i64) {
+    let backfill = header.backfill();
+    if backfill.after_ms.load(Acquire) >= unix_ms {
+        return;
+    }
+    let _guard = header.reserve_lock();
+    if backfill.after_ms.fetch_max(unix_ms, AcqRel) < unix_ms {
+        reservation::rewrite_state_file(header);
+    }
+}
+
 /// WAL replay of a primary's grant: raises the bucket's count in shared
-/// memory; the state file gets it with the next write of replayed state
-/// (see `reservation`'s replay).
+/// memory and writes the state file at once. Unlike the reservation, whose
+/// replayed records are written at the first one after a restartpoint
+/// began (a clock that moved on covers the rest), a grant the file missed
+/// would be handed out again by a standby that crashed after the
+/// restartpoint and was then promoted; grants are rare, so each is
+/// written.
 fn replay(bucket: u32, grants: u32) {
     let Some(header) = shmem::header() else {
         return;
     };
     let backfill = header.backfill();
     if let Some(cell) = backfill.grants.get(bucket as usize) {
+        backfill.used.store(true, Release);
         if cell.fetch_max(grants, AcqRel) < grants {
             backfill.replayed.store(true, Release);
+            reservation::persist_replayed();
         }
     }
-    reservation::persist_at_restartpoint();
 }

@@ -171,9 +171,9 @@ fn replay(until_ms: i64) {
     persist_at_restartpoint();
 }
 
-/// During replay (of any record of ours): writes the replayed state to the
-/// state file when a restartpoint has begun since the last write.
-pub(crate) fn persist_at_restartpoint() {
+/// During replay: writes the replayed state to the state file when a
+/// restartpoint has begun since the last write.
+fn persist_at_restartpoint() {
     /// The redo pointer when replay last wrote the state file.
     static PERSISTED_AT_REDO: parking_lot::Mutex<u64> = parking_lot::const_mutex(0);
     let redo = wal::redo_pointer();
@@ -191,8 +191,8 @@ pub(crate) fn rewrite_state_file(header: &Header) {
 }
 
 /// Writes the replayed floor to the state file when it is above what the
-/// file holds.
-fn persist_replayed() {
+/// file holds, and replayed backfill grants it does not hold yet.
+pub(crate) fn persist_replayed() {
     let Some(header) = shmem::header() else {
         return;
     };
@@ -290,15 +290,21 @@ const STATE_FILE_C: &CStr = c"snowflake_id.state";
 /// shared memory: the caller holds `reserve_lock`, under which they change.
 fn write_state_file(header: &Header, layout: &Layout, reserved_until_ms: i64) {
     let backfill = header.backfill();
-    let grants: Vec<(u32, u32)> = backfill
-        .grants
-        .iter()
-        .enumerate()
-        .filter_map(|(bucket, n)| {
-            let n = n.load(Acquire);
-            (n > 0).then_some((bucket as u32, n))
-        })
-        .collect();
+    // Only once some counter was raised: a server that makes no backfill
+    // IDs does not read 16,384 counters at every extension.
+    let grants: Vec<(u32, u32)> = if backfill.used.load(Acquire) {
+        backfill
+            .grants
+            .iter()
+            .enumerate()
+            .filter_map(|(bucket, n)| {
+                let n = n.load(Acquire);
+                (n > 0).then_some((bucket as u32, n))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let state = StateFile {
         version: STATE_FILE_VERSION,
         layout: *layout,
@@ -372,14 +378,13 @@ pub fn accept_layout(header: &Header, layout: &Layout, latest_ms: i64) -> Result
     // Every ID at or below the tick before `first` counts as issued.
     let floor_ms = layout.tick_start_unix_ms(first) - 1;
     let until = until.max(floor_ms);
-    // Backfill grants were numbered in the old layout's buckets, and IDs of
-    // the old layout may have any bits: no backfill ID at or before the
-    // change, and the grants start again.
-    let backfill = header.backfill();
-    backfill.after_ms.fetch_max(floor_ms, AcqRel);
-    for n in &backfill.grants {
-        n.store(0, Release);
-    }
+    // IDs of the old layout may have any bits at or before the change
+    // (backfill IDs too: they extend the reservation like live ones): no
+    // backfill ID at or before it. The grant counters stay as they are
+    // (they only ever grow): set back, they would hand out grants a
+    // concurrent backfill, or a primary whose WAL a promoted standby
+    // replayed, already used.
+    header.backfill().after_ms.fetch_max(floor_ms, AcqRel);
     write_state_file(header, layout, until);
     header.floor_ms.fetch_max(floor_ms, AcqRel);
     header.reserved_until_ms.store(until, Release);

@@ -40,6 +40,14 @@ pub(super) fn define(context: GucContext) {
     let space = configured_text()
         .and_then(|text| WorkerRanges::parse(&text, layout.max_worker_id()).ok())
         .map(|ids| Space::new(layout, ids));
+    if let Some(space) = &space {
+        // The state file and shared memory keep the list as text.
+        if space.ids().to_string().len() > 255 {
+            errors::bad_backfill_ids(
+                "the list, written as ranges, is longer than 255 characters: set aside ranges of consecutive ids",
+            );
+        }
+    }
     if let (Some(space), Some(Some(live))) = (&space, explicit_worker_ids()) {
         if live.overlaps(space.ids()) {
             errors::backfill_ids_overlap(&space.ids().to_string(), &live.to_string());

@@ -269,21 +269,24 @@ impl Slot {
     }
 }
 
-/// What one backend publishes about its claim, in its own entry (indexed by
-/// its process number): written by that backend alone, with relaxed
-/// stores, so the hot path needs no atomic read-modify-write for it. At
-/// exit its count moves into the slot's `ids_issued`, under
-/// `Header::lock`; a report adds the live entries of a slot to the slot's.
 /// Backfill grants (see `snowflake_core::backfill`): per bucket, how many
 /// grants were handed out.
 #[repr(C)]
 pub struct Backfill {
-    /// No backfill ID at or before this Unix ms: an accepted layout change
+    /// No backfill ID at or before this Unix ms: an accepted layout change,
+    /// or live IDs the set-aside ids made before they were set aside
     /// (`i64::MIN`: none).
     pub after_ms: AtomicI64,
+    /// The registry worker has read the registry tables (the set-aside
+    /// ids' live history, grants carried by pg_upgrade or a restore):
+    /// backfill is refused until then.
+    pub history_read: AtomicBool,
     /// The set-aside ids the grants were handed out for, as recorded in the
     /// state file (what the state file keeps writing).
     pub recorded_ids: ShmText<256>,
+    /// The set-aside ids the state file recorded at startup: ids set aside
+    /// since then are new, and their live IDs precede this start.
+    pub recorded_at_start: ShmText<256>,
     /// `snowflake_id.backfill_worker_ids` does not continue the recorded
     /// ids: backfill is refused until it does again.
     pub ids_changed: AtomicBool,
@@ -291,6 +294,9 @@ pub struct Backfill {
     pub replayed: AtomicBool,
     /// Bumped on every grant, for the registry worker.
     pub changes: AtomicU64,
+    /// Some counter is above 0 (set before a counter is raised): until
+    /// then, writing the state file skips reading the counters.
+    pub used: AtomicBool,
     pub grants: [AtomicU32; BACKFILL_BUCKETS],
 }
 
@@ -309,6 +315,11 @@ pub struct Startup {
     pub backfill_grants: Vec<(u32, u32)>,
 }
 
+/// What one backend publishes about its claim, in its own entry (indexed by
+/// its process number): written by that backend alone, with relaxed
+/// stores, so the hot path needs no atomic read-modify-write for it. At
+/// exit its count moves into the slot's `ids_issued`, under
+/// `Header::lock`; a report adds the live entries of a slot to the slot's.
 #[repr(C)]
 pub struct Holder {
     /// The backend's pid while it holds a worker id, else 0 (under
@@ -364,8 +375,7 @@ impl Header {
         }
     }
 
-    /// This backend's [`Holder`] entry (`None` for a process without a
-    /// backend slot, which then publishes to the slot directly).
+    /// The backfill grants, after the holders.
     pub fn backfill(&self) -> &Backfill {
         // SAFETY: the startup hook allocated the backfill grants right after
         // the holders (aligned: every structure before it has 8-byte
@@ -376,6 +386,8 @@ impl Header {
         }
     }
 
+    /// This backend's [`Holder`] entry (`None` for a process without a
+    /// backend slot, which then publishes to the slot directly).
     pub fn my_holder(&self) -> Option<&Holder> {
         // SAFETY: reading this process's own number.
         #[cfg(any(feature = "pg15", feature = "pg16"))]
@@ -593,6 +605,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 .store(startup.backfill_after_ms, Relaxed);
             for &(bucket, grants) in &startup.backfill_grants {
                 if let Some(cell) = (*backfill).grants.get(bucket as usize) {
+                    (*backfill).used.store(true, Relaxed);
                     cell.store(grants, Relaxed);
                 }
             }
@@ -601,6 +614,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 !startup.backfill_grants.is_empty(),
             );
             (*backfill).recorded_ids.set(&recorded_ids);
+            (*backfill).recorded_at_start.set(&startup.backfill_ids);
             (*backfill).ids_changed.store(changed, Relaxed);
             let fresh = GeneratorState::new(&layout).word(&layout);
             let limit = if mode == MODE_LOCAL {

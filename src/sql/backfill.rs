@@ -7,6 +7,7 @@
 use super::api::{to_timestamptz, to_unix_ms};
 use crate::claims;
 use crate::durability::backfill::grant;
+use crate::durability::reservation;
 use crate::errors;
 use crate::settings;
 use crate::shmem;
@@ -44,6 +45,9 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         errors::backfill_with_leases();
     }
     let backfill = header.backfill();
+    if !backfill.history_read.load(Acquire) {
+        wait_for_history(header);
+    }
     if backfill.ids_changed.load(Acquire) {
         errors::backfill_ids_changed(&backfill.recorded_ids.get(), &settings::backfill_ids_text());
     }
@@ -57,6 +61,13 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         backfill.after_ms.load(Acquire),
     )
     .unwrap_or_else(|e| errors::backfill_time(&e.to_string()));
+    // A time ahead of the reservation (up to max_drift ahead of the clock)
+    // extends it, as a live ID would: a layout accepted later starts above
+    // this ID too.
+    let tick_end_ms = layout
+        .tick_start_unix_ms(tick)
+        .saturating_add(layout.unit_ms - 1);
+    reservation::reserve(header, tick_end_ms, layout);
     let bucket = space.bucket_of(tick);
     let per_tick = space.per_tick();
     let (grant, index) = match LANES.with_borrow_mut(|lanes| lanes.take(bucket, tick, per_tick)) {
@@ -83,8 +94,40 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         .unwrap_or_else(|e| errors::part_out_of_range(e))
 }
 
+/// How long a backfill waits for the registry worker's first pass, in ms.
+const HISTORY_WAIT_MS: i64 = 30_000;
+
+/// Waits until the registry worker has read the registry tables (grants
+/// carried by pg_upgrade or a restore, the set-aside ids' live history),
+/// or raises 55000 naming what it needs.
+#[cold]
+fn wait_for_history(header: &shmem::Header) {
+    let Some(database) = settings::registry_database() else {
+        errors::backfill_needs_registry(None)
+    };
+    let mut waited = 0;
+    while !header.backfill().history_read.load(Acquire) {
+        if waited >= HISTORY_WAIT_MS {
+            errors::backfill_needs_registry(Some(&database));
+        }
+        crate::clock::wait_ms(10);
+        waited += 10;
+    }
+}
+
+/// A time as `timestamptz`, or `infinity` beyond its range (a layout whose
+/// time field outlasts it).
+fn to_timestamptz_or_infinity(unix_ms: i64) -> TimestampWithTimeZone {
+    const MAX_TIMESTAMPTZ_UNIX_MS: i64 = 9_224_318_015_999; // 294276-12-31 23:59:59.999 UTC
+    if unix_ms > MAX_TIMESTAMPTZ_UNIX_MS {
+        TimestampWithTimeZone::positive_infinity()
+    } else {
+        to_timestamptz(unix_ms)
+    }
+}
+
 /// Each stretch of time with backfill grants: its times, the grants handed
-/// out and how many it holds.
+/// out, how many it holds, and the set-aside ids they are numbered across.
 #[pg_extern(volatile, parallel_safe)]
 #[allow(clippy::type_complexity)]
 fn snowflake_backfill() -> TableIterator<
@@ -95,12 +138,14 @@ fn snowflake_backfill() -> TableIterator<
         name!(ends_at, TimestampWithTimeZone),
         name!(grants, i64),
         name!(capacity, i64),
+        name!(worker_ids, String),
     ),
 > {
     let header = claims::require_shared("snowflake_backfill");
     let layout = settings::layout();
     let ticks = Space::ticks_per_bucket(layout);
     let capacity = settings::backfill_space().map_or(0, |s| i64::from(s.grants_per_bucket()));
+    let ids = header.backfill().recorded_ids.get();
     let rows: Vec<_> = header
         .backfill()
         .grants
@@ -117,10 +162,11 @@ fn snowflake_backfill() -> TableIterator<
                     .min(layout.end_unix_ms());
                 (
                     bucket as i32,
-                    to_timestamptz(start),
-                    to_timestamptz(end),
+                    to_timestamptz_or_infinity(start),
+                    to_timestamptz_or_infinity(end),
                     i64::from(n),
                     capacity,
+                    ids.clone(),
                 )
             })
         })
@@ -129,24 +175,28 @@ fn snowflake_backfill() -> TableIterator<
 }
 
 /// Raises this server's grants of the stretch of time that `starts_at`
-/// falls in to at least `grants` (durably): for grants another life of the
+/// falls in to at least `grants` (durably), numbered across the set-aside
+/// ids `worker_ids` (empty: unknown): for grants another life of the
 /// server handed out, carried by `snowflake_backfill_grants` (the restore
 /// trigger calls it). Superusers only.
 #[pg_extern(volatile, strict, parallel_unsafe)]
-fn snowflake_backfill_raise(starts_at: TimestampWithTimeZone, grants: i64) {
+fn snowflake_backfill_raise(
+    starts_at: TimestampWithTimeZone,
+    grants: i64,
+    worker_ids: default!(String, "''"),
+) {
     // SAFETY: a plain catalog check of the current user.
     if !unsafe { pg_sys::superuser() } {
         errors::superuser_only("snowflake_backfill_raise");
     }
     let header = claims::require_shared("snowflake_backfill_raise");
     let layout = settings::layout();
-    let tick = layout.tick_at(to_unix_ms(starts_at, layout));
+    let start_ms = to_unix_ms(starts_at, layout);
+    let tick = layout.tick_at(start_ms);
     if !(0..=layout.max_ticks()).contains(&tick) {
-        errors::timestamp_out_of_range(to_unix_ms(starts_at, layout), layout);
+        errors::timestamp_out_of_range(start_ms, layout);
     }
-    let bucket = Space::bucket_for(layout, tick);
-    let grants = u32::try_from(grants.max(0)).unwrap_or(u32::MAX);
-    crate::durability::backfill::raise(header, bucket, grants);
+    crate::durability::backfill::raise_from_record(header, start_ms, grants, worker_ids.trim());
 }
 
 pgrx::extension_sql_file!(

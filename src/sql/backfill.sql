@@ -4,7 +4,7 @@
 REVOKE EXECUTE ON FUNCTION snowflake_at(timestamptz) FROM PUBLIC;
 -- Raising grants changes the server's durable state: superusers only (it
 -- also checks), like snowflake_advance_past().
-REVOKE EXECUTE ON FUNCTION snowflake_backfill_raise(timestamptz, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) FROM PUBLIC;
 
 -- snowflake_backfill_grants: the grants of each stretch of time, copied from
 -- shared memory by the registry worker (src/workers/registry_worker.rs) in
@@ -16,6 +16,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_backfill_raise(timestamptz, bigint) FROM PU
 CREATE TABLE snowflake_backfill_grants (
     starts_at  timestamptz PRIMARY KEY,
     grants     bigint NOT NULL,
+    worker_ids text NOT NULL DEFAULT '',
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE snowflake_backfill_grants IS
@@ -31,9 +32,10 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT starts_at, max(grants) AS grants FROM new_rows GROUP BY starts_at LOOP
+    FOR r IN SELECT starts_at, max(grants) AS grants, max(worker_ids) AS worker_ids
+               FROM new_rows GROUP BY starts_at LOOP
         BEGIN
-            PERFORM @extschema@.snowflake_backfill_raise(r.starts_at, r.grants);
+            PERFORM @extschema@.snowflake_backfill_raise(r.starts_at, r.grants, r.worker_ids);
         EXCEPTION WHEN others THEN
             RAISE WARNING 'snowflake_id: restored backfill grants of the time from % were not raised: %', r.starts_at, SQLERRM
                 USING HINT = 'Restore as a superuser, into a server that preloads snowflake_id, or run snowflake_backfill_raise() for the rows of snowflake_backfill_grants.';
@@ -75,5 +77,5 @@ COMMENT ON FUNCTION snowflake_at(timestamptz) IS
   'An ID that decodes to the given past time and equals no other ID, from the worker ids set aside by snowflake_id.backfill_worker_ids (backfill; EXECUTE granted by a superuser).';
 COMMENT ON FUNCTION snowflake_backfill() IS
   'Backfill grants of each stretch of time: its first and last time, grants handed out, grants it holds.';
-COMMENT ON FUNCTION snowflake_backfill_raise(timestamptz, bigint) IS
+COMMENT ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) IS
   'Raises this server''s backfill grants of the stretch of time containing the given time (restored snowflake_backfill_grants rows); superusers only.';

@@ -24,6 +24,7 @@
 use crate::settings;
 use crate::shmem;
 use crate::sql;
+use crate::workers::registry_backfill;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
     DynamicBackgroundWorker, SignalWakeFlags,
@@ -66,15 +67,6 @@ ON CONFLICT (worker_id) DO UPDATE SET
        high_water = greatest(r.high_water, EXCLUDED.high_water), updated_at = now()
  WHERE (r.pid, r.claimed_at, r.released_at, r.ids_issued)
        IS DISTINCT FROM (EXCLUDED.pid, EXCLUDED.claimed_at, EXCLUDED.released_at, EXCLUDED.ids_issued)
-"#;
-
-/// Copies the backfill grants of each stretch of time into
-/// `snowflake_backfill_grants` (same search_path), only ever raising them.
-const UPSERT_GRANTS: &str = r#"
-INSERT INTO snowflake_backfill_grants AS g (starts_at, grants, updated_at)
-SELECT b.starts_at, b.grants, now() FROM snowflake_backfill() b
-ON CONFLICT (starts_at) DO UPDATE SET grants = EXCLUDED.grants, updated_at = now()
- WHERE g.grants < EXCLUDED.grants
 "#;
 
 /// Registers the launcher. Called from `_PG_init` while preloading.
@@ -157,7 +149,7 @@ pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
         };
         if !database_exists(&database) {
             // No registry table to read: claims need not wait for it.
-            registry_read(None, &[]);
+            registry_read(None);
             if !missing_reported {
                 pg_sys::panic::ErrorReport::new(
                     PgSqlErrorCode::ERRCODE_INVALID_CATALOG_NAME,
@@ -196,7 +188,7 @@ pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
             .set_notify_pid(unsafe { pg_sys::MyProcPid })
             .load_dynamic();
         let Ok(worker) = worker else {
-            registry_read(None, &[]);
+            registry_read(None);
             pgrx::warning!(
                 "snowflake_id registry: could not start the registry worker: no free background worker slot (raise max_worker_processes)"
             );
@@ -278,15 +270,11 @@ fn sync() -> Sync {
         pgrx::warning!("snowflake_id registry: could not update snowflake_worker_registry: {e}");
         return Sync::Failed;
     }
-    // The table of backfill grants exists from 0.6.0 on: a database still
-    // on an older version has only the registry table.
-    let grants_table = Spi::get_one::<bool>(
-        "SELECT to_regclass('snowflake_backfill_grants') IS NOT NULL \
-            AND to_regprocedure('snowflake_backfill()') IS NOT NULL",
-    );
-    let result = Spi::run(UPSERT).and_then(|()| match grants_table {
-        Ok(Some(true)) => Spi::run(UPSERT_GRANTS),
-        _ => Ok(()),
+    // Backfill: grants into the table and back, the set-aside ids' live
+    // history (`registry_backfill`).
+    let result = Spi::run(UPSERT).and_then(|()| match shmem::header() {
+        Some(header) => registry_backfill::pass(header).map(|_| ()),
+        None => Ok(()),
     });
     match result {
         Ok(()) => {
@@ -315,8 +303,7 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
         return;
     };
     if header.registry_pending.load(Relaxed) {
-        let (high_water, grants) = read_registry_once();
-        registry_read(high_water, &grants);
+        registry_read(read_high_water_once());
     }
     let mut synced_changes = None;
     let mut synced_at = Instant::now();
@@ -371,80 +358,37 @@ fn activity(header: &shmem::Header) -> u64 {
     })
 }
 
-/// Lets claims go once the registry's high-water marks and backfill grants
-/// are in force (or there are none to read), logging what was found.
-/// `grants`: `(Unix ms of a stretch's start, grants)`.
-fn registry_read(high_water_ms: Option<i64>, grants: &[(i64, i64)]) {
+/// Lets claims go once the registry's high-water marks are in force (or
+/// there are none to read), logging what was found.
+fn registry_read(high_water_ms: Option<i64>) {
     let Some(header) = shmem::header() else {
         return;
     };
-    let layout = settings::layout();
     if let Some(ms) = high_water_ms {
+        let layout = settings::layout();
         crate::durability::reservation::advance_past(header, ms, layout);
         pgrx::log!(
             "snowflake_id registry: new IDs start above the registry's high-water mark {}",
             snowflake_core::layout::format_unix_ms(ms)
         );
     }
-    for &(start_ms, n) in grants {
-        let tick = layout.tick_at(start_ms);
-        if (0..=layout.max_ticks()).contains(&tick) {
-            let bucket = snowflake_core::backfill::Space::bucket_for(layout, tick);
-            let n = u32::try_from(n.max(0)).unwrap_or(u32::MAX);
-            crate::durability::backfill::raise(header, bucket, n);
-        }
-    }
     header.registry_pending.store(false, Release);
 }
 
-/// The newest high-water mark (Unix ms) in the registry table and the
-/// backfill grants of `snowflake_backfill_grants`, read once at startup:
-/// after pg_upgrade they may be the only record of the IDs and grants of
-/// the old cluster. Nothing when there is no table or no row; a failed
+/// The newest high-water mark (Unix ms) in the registry table, read once at
+/// startup: after pg_upgrade it may be the only record of the IDs made by
+/// the old cluster. `None` when there is no table or no mark; a failed
 /// read is logged (claims then rely on the state file and WAL alone).
-fn read_registry_once() -> (Option<i64>, Vec<(i64, i64)>) {
+fn read_high_water_once() -> Option<i64> {
     PgTryBuilder::new(|| {
         BackgroundWorker::transaction(|| {
-            let Some(schema) = sql::extension_schema() else {
-                return (None, Vec::new());
-            };
-            let high_water = Spi::get_one::<i64>(&format!(
+            let schema = sql::extension_schema()?;
+            Spi::get_one::<i64>(&format!(
                 "SELECT (extract(epoch FROM max(high_water)) * 1000)::int8
                    FROM {schema}.snowflake_worker_registry"
             ))
             .ok()
-            .flatten();
-            let grants = Spi::connect(|client| {
-                let has_table = client
-                    .select(
-                        &format!("SELECT to_regclass('{schema}.snowflake_backfill_grants') IS NOT NULL"),
-                        None,
-                        &[],
-                    )
-                    .ok()
-                    .and_then(|t| t.first().get_one::<bool>().ok().flatten())
-                    .unwrap_or(false);
-                if !has_table {
-                    return Vec::new();
-                }
-                let Ok(rows) = client.select(
-                    &format!(
-                        "SELECT (extract(epoch FROM starts_at) * 1000)::int8, grants
-                           FROM {schema}.snowflake_backfill_grants"
-                    ),
-                    None,
-                    &[],
-                ) else {
-                    return Vec::new();
-                };
-                rows.filter_map(|row| {
-                    let start = row.get::<i64>(1).ok().flatten()?;
-                    let n = row.get::<i64>(2).ok().flatten()?;
-                    Some((start, n))
-                })
-                .collect()
-            });
-            (high_water, grants)
+            .flatten()
         })
     })
     .catch_others(|e| {
@@ -454,7 +398,7 @@ fn read_registry_once() -> (Option<i64>, Vec<(i64, i64)>) {
             "snowflake_id registry: could not read the high-water marks of snowflake_worker_registry: {}",
             caught_message(&e)
         );
-        (None, Vec::new())
+        None
     })
     .execute()
 }

@@ -221,3 +221,33 @@ def test_a_promoted_standby_continues_above_the_primarys_grants(make_cluster):
     again = {r[0] for r in s.sql(
         "SELECT snowflake_at(t) FROM unnest(%s::timestamptz[]) t", TIMES)}
     assert len(again) == len(made) and not again & made
+
+
+def test_ids_that_made_live_ids_backfill_only_after_them(make_cluster):
+    """Worker id 1023 made live IDs, then is set aside: a backfill ID of a
+    time it was live at could equal one of them, so those times are
+    refused (up to this start's floor, which is above every ID made
+    before); later times are fine. Found by the adversarial review: before,
+    grant 0 of a stretch was exactly the live (t, 1023, 0)."""
+    c = make_cluster(settings={"snowflake_id.worker_ids": "1023"}, create_extension=True)
+    live = [r[0] for r in c.sql("SELECT snowflake_nextval() FROM generate_series(1, 100)")]
+    assert {r[0] for r in c.sql("SELECT snowflake_worker_id(unnest(%s::bigint[]))", live)} == {1023}
+    c.stop()
+    c.configure(**{"snowflake_id.worker_ids": "0-1022", "snowflake_id.backfill_worker_ids": "1023"})
+    c.start()
+    with c.connect() as conn:
+        for i in live[:3] + live[-3:]:
+            e = sql_error(conn, "SELECT snowflake_at(snowflake_timestamp(%s))", (i,))
+            assert e.sqlstate == "22008", str(e)
+            assert "up to which the set-aside worker ids made live IDs" in str(e), str(e)
+        later = conn.execute("SELECT snowflake_at(clock_timestamp())").fetchone()[0]
+        assert later not in live
+
+
+def test_backfill_needs_the_registry_tables(make_cluster):
+    c = make_cluster(settings={**SET_ASIDE, "snowflake_id.registry_database": ""},
+                     create_extension=True)
+    with c.connect() as conn:
+        e = sql_error(conn, "SELECT snowflake_at('2025-01-01')")
+        assert e.sqlstate == "55000", str(e)
+        assert "snowflake_id.registry_database is empty" in e.diag.message_primary

@@ -18,6 +18,7 @@ pg_attver attribute option on every column that their restore rejects.
 import os
 import time
 
+import psycopg
 import pytest
 
 from harness import PG_BINDIR, PG_MAJOR, other_pg_bindir, run_pg, wait_until
@@ -293,3 +294,13 @@ def test_backfill_grants_survive_pg_upgrade_and_a_restore(make_cluster):
     assert restored.scalar("SELECT sum(grants) FROM snowflake_backfill()") == grants
     again = {r[0] for r in restored.sql(BACKFILL_TIMES)}
     assert len(again) == len(made) and not again & made
+
+    # Restored into a server that sets aside other ids: the grants were
+    # numbered across 1022-1023, so its own numbering could meet them.
+    other = make_cluster(settings={"snowflake_id.backfill_worker_ids": "1023"})
+    run_pg([os.path.join(PG_BINDIR, "pg_restore"), "--exit-on-error", "-d", "postgres",
+            "-h", other.dir, "-p", other.port, "-U", "postgres", dump], cwd=other.dir)
+    with other.connect() as conn:
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+            conn.execute("SELECT snowflake_at('2024-05-02')")
+        assert "ids backfill IDs were made from (1022-1023)" in str(e.value)

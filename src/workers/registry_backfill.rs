@@ -1,0 +1,115 @@
+//! The registry worker's part in backfill (see `sql::backfill`): each pass,
+//! in the registry worker's transaction (search_path: pg_catalog, then the
+//! extension's schema),
+//! - copies the grants of shared memory into `snowflake_backfill_grants`,
+//!   so that pg_upgrade and a dump carry them;
+//! - raises shared memory from the table's rows: at start after pg_upgrade,
+//!   and after a restore whose triggers did not run (a non-superuser's, or
+//!   `--disable-triggers`); rows numbered across set-aside ids that the
+//!   setting does not continue stop backfill (55000);
+//! - refuses backfill times at or before the live IDs the set-aside ids
+//!   made before they were set aside, as `snowflake_worker_registry` shows
+//!   them (and before this start, for ids set aside since the last).
+//!
+//! Backfill is refused until a pass has succeeded (`history_read`).
+
+use crate::durability::backfill;
+use crate::settings;
+use crate::shmem::Header;
+use pgrx::prelude::*;
+use snowflake_core::backfill::Space;
+use snowflake_core::ranges::WorkerRanges;
+use std::sync::atomic::Ordering::{Acquire, Release};
+
+/// Copies the grants into the table, only ever raising them.
+const UPSERT_GRANTS: &str = r#"
+INSERT INTO snowflake_backfill_grants AS g (starts_at, grants, worker_ids, updated_at)
+SELECT b.starts_at, b.grants, b.worker_ids, now() FROM snowflake_backfill() b
+ON CONFLICT (starts_at) DO UPDATE
+   SET grants = EXCLUDED.grants, worker_ids = EXCLUDED.worker_ids, updated_at = now()
+ WHERE g.grants < EXCLUDED.grants
+"#;
+
+/// One pass; `Err` with the problem when the tables cannot be read or
+/// written (the caller logs it and tries again). `Ok(false)`: the
+/// database's extension predates backfill (no table).
+pub fn pass(header: &Header) -> Result<bool, pgrx::spi::Error> {
+    let has_table = Spi::get_one::<bool>(
+        "SELECT to_regclass('snowflake_backfill_grants') IS NOT NULL \
+            AND to_regprocedure('snowflake_backfill()') IS NOT NULL",
+    )?
+    .unwrap_or(false);
+    if !has_table {
+        return Ok(false);
+    }
+    Spi::run(UPSERT_GRANTS)?;
+    let rows = Spi::connect(|client| {
+        let table = client.select(
+            "SELECT (extract(epoch FROM starts_at) * 1000)::int8, grants, worker_ids \
+               FROM snowflake_backfill_grants",
+            None,
+            &[],
+        )?;
+        let mut rows = Vec::new();
+        for row in table {
+            let (Some(start), Some(n)) = (row.get::<i64>(1)?, row.get::<i64>(2)?) else {
+                continue;
+            };
+            rows.push((start, n, row.get::<String>(3)?.unwrap_or_default()));
+        }
+        Ok::<_, pgrx::spi::Error>(rows)
+    })?;
+    apply_grants(header, &rows);
+    if let Some(space) = settings::backfill_space() {
+        let live = last_live_id_ms(space.ids())?;
+        if let Some(last_ms) = live {
+            refuse_up_to_live_ids(header, space, last_ms);
+        }
+    }
+    header.backfill().history_read.store(true, Release);
+    Ok(true)
+}
+
+/// Raises shared memory from the table's rows `(start ms, grants, ids)`.
+fn apply_grants(header: &Header, rows: &[(i64, i64, String)]) {
+    for (start_ms, n, ids) in rows {
+        backfill::raise_from_record(header, *start_ms, *n, ids);
+    }
+}
+
+/// The time of the newest live ID any of `ids` made, as the registry table
+/// recorded it (`None`: none did).
+fn last_live_id_ms(ids: &WorkerRanges) -> Result<Option<i64>, pgrx::spi::Error> {
+    // Numbers only, from a parsed setting: no quoting needed.
+    let condition = ids
+        .ranges()
+        .iter()
+        .map(|(lo, hi)| format!("worker_id BETWEEN {lo} AND {hi}"))
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    Spi::get_one::<i64>(&format!(
+        "SELECT (extract(epoch FROM max(high_water)) * 1000)::int8 \
+           FROM snowflake_worker_registry WHERE {condition}"
+    ))
+}
+
+/// Refuses backfill times up to the live IDs the set-aside ids made: up
+/// to the end of the newest one's tick, and, when one of them was set
+/// aside since the last start, up to this start's floor (the table lags the
+/// last second before a crash; the floor is above every ID made before).
+fn refuse_up_to_live_ids(header: &Header, space: &Space, last_ms: i64) {
+    let layout = settings::layout();
+    let mut bound = layout
+        .tick_start_unix_ms(layout.tick_at(last_ms))
+        .saturating_add(layout.unit_ms - 1);
+    let recorded = header.backfill().recorded_at_start.get();
+    let newly_set_aside = recorded.is_empty()
+        || match WorkerRanges::parse(&recorded, layout.max_worker_id()) {
+            Ok(before) => space.ids().iter().any(|id| !before.contains(id)),
+            Err(_) => true,
+        };
+    if newly_set_aside {
+        bound = bound.max(header.floor_ms.load(Acquire));
+    }
+    backfill::raise_after(header, bound);
+}
