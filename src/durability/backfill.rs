@@ -71,9 +71,11 @@ pub fn raise_from_record(header: &Header, start_ms: i64, grants: i64, ids: &str)
     if !ids.is_empty() && ids != backfill.recorded_ids.get() {
         let (_, changed) = settings::backfill_ids_to_record(ids, true);
         if changed {
-            if backfill.recorded_ids.get().is_empty() {
-                backfill.recorded_ids.set(ids);
-            }
+            // The raised counters are numbered across `ids` from now on:
+            // the state file records them, and backfill waits for a
+            // setting that continues them.
+            let _guard = header.reserve_lock();
+            backfill.recorded_ids.set(ids);
             backfill.ids_changed.store(true, Release);
         }
     }

@@ -181,7 +181,8 @@ def test_configurations_that_could_repeat_ids_are_refused(make_cluster):
             conn.close()
     assert held == {1020, 1021}, held
     # Back as before: fine again, and the earlier grants still count.
-    c.configure(**{"snowflake_id.backfill_worker_ids": "1022-1023"})
+    c.configure(**{"snowflake_id.worker_ids": "0-1021",
+                   "snowflake_id.backfill_worker_ids": "1022-1023"})
     c.restart()
     assert c.scalar("SELECT sum(grants) FROM snowflake_backfill()") == 1
     c.scalar("SELECT snowflake_at('2025-01-01')")
