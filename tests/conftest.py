@@ -121,7 +121,7 @@ SPREAD_MODULES = frozenset({
     "test_restarts", "test_standbys",  # durability/
     "test_registry_client",  # fleet/
     "test_clocks",  # clocks/
-    "test_public_ids",  # sql_api/
+    "test_public_ids", "test_backfill",  # sql_api/
 })
 
 
