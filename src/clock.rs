@@ -60,11 +60,21 @@ fn wait_event() -> u32 {
 /// PostgreSQL's own waits do: it shows in pg_stat_activity, ends at once
 /// on postmaster death, and a cancel or terminate interrupts it.
 pub fn wait_ms(ms: i64) {
+    wait_ms_uninterrupted(ms);
+    check_for_interrupts!();
+}
+
+/// [`wait_ms`] without handling an interrupt: returns whether one is
+/// pending, for the caller to handle where no Rust frame holds state that
+/// an ERROR would have to unwind.
+pub fn wait_ms_uninterrupted(ms: i64) -> bool {
     let event = wait_event();
     let flags = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
     // SAFETY: MyLatch is this process's latch, set up before any SQL runs;
-    // WaitLatch, ResetLatch and the interrupt check are the documented way
-    // to wait in a backend.
+    // WaitLatch and ResetLatch are the documented way to wait in a backend.
+    // InterruptPending is a flag PostgreSQL's signal handlers set, read by
+    // value as CHECK_FOR_INTERRUPTS() (and pgrx's check_for_interrupts!)
+    // reads it, after the calls above.
     unsafe {
         pg_sys::WaitLatch(
             pg_sys::MyLatch,
@@ -73,14 +83,30 @@ pub fn wait_ms(ms: i64) {
             event,
         );
         pg_sys::ResetLatch(pg_sys::MyLatch);
+        pg_sys::InterruptPending != 0
     }
+}
+
+/// Handles a pending interrupt (cancel, timeout, terminate ...): raises its
+/// ERROR or FATAL, or returns when it raises nothing. Kept out of line:
+/// PostgreSQL's error handling around the call (a `sigsetjmp`) would
+/// otherwise be inlined into the generator's hot path, and slow it down.
+#[cold]
+#[inline(never)]
+pub fn handle_interrupts() {
     check_for_interrupts!();
 }
 
-/// The system clock; sleeping honours query cancellation. `newest_tick` is
-/// the server-wide newest ID tick in shared memory, if any.
+/// The system clock. A cancel, timeout or terminate ends a sleep at once
+/// and is recorded in `interrupted`, not raised: the ERROR is raised by
+/// `claims::generate` once the generator has returned (no frame of the
+/// generator is unwound). `newest_tick` is the server-wide newest ID tick
+/// in shared memory, if any.
 pub struct WallClock<'a> {
     pub newest_tick: Option<&'a AtomicI64>,
+    /// An interrupt is pending since a sleep: the generator stops, and
+    /// `claims::generate` handles it once the claim is no longer borrowed.
+    pub interrupted: bool,
 }
 
 impl Clock for WallClock<'_> {
@@ -90,7 +116,12 @@ impl Clock for WallClock<'_> {
     }
 
     fn sleep_ms(&mut self, ms: i64) {
-        wait_ms(ms);
+        self.interrupted |= wait_ms_uninterrupted(ms);
+    }
+
+    #[inline]
+    fn interrupted(&mut self) -> bool {
+        self.interrupted
     }
 
     #[inline]

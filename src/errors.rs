@@ -203,6 +203,7 @@ pub fn generator(err: GenError, layout: &Layout, max_drift_ms: i64) -> ! {
             )),
             Some("Fix the system clock (check NTP), wait until it catches up, or raise snowflake_id.max_drift and reload.".into()),
         ),
+        GenError::Interrupted => internal("snowflake_id: an interrupted clock wait was reported as an error"),
         GenError::LayoutExhausted { .. } => raise(
             PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
             format!(

@@ -74,6 +74,9 @@ pub enum GenError {
     ClockBehind { behind: i64, bound: i64 },
     /// The time field of the layout is used up.
     LayoutExhausted { tick: i64, max: i64 },
+    /// The clock's wait was interrupted ([`Clock::interrupted`]): nothing
+    /// was issued, and the caller handles the interrupt.
+    Interrupted,
 }
 
 impl fmt::Display for GenError {
@@ -86,6 +89,7 @@ impl fmt::Display for GenError {
             GenError::LayoutExhausted { tick, max } => {
                 write!(f, "tick {tick} is past the last tick of the layout ({max})")
             }
+            GenError::Interrupted => write!(f, "the wait for the clock was interrupted"),
         }
     }
 }
@@ -104,6 +108,11 @@ pub trait Clock {
     }
     /// A generator moved to `tick`, above the last `server_newest_tick`.
     fn publish_newest_tick(&mut self, _tick: i64) {}
+    /// Whether a sleep was interrupted: the generator then stops waiting
+    /// and returns [`GenError::Interrupted`].
+    fn interrupted(&mut self) -> bool {
+        false
+    }
 }
 
 /// The position `(tick, sequence)` of a worker id's last ID as one word,
@@ -321,7 +330,10 @@ impl GeneratorState {
     /// reads the word, computes the next position, and publishes it by
     /// compare-and-swap, starting over (with a new clock reading) when
     /// another generator moved the word first. On `Err`, this generator's
-    /// view of the position is the word it last read.
+    /// view of the position is the word it last read. A sleep that the
+    /// clock reports as interrupted ([`Clock::interrupted`]) ends the call
+    /// with [`GenError::Interrupted`], nothing issued and the word not
+    /// moved: the caller handles the interrupt, then may call again.
     #[inline(always)]
     pub fn next_shared(
         &mut self,
@@ -369,7 +381,10 @@ impl GeneratorState {
                 Ok(Step::WaitUntil(tick)) => {
                     // Keep the clock observation; the position is re-read.
                     *self = next;
-                    clock.sleep_ms((layout.tick_start_unix_ms(tick) - now_ms).max(1))
+                    clock.sleep_ms((layout.tick_start_unix_ms(tick) - now_ms).max(1));
+                    if clock.interrupted() {
+                        return Err(GenError::Interrupted);
+                    }
                 }
                 Err(e) => {
                     *self = next;
@@ -501,6 +516,91 @@ pub(crate) mod tests {
             g.next_id(&l, 0, 0, &mut c).unwrap();
         }
         assert_eq!(c.slept, 1);
+        assert_eq!(g.max_drift, 0);
+    }
+
+    /// A [`FakeClock`] on which a sleep can be interrupted: once `interrupt`
+    /// is set, the next sleep leaves an interrupt pending until the caller
+    /// handles it (clears `pending`), as a cancel does in a backend.
+    struct InterruptibleClock {
+        clock: FakeClock,
+        interrupt: bool,
+        pending: bool,
+        sleeps: u32,
+    }
+
+    impl Clock for InterruptibleClock {
+        fn now_ms(&mut self) -> i64 {
+            self.clock.now_ms()
+        }
+        fn sleep_ms(&mut self, ms: i64) {
+            self.clock.sleep_ms(ms);
+            self.sleeps += 1;
+            self.pending |= std::mem::take(&mut self.interrupt);
+        }
+        fn interrupted(&mut self) -> bool {
+            self.pending
+        }
+    }
+
+    #[test]
+    fn an_interrupted_wait_issues_nothing_and_a_later_call_continues() {
+        let l = layout("js53"); // 64 IDs per millisecond
+        let mut g = GeneratorState::new(&l);
+        let mut c = InterruptibleClock {
+            clock: FakeClock { ms: NOW, slept: 0 },
+            interrupt: true,
+            pending: false,
+            sleeps: 0,
+        };
+        let position = std::cell::Cell::new(g.word(&l));
+        // With no drift allowed, one tick's IDs come without a sleep ...
+        let mut last = -1;
+        for _ in 0..64 {
+            let id = g.next_shared(&l, 3, 0, &mut c, &position).unwrap();
+            assert!(id > last);
+            last = id;
+        }
+        assert_eq!((c.sleeps, c.pending), (0, false));
+        // ... the next one waits for the clock, and the wait is interrupted.
+        let before = g;
+        assert_eq!(
+            g.next_shared(&l, 3, 0, &mut c, &position),
+            Err(GenError::Interrupted)
+        );
+        assert_eq!(c.sleeps, 1);
+        // Nothing was issued: the position and the counters did not move.
+        assert_eq!(position.get(), before.word(&l));
+        assert_eq!(
+            (g.last_tick, g.sequence),
+            (before.last_tick, before.sequence)
+        );
+        assert_eq!(g.ids_issued, before.ids_issued);
+        assert_eq!(g.sequence_exhausted, before.sequence_exhausted);
+        // The caller handled the interrupt (it did not raise): the next call
+        // goes on above the last ID, in the tick the clock has reached.
+        c.pending = false;
+        let id = g.next_shared(&l, 3, 0, &mut c, &position).unwrap();
+        assert!(id > last);
+        let p = l.decode(id).unwrap();
+        assert_eq!(
+            (p.ticks, p.worker_id, p.sequence),
+            (l.tick_at(NOW) + 1, 3, 0)
+        );
+        assert_eq!(p.ticks, l.tick_at(c.clock.ms));
+        assert_eq!(g.ids_issued, before.ids_issued + 1);
+        assert_eq!(position.get(), g.word(&l));
+        assert_eq!(c.sleeps, 1, "the clock had reached the tick: no new wait");
+        // And it keeps going: the rest of that tick, then a wait that is not
+        // interrupted.
+        last = id;
+        for _ in 0..64 {
+            let id = g.next_shared(&l, 3, 0, &mut c, &position).unwrap();
+            assert!(id > last);
+            last = id;
+        }
+        assert_eq!((c.sleeps, c.pending), (2, false));
+        assert_eq!(l.decode(last).unwrap().ticks, l.tick_at(NOW) + 2);
         assert_eq!(g.max_drift, 0);
     }
 

@@ -399,6 +399,7 @@ fn check_trace(
                         prop_assert!(behind > d, "call {}: {:?} within the bound", i, err);
                         prop_assert_eq!((b, bound), (behind, d));
                     }
+                    GenError::Interrupted => prop_assert!(false, "interrupted"),
                     GenError::LayoutExhausted { tick, max } => {
                         prop_assert_eq!(max, l.max_ticks());
                         prop_assert!(tick > max);
@@ -532,6 +533,7 @@ proptest! {
                 Err(GenError::LayoutExhausted { tick, .. }) => {
                     prop_assert!(tick > l.max_ticks(), "{:?}", c);
                 }
+                Err(GenError::Interrupted) => prop_assert!(false, "interrupted"),
             }
         }
         // Before the end (the clock stays within the layout, with room for
@@ -632,6 +634,7 @@ proptest! {
                 prop_assert!(tick > l.max_ticks());
                 prop_assert!(floor == l.max_ticks() || now > l.max_ticks());
             }
+            Err(GenError::Interrupted) => prop_assert!(false, "interrupted"),
         }
         // The rest of a trace keeps the rules above the floor.
         let mut g1 = GeneratorState::starting_above(floor, &l);

@@ -47,7 +47,7 @@ use crate::durability::reservation;
 use crate::errors;
 use crate::settings;
 use crate::shmem::{self, Header, Holder, Slot};
-use snowflake_core::generator::{Clock, GenError, GeneratorState};
+use snowflake_core::generator::{GenError, GeneratorState};
 use snowflake_core::layout::Layout;
 use std::cell::{Cell, RefCell};
 
@@ -75,8 +75,8 @@ thread_local! {
     static CLAIM: RefCell<Option<Claim>> = const { RefCell::new(None) };
     /// The slot this backend holds, kept apart from `CLAIM` so that the exit
     /// callback can release it even while `CLAIM` is borrowed: a FATAL error
-    /// (e.g. pg_terminate_backend while `generate` sleeps) exits without
-    /// unwinding the frame that borrowed it.
+    /// (e.g. pg_terminate_backend while a claim waits for a lease) exits
+    /// without unwinding the frame that borrowed it.
     static HELD: Cell<Option<(u32, &'static Slot)>> = const { Cell::new(None) };
     /// The tick of the last ID made under a claim this backend gave up
     /// when its lease ended: later claims start above it.
@@ -114,51 +114,107 @@ pub fn require_shared(function: &str) -> &'static Header {
 /// Makes `n` IDs from this backend's worker id, claiming one first if
 /// needed, and hands each to `emit`. Every ID is covered by the durable
 /// reservation before this returns. `function` names the caller in errors.
+///
+/// A cancel, timeout or terminate while the generator waits for the clock
+/// does not raise inside the wait: the generator returns, and the
+/// interrupt is handled once `CLAIM` is no longer borrowed
+/// ([`resume_after_interrupt`]), so that its ERROR unwinds no frame of the
+/// generator (see docs/design/unwind-on-cancel.md).
 #[inline]
 pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
     let header = require_shared(function);
     let layout = settings::layout();
     let max_drift_ms = settings::max_drift_ms();
-    CLAIM.with_borrow_mut(|held| {
-        let mut claim = match held {
-            Some(claim) => claim,
-            None => held.insert(claim_worker(header, MOVED_ABOVE.get())),
-        };
-        let mut clock = WallClock {
-            newest_tick: Some(&header.newest_tick),
-        };
-        // The lease bound (see `lease`): no ID above the slot's limit, and
-        // none from a claim the lease worker has since re-leased.
-        let (mut limit, epoch) = claim.slot.lease_view();
-        let mut current = epoch == claim.epoch;
-        let mut i = 0;
-        while i < n {
-            match claim.state.next_shared(
-                layout,
-                claim.worker_id,
-                max_drift_ms,
-                &mut clock,
-                claim.slot,
-            ) {
-                Ok(_) if claim.state.last_tick > limit || !current => {
-                    claim = move_to_another_id(header, held);
-                    let (new_limit, epoch) = claim.slot.lease_view();
-                    limit = new_limit;
-                    current = epoch == claim.epoch;
-                    continue;
-                }
-                Ok(id) => {
-                    emit(id);
-                    i += 1;
-                }
-                Err(e) => {
-                    claim.publish();
-                    claim.refused(e, layout, max_drift_ms, &mut clock);
-                    continue;
-                }
+    let made =
+        CLAIM.with_borrow_mut(|held| make_ids(held, header, layout, max_drift_ms, 0, n, &mut emit));
+    if made < n {
+        resume_after_interrupt(header, layout, max_drift_ms, made, n, emit);
+    }
+}
+
+/// A cancel, timeout or terminate came while the generator waited for the
+/// clock: handles it here, where `CLAIM` is no longer borrowed, so that
+/// its ERROR (or FATAL) unwinds no frame of the generator; then goes on
+/// making IDs as long as the interrupt raised nothing. Out of the hot path.
+#[cold]
+#[inline(never)]
+fn resume_after_interrupt(
+    header: &'static Header,
+    layout: &Layout,
+    max_drift_ms: i64,
+    mut made: usize,
+    n: usize,
+    mut emit: impl FnMut(i64),
+) {
+    while made < n {
+        crate::clock::handle_interrupts();
+        // Another closure than `generate`'s, so that each `with_borrow_mut`
+        // is called once and inlined.
+        made = CLAIM.with_borrow_mut(|held| {
+            make_ids(held, header, layout, max_drift_ms, made, n, &mut emit)
+        });
+    }
+}
+
+/// Makes IDs on the claim in `held` (claiming one first if needed), the
+/// `made`th to the `n`th, until all are made or a wait for the clock is
+/// interrupted (the interrupt not handled yet). Returns how many are made
+/// then (`n` unless interrupted), every one covered by the reservation.
+#[inline(always)]
+fn make_ids(
+    held: &mut Option<Claim>,
+    header: &'static Header,
+    layout: &Layout,
+    max_drift_ms: i64,
+    made: usize,
+    n: usize,
+    emit: &mut impl FnMut(i64),
+) -> usize {
+    let mut i = made;
+    let mut claim = match held {
+        Some(claim) => claim,
+        None => held.insert(claim_worker(header, MOVED_ABOVE.get())),
+    };
+    let mut clock = WallClock {
+        newest_tick: Some(&header.newest_tick),
+        interrupted: false,
+    };
+    // The lease bound (see `lease`): no ID above the slot's limit, and
+    // none from a claim the lease worker has since re-leased.
+    let (mut limit, epoch) = claim.slot.lease_view();
+    let mut current = epoch == claim.epoch;
+    while i < n {
+        match claim.state.next_shared(
+            layout,
+            claim.worker_id,
+            max_drift_ms,
+            &mut clock,
+            claim.slot,
+        ) {
+            Ok(_) if claim.state.last_tick > limit || !current => {
+                claim = move_to_another_id(header, held);
+                let (new_limit, epoch) = claim.slot.lease_view();
+                limit = new_limit;
+                current = epoch == claim.epoch;
+                continue;
             }
-            claim.fresh_floor = None;
+            Ok(id) => {
+                emit(id);
+                i += 1;
+            }
+            // Nothing issued; the caller handles the interrupt.
+            Err(GenError::Interrupted) => break,
+            Err(e) => {
+                claim.publish();
+                if claim.refused(e, layout, max_drift_ms) {
+                    break;
+                }
+                continue;
+            }
         }
+        claim.fresh_floor = None;
+    }
+    if i > made {
         claim.backward_at_issue = claim.state.clock_backward;
         claim.publish();
         reservation::reserve(
@@ -166,7 +222,8 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
             layout.tick_start_unix_ms(claim.state.last_tick),
             layout,
         );
-    });
+    }
+    i
 }
 
 /// This backend's claim's lease ended (expired, revoked or given again):
@@ -195,16 +252,11 @@ const FLOOR_WAIT_MS: i64 = 1000;
 impl Claim {
     /// The generator refused with `err`: waits when the only cause is the
     /// floor of a claim that has issued nothing and the wait is short
-    /// (returns, to retry); otherwise raises the error naming the actual
-    /// cause.
+    /// (returns, to retry: true when a cancel or timeout interrupted the
+    /// wait, for the caller to handle once `CLAIM` is no longer borrowed);
+    /// otherwise raises the error naming the actual cause.
     #[cold]
-    fn refused(
-        &mut self,
-        err: GenError,
-        layout: &Layout,
-        max_drift_ms: i64,
-        clock: &mut WallClock,
-    ) {
+    fn refused(&mut self, err: GenError, layout: &Layout, max_drift_ms: i64) -> bool {
         let GenError::ClockBehind { behind, .. } = err else {
             errors::generator(err, layout, max_drift_ms)
         };
@@ -232,8 +284,7 @@ impl Claim {
             if own_lead_ms > max_drift_ms {
                 if own_lead_ms - max_drift_ms <= FLOOR_WAIT_MS {
                     // Wait until the clock is within max_drift of the floor.
-                    clock.sleep_ms(own_lead_ms - max_drift_ms);
-                    return;
+                    return crate::clock::wait_ms_uninterrupted(own_lead_ms - max_drift_ms);
                 }
                 errors::behind_floor(floor_ms, behind_ms, max_drift_ms)
             }

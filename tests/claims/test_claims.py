@@ -2,7 +2,8 @@
 held, release and release order, several databases on one server, reloading the range,
 read-only transactions, a claim never outliving its holder, a free id
 always claimable (also while its last holder exits), a backend waiting for
-the clock showing a wait event, and the claim's advisory lock surviving the
+the clock showing a wait event and going on after an interrupt that raises
+nothing, and the claim's advisory lock surviving the
 connection resets a pooler sends (DISCARD ALL, pg_advisory_unlock_all()).
 
 Classic layout unless a test says otherwise: 41 bits of milliseconds since
@@ -408,6 +409,46 @@ def test_terminating_a_backend_that_waits_for_the_clock_releases_its_id(make_clu
         for conn in conns:
             conn.close()
         victim.close()
+
+
+def test_an_interrupt_that_raises_nothing_does_not_stop_a_waiting_batch(make_cluster):
+    # js53 with no drift allowed: the batch waits for the clock on almost
+    # every millisecond. pg_log_backend_memory_contexts() interrupts the
+    # backend (InterruptPending) without an error: the wait returns early,
+    # the interrupt is handled once the claim is no longer borrowed, and the
+    # batch goes on, every ID made once and in order.
+    c = make_cluster(settings={"snowflake_id.layout": "js53",
+                               "snowflake_id.max_drift": "0"},
+                     create_extension=True)
+    n = 64_000  # about a second of ticks
+    with c.connect() as worker, c.connect() as watcher:
+        pid = worker.info.backend_pid
+        result = {}
+
+        def batch():
+            try:
+                result["ids"] = [r[0] for r in worker.execute(
+                    "SELECT snowflake_nextvals(%s)", (n,))]
+            except psycopg.Error as e:
+                result["error"] = e
+
+        t = threading.Thread(target=batch, daemon=True)
+        t.start()
+        wait_until(lambda: watcher.execute(
+            "SELECT ids_issued >= 4096 FROM snowflake_workers WHERE pid = %s",
+            (pid,)).fetchone() == (True,), what="a batch waiting for the clock")
+        signals = 0
+        while t.is_alive():
+            watcher.execute("SELECT pg_log_backend_memory_contexts(%s)", (pid,))
+            signals += 1
+            time.sleep(0.02)
+        t.join()
+    assert "error" not in result, str(result.get("error"))
+    ids = result["ids"]
+    assert len(ids) == n and len(set(ids)) == n
+    assert_strictly_increasing(ids, "interrupted batch")
+    assert signals >= 5, signals
+    assert c.log().count(f"logging memory contexts of PID {pid}") >= 5
 
 
 # ------------------------------------------ claim locks in pg_locks
