@@ -6,7 +6,9 @@ use super::*;
 /// The registry over a client session that took the node's lock.
 pub(super) struct PgRegistry {
     pub(super) client: Connection,
-    /// The extension's schema on the registry, quoted.
+    /// The schema of the registry's lease functions, quoted: the
+    /// extension's schema up to 0.5.0, `snowflake_id_internal` from 0.6.0
+    /// (`Worker::connect` finds it through the extension's membership).
     pub(super) schema: String,
 }
 
