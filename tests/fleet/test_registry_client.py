@@ -230,12 +230,14 @@ def lease_role(r, schema: str, usage: bool = True) -> str:
     return r.conninfo(user="snowflake_lease")
 
 
-def test_a_holder_leases_from_a_0_5_0_registry(make_cluster):
+def test_a_holder_leases_from_a_0_5_0_registry_and_through_its_update(make_cluster):
     """A 0.6.0 holder on a registry still on 0.5.0 (lease functions in the
     extension's schema), leasing as a role that may only execute them, finds
-    them through the extension's membership, as it finds them in
-    snowflake_id_internal on a 0.6.0 registry: holders can be updated
-    before their registry (docs/operations/upgrading.md)."""
+    them through the extension's membership; the registry's ALTER EXTENSION
+    UPDATE moves them to snowflake_id_internal under the holder's open
+    session: its next call fails (42883), it reconnects, finds them there
+    (the update granted its role USAGE) and renews its block without a
+    gap: IDs keep coming for more than two lease times."""
     r = make_cluster(settings={"fsync": True})
     with old_release("0.5.0"):
         r.sql("CREATE EXTENSION snowflake_id VERSION '0.5.0'")
@@ -244,8 +246,29 @@ def test_a_holder_leases_from_a_0_5_0_registry(make_cluster):
     a = holder(make_cluster, r, **{"snowflake_id.registry": conninfo,
                                    "snowflake_id.worker_ids": "0-15"})
     with a.connect() as conn:
-        assert len(set(ids(conn, 100))) == 100
+        before = ids(conn, 100)
     assert [row[1] for row in leases(r)] == [config(a)["node_id"]]
+
+    with r.connect() as conn:
+        warnings = []
+        conn.add_notice_handler(lambda d: warnings.append(d.message_primary))
+        conn.execute("ALTER EXTENSION snowflake_id UPDATE")
+        updated_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    assert any("snowflake_lease" in w for w in warnings), warnings
+    assert lease_schema(r) == "snowflake_id_internal"
+    wait_until(lambda: r.scalar("SELECT max(renewed_at) FROM snowflake_lease_blocks"
+                                " WHERE holder_node IS NOT NULL") > updated_at,
+               timeout=LEASE_S * 2, what="a renewal after the registry's update")
+    assert "no longer in schema public" in a.log()
+    made = []
+    with a.connect(options="-c statement_timeout=5s") as conn:
+        deadline = time.monotonic() + 2.5 * LEASE_S
+        while time.monotonic() < deadline:
+            made += ids(conn, 100)
+            time.sleep(0.2)
+    assert min(made) > max(before) and len(set(made)) == len(made)
+    cfg = config(a)
+    assert cfg["registry_unreachable_since"] is None and cfg["blocks_held"] == 1, cfg
 
 
 def test_a_lease_role_without_usage_on_the_internal_schema_is_told_so(make_cluster):
