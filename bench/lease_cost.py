@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from harness import Cluster  # noqa: E402
+from helpers import LEASE_SCHEMA_SQL  # noqa: E402
 
 N = int(os.environ.get("BENCH_LEASE_N", "500"))
 ALL = list(range(64))
@@ -44,12 +45,19 @@ class Protocol:
 
     def __init__(self, conn):
         self.c = conn
-        self.jsonb = conn.execute(
-            "SELECT to_regprocedure('snowflake_lease_begin(jsonb)') IS NOT NULL").fetchone()[0]
+        # Where the lease worker finds the functions (0.6.0 and later:
+        # snowflake_id_internal); 0.3.x's are in the extension's schema.
+        found = conn.execute(LEASE_SCHEMA_SQL).fetchone()
+        self.jsonb = found is not None
+        self.schema = found[0] + "." if found else ""
         self.incarnation, self.lsn = "", "0/0"
 
+    def hello(self, node):
+        self.c.execute(f"SELECT {self.schema}snowflake_lease_hello(%s)", (node,))
+
     def _call(self, fn, req):
-        reply = self.c.execute(f"SELECT {fn}(%s::jsonb)", (json.dumps(req),)).fetchone()[0]
+        reply = self.c.execute(f"SELECT {self.schema}{fn}(%s::jsonb)",
+                               (json.dumps(req),)).fetchone()[0]
         self.incarnation, self.lsn = reply["incarnation"], reply["lsn"]
         return reply
 
@@ -91,8 +99,8 @@ def main() -> int:
             c.autocommit = True
             # As the lease worker's session: synchronous commits.
             c.execute("SET synchronous_commit = on")
-            c.execute("SELECT snowflake_lease_hello('n1')")
             p = Protocol(c)
+            p.hello("n1")
             acquire, release = [], []
             for _ in range(N):
                 t = time.perf_counter()

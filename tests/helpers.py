@@ -1,23 +1,81 @@
 """Helpers shared by tests of several folders: decoding classic IDs,
-claims, client programs, the key file of public IDs, and a server clock
-under libfaketime (FakeClock, server_skew). The cluster harness itself is
-tests/harness.py."""
+claims, client programs, the key file of public IDs, a server clock
+under libfaketime (FakeClock, server_skew), an earlier release's install
+script (old_release) and where a registry's lease functions are
+(lease_schema). The cluster harness itself is tests/harness.py."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import os
+import shutil
 import time
 
 import psycopg
 import pytest
 
-from harness import AS_ROOT, PG_BINDIR, pg_ids, run_pg, wait_until
+from harness import AS_ROOT, PG_BINDIR, pg_config, pg_ids, run_pg, wait_until
 
 EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
 needs_faketime = pytest.mark.skipif(LIBFAKETIME is None,
                                     reason="libfaketime not installed")
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The install scripts of earlier releases, as generated at their release.
+OLD_SCRIPTS_DIR = os.path.join(REPO, "tests", "upgrade")
+
+
+def old_script(version: str) -> str:
+    return os.path.join(OLD_SCRIPTS_DIR, f"snowflake_id--{version}.sql")
+
+
+@contextlib.contextmanager
+def old_release(version: str):
+    """While in the block, `CREATE EXTENSION snowflake_id VERSION
+    '<version>'` works: the release's install script (tests/upgrade/) is
+    in the server's extension directory, where no build installs it. Tests
+    on two pytest workers share that directory: a lock keeps one test's
+    removal of the file from pulling it from under another."""
+    extdir = os.path.join(pg_config("--sharedir"), "extension")
+    installed = os.path.join(extdir, f"snowflake_id--{version}.sql")
+    with open(os.path.join(extdir, ".snowflake_id_old_release.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            shutil.copy(old_script(version), installed)
+            os.chmod(installed, 0o644)
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(installed)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# Where the registry's lease functions are, found as the lease worker finds
+# them (src/workers/lease_worker/connection.rs): the schema of the
+# extension's member snowflake_lease_begin(jsonb). The extension's schema up
+# to 0.5.0, snowflake_id_internal from 0.6.0.
+LEASE_SCHEMA_SQL = """
+SELECT quote_ident(n.nspname)
+  FROM pg_catalog.pg_depend d
+  JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowflake_id'
+  JOIN pg_catalog.pg_proc p ON p.oid = d.objid
+  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+ WHERE d.classid = 'pg_catalog.pg_proc'::regclass
+   AND d.refclassid = 'pg_catalog.pg_extension'::regclass AND d.deptype = 'e'
+   AND p.proname = 'snowflake_lease_begin' AND p.pronargs = 1
+   AND p.proargtypes[0] = 'pg_catalog.jsonb'::regtype
+"""
+
+
+def lease_schema(cluster, dbname: str = "postgres") -> "str | None":
+    """The schema of the registry's lease functions on `cluster`, quoted
+    (None: the extension is missing or predates 0.4.0)."""
+    rows = cluster.sql(LEASE_SCHEMA_SQL, dbname=dbname)
+    return rows[0][0] if rows else None
 
 
 def worker_of(i: int, sequence_bits: int = 12, worker_bits: int = 10) -> int:

@@ -7,6 +7,13 @@
 -- preloading is needed here; every rule that uses the registry's clock is
 -- in these functions (now()), every rule that uses a holder's clock is in
 -- the holder.
+--
+-- The tables and the view are in the extension's schema;
+-- the functions are internal, in snowflake_id_internal
+-- (src/sql/internal_schema.sql), where the holders find them through the
+-- extension's membership (src/workers/lease_worker/connection.rs). Every
+-- name in their bodies is schema-qualified, and their search_path is
+-- pinned to pg_catalog, pg_temp.
 
 CREATE TABLE snowflake_lease_blocks (
     block          int PRIMARY KEY,
@@ -85,7 +92,7 @@ REVOKE ALL ON snowflake_lease_registry FROM PUBLIC;
 -- The row stays (a tombstone with the largest lease time, grace and lead
 -- seen): the registry starts a new incarnation at once, fenced for as long
 -- as any grant it knew of could last, also when no holder is connected.
-CREATE FUNCTION snowflake_lease_forget() RETURNS trigger
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_forget() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     now_ms bigint := (extract(epoch FROM now()) * 1000)::bigint;
@@ -108,27 +115,27 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_forget() IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget() IS
   'Trigger: rows of snowflake_lease_blocks deleted means grants forgotten; the next lease call starts a new, fenced incarnation.';
-REVOKE EXECUTE ON FUNCTION snowflake_lease_forget() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_forget() FROM PUBLIC;
 CREATE TRIGGER snowflake_lease_blocks_forget AFTER DELETE ON snowflake_lease_blocks
-    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_lease_forget();
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 CREATE TRIGGER snowflake_lease_blocks_truncate AFTER TRUNCATE ON snowflake_lease_blocks
-    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_lease_forget();
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 -- Rows that arrive leased come from a restore (pg_restore, COPY): the
 -- registry's record is older than its holders'. (The lease functions
 -- insert rows unleased.)
 CREATE TRIGGER snowflake_lease_blocks_restored AFTER INSERT ON snowflake_lease_blocks
-    FOR EACH ROW WHEN (NEW.holder_node IS NOT NULL) EXECUTE FUNCTION snowflake_lease_forget();
+    FOR EACH ROW WHEN (NEW.holder_node IS NOT NULL) EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 
 -- A holder introduces itself: takes the session lock of its node id.
 -- false: another live session holds that node id (a copy of a data
 -- directory whose original is running): the caller must take a new id.
-CREATE FUNCTION snowflake_lease_hello(node text) RETURNS boolean
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
 LANGUAGE sql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT pg_try_advisory_lock(hashtextextended('snowflake_id node ' || node, 0))
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_hello(text) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
   'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory).';
 
 -- The start of every lease call: checks that this session holds the
@@ -136,8 +143,9 @@ COMMENT ON FUNCTION snowflake_lease_hello(text) IS
 -- blocks), starts a new incarnation when the registry may have forgotten
 -- grants, and returns it with the fence and the block locks this session
 -- holds (one look at pg_locks: it briefly takes every lock partition).
-CREATE FUNCTION snowflake_lease_begin(req jsonb, OUT incarnation text, OUT fenced_until timestamptz,
-                                      OUT locked int[], OUT fence_floor_ms bigint)
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_begin(req jsonb, OUT incarnation text,
+                                                            OUT fenced_until timestamptz,
+                                                            OUT locked int[], OUT fence_floor_ms bigint)
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
@@ -262,11 +270,12 @@ BEGIN
     fenced_until := CASE WHEN r.fenced_until > now() THEN r.fenced_until END;
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_begin(jsonb) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) IS
   'Used by the lease functions: checks the caller holds the node''s lock and returns the registry''s incarnation and fence, starting a new one when grants may have been forgotten.';
 
 -- The reply every lease call ends with.
-CREATE FUNCTION snowflake_lease_reply(incarnation text, fenced_until timestamptz, extra jsonb)
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_reply(incarnation text, fenced_until timestamptz,
+                                                            extra jsonb)
 RETURNS jsonb
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT jsonb_build_object(
@@ -274,7 +283,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
         'lsn', pg_current_wal_insert_lsn()::text,
         'fenced_until_ms', (extract(epoch FROM fenced_until) * 1000)::bigint) || extra
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_reply(text, timestamptz, jsonb) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_reply(text, timestamptz, jsonb) IS
   'Used by the lease functions: the reply with the incarnation, WAL position and fence.';
 
 -- Leases up to `want` free blocks among `allowed` (block numbers of
@@ -284,7 +293,7 @@ COMMENT ON FUNCTION snowflake_lease_reply(text, timestamptz, jsonb) IS
 -- each block with the floor its new holder must start above (the highest
 -- ID time any earlier holder may have issued) and records the new
 -- holder's own bound `high_ms`.
-CREATE FUNCTION snowflake_lease_acquire(req jsonb) RETURNS jsonb
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_acquire(req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
@@ -306,7 +315,7 @@ BEGIN
         RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
             DETAIL = 'name, layout, block_size, max_worker_id, want, lease_ms, grace_ms and high_ms are required; block_size and want must be positive.';
     END IF;
-    SELECT * INTO g FROM @extschema@.snowflake_lease_begin(req);
+    SELECT * INTO g FROM snowflake_id_internal.snowflake_lease_begin(req);
     -- New rows start at the last fence's floor: a registry that forgot
     -- rows may meet blocks that holders used under grants it lost.
     INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout,
@@ -325,7 +334,7 @@ BEGIN
                   HINT = 'Every server of a fleet must use the same snowflake_id layout settings.';
     END IF;
     IF g.fenced_until IS NOT NULL THEN
-        RETURN @extschema@.snowflake_lease_reply(g.incarnation, g.fenced_until, '{"blocks": []}');
+        RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until, '{"blocks": []}');
     END IF;
     WITH picked AS (
         SELECT b.block FROM @extschema@.snowflake_lease_blocks b
@@ -354,11 +363,11 @@ BEGIN
     PERFORM pg_try_advisory_lock(1936613751, b.block)
        FROM @extschema@.snowflake_lease_blocks b
       WHERE b.holder_node = node AND b.block = ANY (allowed) AND b.block <> ALL (g.locked);
-    RETURN @extschema@.snowflake_lease_reply(g.incarnation, g.fenced_until,
+    RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until,
                                              jsonb_build_object('blocks', granted));
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_acquire(jsonb) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) IS
   'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, and returns the floor each must start above; none while the registry is fenced.';
 
 -- Renews `node`'s leases of the blocks it names: a new expiry by this
@@ -368,7 +377,7 @@ COMMENT ON FUNCTION snowflake_lease_acquire(jsonb) IS
 -- the blocks still leased to `node` with their marks before the renewal
 -- (a block missing from the result was handed to another holder after its
 -- lease expired, or was not re-asserted).
-CREATE FUNCTION snowflake_lease_renew(req jsonb) RETURNS jsonb
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_renew(req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
@@ -388,7 +397,7 @@ BEGIN
         RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
             DETAIL = 'blocks, lease_ms, grace_ms and high_ms are required.';
     END IF;
-    SELECT * INTO g FROM @extschema@.snowflake_lease_begin(req);
+    SELECT * INTO g FROM snowflake_id_internal.snowflake_lease_begin(req);
     reassert := g.fenced_until IS NOT NULL AND known <> '' AND known <> g.incarnation;
     blocks := ARRAY(SELECT DISTINCT a.block
                       FROM pg_catalog.jsonb_to_recordset(req->'blocks') AS a(block int, high_ms bigint)
@@ -441,17 +450,17 @@ BEGIN
       WHERE h = ANY (blocks)
         AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
                          WHERE b.block = h AND b.holder_node = node);
-    RETURN @extschema@.snowflake_lease_reply(g.incarnation, g.fenced_until,
+    RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until,
                                              jsonb_build_object('blocks', kept));
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_renew(jsonb) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_renew(jsonb) IS
   'Called by a holder''s lease worker: extends its leases and raises their marks (re-asserting them to a new incarnation while fenced); returns the blocks it still holds.';
 
 -- Gives a block back. The holder has stopped issuing from it and passes
 -- the time of the newest ID it issued there (not below the block's floor
 -- when it leased it), which becomes the next holder's floor.
-CREATE FUNCTION snowflake_lease_release(req jsonb) RETURNS jsonb
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_release(req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     node text := req->>'node';
@@ -464,25 +473,25 @@ BEGIN
         RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
             DETAIL = 'block and high_ms are required.';
     END IF;
-    SELECT * INTO g FROM @extschema@.snowflake_lease_begin(req);
+    SELECT * INTO g FROM snowflake_id_internal.snowflake_lease_begin(req);
     UPDATE @extschema@.snowflake_lease_blocks b
        SET holder_node = NULL, released_at = now(), expires_at = NULL, high_water_ms = high_ms
      WHERE b.block = blk AND b.holder_node = node;
     done := FOUND;
     PERFORM pg_advisory_unlock(1936613751, blk) WHERE blk = ANY (g.locked);
-    RETURN @extschema@.snowflake_lease_reply(g.incarnation, g.fenced_until,
+    RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until,
                                              jsonb_build_object('released', done));
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_release(jsonb) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) IS
   'Called by a holder''s lease worker: returns an idle block, recording the time of the newest ID it issued there.';
 
-REVOKE EXECUTE ON FUNCTION snowflake_lease_hello(text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_lease_begin(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_lease_reply(text, timestamptz, jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_lease_acquire(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_lease_renew(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_lease_release(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_reply(text, timestamptz, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_renew(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) FROM PUBLIC;
 
 -- A registry made with no holder alive starts its first incarnation here,
 -- unfenced, so that a standby made from it has the row and its timeline

@@ -9,8 +9,13 @@
 //! - `registry`   the table the registry worker keeps (`registry.sql`)
 //!
 //! The SQL objects are in `.sql` files next to the Rust that pulls them in
-//! with `extension_sql_file!`: `privileges.sql`, `workers_view.sql`,
-//! `registry.sql`, `leases.sql`, `tools.sql`.
+//! with `extension_sql_file!`: `internal_schema.sql` (first in the script),
+//! `privileges.sql`, `workers_view.sql`, `registry.sql`, `leases.sql`,
+//! `tools.sql`.
+//!
+//! The user-facing objects are in the extension's schema; the internal ones
+//! (the lease protocol, trigger functions, the explicit-layout decoders'
+//! checks) in `snowflake_id_internal`, which the extension script creates.
 
 pub mod api;
 pub mod backfill;
@@ -20,6 +25,9 @@ pub mod registry;
 pub mod tools;
 
 use pgrx::spi::Spi;
+
+// The internal schema, before every other object of the script.
+pgrx::extension_sql_file!("internal_schema.sql", name = "internal_schema", bootstrap);
 
 /// The extension's schema in this database, quoted for SQL text; `None`
 /// when the extension is not created here. Needs a transaction.

@@ -27,7 +27,7 @@ SELECT pg_catalog.pg_extension_config_dump('snowflake_worker_registry', '');
 -- worker's own upserts go through here too (a no-op: their marks are this
 -- server's own). pg_upgrade copies the table's files instead of inserting:
 -- the worker reads the table when the server starts (`read_high_water`).
-CREATE FUNCTION snowflake_registry_high_water() RETURNS trigger
+CREATE FUNCTION snowflake_id_internal.snowflake_registry_high_water() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     hw timestamptz;
@@ -44,18 +44,18 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_registry_high_water() IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_registry_high_water() IS
   'Trigger on snowflake_worker_registry: restored rows raise this server''s floor above their high-water marks.';
-REVOKE EXECUTE ON FUNCTION snowflake_registry_high_water() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_registry_high_water() FROM PUBLIC;
 CREATE TRIGGER snowflake_registry_high_water
     AFTER INSERT ON snowflake_worker_registry
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_registry_high_water();
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_registry_high_water();
 -- A restored row whose worker id this server's registry worker has
 -- already recorded replaces that row, keeping the higher mark, instead of
 -- failing the restore's COPY on the primary key (and then raising nothing).
 -- The worker's next update writes its live values back.
-CREATE FUNCTION snowflake_registry_merge() RETURNS trigger
+CREATE FUNCTION snowflake_id_internal.snowflake_registry_merge() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     hw timestamptz;
@@ -68,9 +68,9 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_registry_merge() IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_registry_merge() IS
   'Trigger on snowflake_worker_registry: a restored row replaces the row of the same worker id, keeping the higher high-water mark.';
-REVOKE EXECUTE ON FUNCTION snowflake_registry_merge() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_registry_merge() FROM PUBLIC;
 CREATE TRIGGER snowflake_registry_merge
     BEFORE INSERT ON snowflake_worker_registry
-    FOR EACH ROW EXECUTE FUNCTION snowflake_registry_merge();
+    FOR EACH ROW EXECUTE FUNCTION snowflake_id_internal.snowflake_registry_merge();

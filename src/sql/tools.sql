@@ -24,12 +24,15 @@ $$;
 -- parsed when created, so every name in them is bound then and no
 -- search_path of a caller can change what they call; and simple enough for
 -- the planner to inline. The checks that raise errors are three small
--- plpgsql functions each returns its (checked) argument from.
+-- plpgsql functions each returns its (checked) argument from, in
+-- snowflake_id_internal (src/sql/internal_schema.sql): internal, so a role
+-- needs EXECUTE on them but no USAGE on their schema (the bodies name them
+-- by OID).
 
 -- The bits below the time field of an explicit layout, after checking it
 -- as the server checks its settings (22023 otherwise).
-CREATE FUNCTION snowflake_layout_shift(time_unit_ms bigint, worker_bits int,
-                                       sequence_bits int, total_bits int)
+CREATE FUNCTION snowflake_id_internal.snowflake_layout_shift(time_unit_ms bigint, worker_bits int,
+                                                             sequence_bits int, total_bits int)
 RETURNS int
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -48,7 +51,7 @@ END
 $$;
 
 -- id, when it is an ID of a layout of total_bits bits (22003 otherwise).
-CREATE FUNCTION snowflake_layout_id(id bigint, total_bits int)
+CREATE FUNCTION snowflake_id_internal.snowflake_layout_id(id bigint, total_bits int)
 RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -65,8 +68,8 @@ END
 $$;
 
 -- ticks, when the time field of time_bits bits holds it (22008 otherwise).
-CREATE FUNCTION snowflake_layout_ticks(ticks numeric, time_bits int, ts timestamptz,
-                                       epoch timestamptz)
+CREATE FUNCTION snowflake_id_internal.snowflake_layout_ticks(ticks numeric, time_bits int,
+                                                             ts timestamptz, epoch timestamptz)
 RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -91,19 +94,22 @@ CREATE FUNCTION snowflake_timestamp(id bigint, epoch timestamptz, time_unit_ms b
 RETURNS timestamptz
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN ((epoch AT TIME ZONE 'UTC')
-        + ((snowflake_layout_id(id, total_bits)
-            >> snowflake_layout_shift(time_unit_ms, worker_bits, sequence_bits, total_bits))
+        + ((snowflake_id_internal.snowflake_layout_id(id, total_bits)
+            >> snowflake_id_internal.snowflake_layout_shift(time_unit_ms, worker_bits,
+                                                            sequence_bits, total_bits))
            * time_unit_ms) * interval '1 millisecond') AT TIME ZONE 'UTC';
 
 CREATE FUNCTION snowflake_from_timestamp(ts timestamptz, epoch timestamptz, time_unit_ms bigint,
                                          worker_bits int, sequence_bits int, total_bits int)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN snowflake_layout_ticks(
+RETURN snowflake_id_internal.snowflake_layout_ticks(
            floor(floor(extract(epoch FROM ts - epoch) * 1000) / greatest(time_unit_ms, 1)),
-           total_bits - snowflake_layout_shift(time_unit_ms, worker_bits, sequence_bits, total_bits),
+           total_bits - snowflake_id_internal.snowflake_layout_shift(time_unit_ms, worker_bits,
+                                                                     sequence_bits, total_bits),
            ts, epoch)
-       << snowflake_layout_shift(time_unit_ms, worker_bits, sequence_bits, total_bits);
+       << snowflake_id_internal.snowflake_layout_shift(time_unit_ms, worker_bits,
+                                                       sequence_bits, total_bits);
 
 -- The forms without total_bits (0.2.0 to 0.4.0): 63 bits, the whole bigint.
 CREATE FUNCTION snowflake_timestamp(id bigint, epoch timestamptz, time_unit_ms bigint,
@@ -378,11 +384,11 @@ COMMENT ON FUNCTION snowflake_timestamp(bigint, timestamptz, bigint, int, int) I
   'snowflake_timestamp(id, epoch, time_unit_ms, worker_bits, sequence_bits, 63): the explicit form for layouts of 63 bits.';
 COMMENT ON FUNCTION snowflake_from_timestamp(timestamptz, timestamptz, bigint, int, int) IS
   'snowflake_from_timestamp(ts, epoch, time_unit_ms, worker_bits, sequence_bits, 63): the explicit form for layouts of 63 bits.';
-COMMENT ON FUNCTION snowflake_layout_shift(bigint, int, int, int) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_layout_shift(bigint, int, int, int) IS
   'Checks an explicit layout and returns worker_bits + sequence_bits (internal, for the IMMUTABLE decoders).';
-COMMENT ON FUNCTION snowflake_layout_id(bigint, int) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_layout_id(bigint, int) IS
   'Returns id when it is an ID of a layout of total_bits bits, 22003 otherwise (internal, for the IMMUTABLE decoders).';
-COMMENT ON FUNCTION snowflake_layout_ticks(numeric, int, timestamptz, timestamptz) IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_layout_ticks(numeric, int, timestamptz, timestamptz) IS
   'Returns ticks when a time field of time_bits bits holds it, 22008 otherwise (internal, for the IMMUTABLE decoders).';
 COMMENT ON FUNCTION snowflake_layout() IS
   'The layout in use: preset, epoch, time unit, bits of each field, limits, when the time field runs out, the years left and whether that is within snowflake_id.layout_end_warning.';

@@ -101,6 +101,7 @@ const PGRES_POLLING_OK: c_int = 3;
 const PGRES_COMMAND_OK: c_int = 1;
 const PGRES_TUPLES_OK: c_int = 2;
 const PG_DIAG_MESSAGE_PRIMARY: c_int = b'M' as c_int;
+const PG_DIAG_SQLSTATE: c_int = b'C' as c_int;
 
 /// libpq, loaded on first use in this process (`Err`: why it cannot be).
 static LIBPQ: OnceLock<Result<Libpq, String>> = OnceLock::new();
@@ -163,6 +164,8 @@ const WAIT_SLICE_MS: i64 = 500;
 pub struct Connection {
     pq: &'static Libpq,
     conn: *mut PGconn,
+    /// The SQLSTATE of the last call's error, if it failed on the server.
+    last_sqlstate: Option<String>,
 }
 
 // The worker is single-threaded; the connection never leaves it.
@@ -290,7 +293,11 @@ impl Connection {
                 "out of memory starting a connection".into(),
             ));
         }
-        let connection = Connection { pq, conn };
+        let connection = Connection {
+            pq,
+            conn,
+            last_sqlstate: None,
+        };
         // SAFETY: status of the connection we own.
         if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
             return Err(CallError::Unreachable(error_message(pq, conn)));
@@ -325,6 +332,7 @@ impl Connection {
         params: &[&str],
     ) -> Result<Vec<Vec<Option<String>>>, CallError> {
         let (pq, conn) = (self.pq, self.conn);
+        self.last_sqlstate = None;
         let bad = |_| CallError::Refused("a query or parameter contains a NUL byte".into());
         let sql = CString::new(sql).map_err(bad)?;
         let params: Vec<CString> = params
@@ -381,7 +389,10 @@ impl Connection {
                 PGRES_TUPLES_OK | PGRES_COMMAND_OK => {
                     rows = result.rows();
                 }
-                _ => refused = Some(result.error()),
+                _ => {
+                    refused = Some(result.error());
+                    self.last_sqlstate = result.sqlstate();
+                }
             }
         }
         // SAFETY: status of the connection we own.
@@ -392,6 +403,12 @@ impl Connection {
             Some(message) => Err(CallError::Refused(message)),
             None => Ok(rows),
         }
+    }
+
+    /// The SQLSTATE of the last call's error when the server refused it
+    /// (`None` after a success, or when no answer came).
+    pub fn last_sqlstate(&self) -> Option<&str> {
+        self.last_sqlstate.as_deref()
     }
 
     /// The one value of a one-row, one-column answer.
@@ -428,6 +445,21 @@ impl PgResult {
         unsafe { CStr::from_ptr(primary) }
             .to_string_lossy()
             .into_owned()
+    }
+
+    /// The error's SQLSTATE, when the server sent one.
+    fn sqlstate(&self) -> Option<String> {
+        // SAFETY: a field of a live result (NULL when absent).
+        let code = unsafe { (self.0.PQresultErrorField)(self.1, PG_DIAG_SQLSTATE) };
+        if code.is_null() {
+            return None;
+        }
+        // SAFETY: a NUL-terminated string owned by the result, copied now.
+        Some(
+            unsafe { CStr::from_ptr(code) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     fn rows(&self) -> Vec<Vec<Option<String>>> {

@@ -61,3 +61,52 @@ def test_restore_by_non_superuser_owner(server):
     assert proc.returncode == 0, proc.stderr
     assert server.sql("SELECT worker_id, role FROM snowflake_worker_registry",
                       dbname="app_copy") == [(7, "old server")]
+
+
+def test_dump_leaves_the_internal_schema_to_create_extension(server):
+    """pg_dump does not dump snowflake_id_internal (a member of the
+    extension) nor its functions; what uses the explicit-layout decoders
+    (whose bodies call functions there) is dumped with the user-facing
+    names and restores into a database where CREATE EXTENSION made the
+    schema again. A GRANT on the schema made after CREATE EXTENSION (the
+    lease role's USAGE) is dumped and restored."""
+    explicit = "'2024-01-01+00', 1, 10, 12, 63"
+    server.sql("CREATE ROLE lease_role LOGIN")
+    server.sql("CREATE DATABASE internal_src")
+    server.create_extension(dbname="internal_src")
+    with server.connect(dbname="internal_src") as conn:
+        conn.execute("GRANT USAGE ON SCHEMA snowflake_id_internal TO lease_role")
+        conn.execute(f"""CREATE TABLE events (
+            id bigint PRIMARY KEY DEFAULT snowflake_nextval(),
+            at timestamptz GENERATED ALWAYS AS (snowflake_timestamp(id, {explicit})) STORED)""")
+        conn.execute(f"CREATE INDEX events_at ON events (snowflake_timestamp(id, {explicit}))")
+        conn.execute("CREATE TABLE parted (id bigint) PARTITION BY RANGE (id)")
+        conn.execute(f"""CREATE TABLE parted_now PARTITION OF parted FOR VALUES
+            FROM (snowflake_from_timestamp(now() - interval '1 day', {explicit}))
+            TO (snowflake_from_timestamp(now() + interval '1 day', {explicit}))""")
+        conn.execute("INSERT INTO events DEFAULT VALUES")
+        conn.execute("INSERT INTO parted SELECT snowflake_nextval()")
+    dump = os.path.join(server.dir, "internal_src.dump")
+    run_pg([os.path.join(PG_BINDIR, "pg_dump"), "-h", server.dir, "-p", server.port,
+            "-U", "postgres", "-Fc", "-f", dump, "internal_src"], cwd=server.dir)
+    listing = run_pg([os.path.join(PG_BINDIR, "pg_restore"), "-f", "-", dump],
+                     cwd=server.dir).stdout
+    assert "CREATE SCHEMA snowflake_id_internal" not in listing
+    assert "CREATE FUNCTION snowflake_id_internal" not in listing
+    assert "GRANT USAGE ON SCHEMA snowflake_id_internal TO lease_role" in listing
+    assert "public.snowflake_timestamp(id, " in listing
+
+    server.sql("CREATE DATABASE internal_copy")
+    proc = restore(server, dump, "internal_copy", "postgres")
+    assert proc.returncode == 0, proc.stderr
+    db = "internal_copy"
+    assert server.scalar("SELECT has_schema_privilege('lease_role', 'snowflake_id_internal',"
+                         " 'USAGE')", dbname=db)
+    assert server.scalar("SELECT count(*) FROM events WHERE at = snowflake_timestamp(id, "
+                         f"{explicit})", dbname=db) == 1
+    assert server.scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = "
+                         "'events_at'::regclass", dbname=db)
+    assert server.scalar("SELECT count(*) FROM parted_now", dbname=db) == 1
+    with server.connect(dbname=db) as conn:
+        conn.execute("INSERT INTO events DEFAULT VALUES")
+        conn.execute("INSERT INTO parted SELECT snowflake_nextval()")

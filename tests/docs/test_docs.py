@@ -18,7 +18,10 @@ The documentation cannot rot: a snippet that stops working fails the suite.
   with the example key, and a block that reloads the configuration waits
   until the session has the reloaded settings.
 * docs/reference/ names every member of the extension (functions, views,
-  tables, types) and every setting, as the server lists them.
+  tables, types, the internal schema) and every setting, as the server
+  lists them; the internal objects (schema snowflake_id_internal) in the
+  section "Internal objects (snowflake_id_internal)" of functions.md, which
+  says they are not an API.
 """
 import pathlib
 import re
@@ -128,12 +131,14 @@ def test_reference_names_every_object_and_setting(cluster):
     text = "\n".join(p.read_text() for p in sorted(REFERENCE.rglob("*.md")))
     with cluster.connect() as conn:
         members = [r[0] for r in conn.execute("""
-            SELECT coalesce(p.proname, c.relname, t.typname)
+            SELECT coalesce(p.proname, c.relname, t.typname, n.nspname)
               FROM pg_depend d
               JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowflake_id'
               LEFT JOIN pg_proc p ON d.classid = 'pg_proc'::regclass AND p.oid = d.objid
               LEFT JOIN pg_class c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid
               LEFT JOIN pg_type t ON d.classid = 'pg_type'::regclass AND t.oid = d.objid
+              LEFT JOIN pg_namespace n ON d.classid = 'pg_namespace'::regclass
+                                      AND n.oid = d.objid
              WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
                -- the row and array types of the extension's tables and views
                -- (members on PostgreSQL 18) are documented with them
@@ -148,6 +153,26 @@ def test_reference_names_every_object_and_setting(cluster):
     missing = [n for n in members + settings
                if not re.search(r"(?<![\w.])" + re.escape(n) + r"(?![\w])", text)]
     assert not missing, f"not named in docs/reference/: {missing}"
+
+
+    # The internal objects are documented as such, in their own section.
+    with cluster.connect() as conn:
+        internal = [r[0] for r in conn.execute("""
+            SELECT p.proname
+              FROM pg_depend d
+              JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowflake_id'
+              JOIN pg_proc p ON d.classid = 'pg_proc'::regclass AND p.oid = d.objid
+             WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+               AND p.pronamespace = 'snowflake_id_internal'::regnamespace
+            """).fetchall()]
+    assert len(internal) >= 12, internal
+    functions = (REFERENCE / "functions.md").read_text()
+    heading = "## Internal objects (snowflake_id_internal)"
+    assert heading in functions
+    section = functions.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert "Not an API" in section
+    missing = [n for n in internal if f"`{n}(" not in section]
+    assert not missing, f"not in the section {heading!r}: {missing}"
 
 
 def _anchors(path: pathlib.Path) -> set[str]:

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from harness import PG_CONFIG, PG_PKGLIBDIR, run_pg, wait_until
-from helpers import ms_of, run_client
+from helpers import lease_schema, ms_of, run_client
 from helpers import worker_of as worker_bits
 from test_leases import GRACE_S, LEASE, LEASE_S, config, ids, leases, registry_server
 
@@ -55,8 +55,7 @@ def block_range(block: int) -> str:
 def new_protocol(r) -> bool:
     """Whether the registry runs the 0.4.0 lease protocol (jsonb requests,
     incarnations, fences) rather than 0.3.1's."""
-    return bool(r.scalar(
-        "SELECT to_regprocedure('snowflake_lease_release(jsonb)') IS NOT NULL"))
+    return lease_schema(r) is not None
 
 
 class Maker:
@@ -527,7 +526,7 @@ def lease_request(r, conn, fn: str, node: str, block: int):
             req = {**base, "blocks": [{"block": block, "high_ms": now_ms + 60_000}],
                    "layout": "", "block_size": 16, "max_worker_id": 1023,
                    "lease_ms": 600_000, "grace_ms": 120_000, "high_ms": now_ms + 600_000}
-        return conn.execute(f"SELECT snowflake_lease_{fn}(%s::jsonb)",
+        return conn.execute(f"SELECT {lease_schema(r)}.snowflake_lease_{fn}(%s::jsonb)",
                             (json.dumps(req),)).fetchall()
     if fn == "release":
         return conn.execute("SELECT snowflake_lease_release(%s, %s, 0)",
@@ -552,13 +551,18 @@ def test_a_role_without_the_nodes_lock_cannot_release_or_renew_its_blocks(make_c
     before = leases(r)
     assert [(row[0], row[1]) for row in before] == [(block, node)], before
     r.sql("CREATE ROLE lessee LOGIN")
-    r.sql("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO lessee")
+    schema = lease_schema(r)
+    for granted in sorted({"public", schema}):
+        r.sql(f"GRANT USAGE ON SCHEMA {granted} TO lessee")
+        r.sql(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {granted} TO lessee")
     r.sql("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO lessee")
     with r.connect(user="lessee") as conn:
-        assert conn.execute("SELECT snowflake_lease_hello(%s)", (node,)).fetchone()[0] is False
+        assert conn.execute(f"SELECT {schema}.snowflake_lease_hello(%s)",
+                            (node,)).fetchone()[0] is False
         for own_node in (False, True):
             if own_node:
-                assert conn.execute("SELECT snowflake_lease_hello('intruder')").fetchone()[0]
+                assert conn.execute(
+                    f"SELECT {schema}.snowflake_lease_hello('intruder')").fetchone()[0]
             for fn in ("release", "renew"):
                 try:
                     got = lease_request(r, conn, fn, node, block)

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from harness import wait_until
-from helpers import can_make_id
+from helpers import can_make_id, lease_schema
 from helpers import LIBFAKETIME, FakeClock, server_skew
 
 LEASE = "6s"
@@ -115,11 +115,14 @@ def test_registry_setting_is_hidden_from_other_roles(make_cluster):
         assert cfg == ("registry", None, None), cfg
     cfg = config(a)
     assert cfg["registry"] and cfg["node_id"], cfg
-    # On the registry, the lease functions are not for PUBLIC.
+    # On the registry, the lease functions are not for PUBLIC (nor is the
+    # schema they are in).
     r.sql("CREATE ROLE app LOGIN")
+    schema = lease_schema(r)
+    assert schema == "snowflake_id_internal"
     with r.connect(user="app") as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT snowflake_lease_hello('x')")
+            conn.execute(f"SELECT {schema}.snowflake_lease_hello('x')")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM snowflake_leases")
 

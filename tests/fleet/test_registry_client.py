@@ -1,7 +1,8 @@
 """The lease worker's connection to its registry, on real servers: libpq
 (TLS, passfile, several hosts), bounded waits on a stalled registry, the
 per-server block cap, and the warning about a registry database every role
-may connect to. The holder's rules are tested in src/holder/tests.rs and
+may connect to, and where the lease functions are on registries of 0.5.0
+and 0.6.0 (and through the registry's update). The holder's rules are tested in src/holder/tests.rs and
 tests/fleet/test_leases.py; the fencing in tests/fleet/test_fencing.py."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import psycopg
 import pytest
 
 from harness import AS_ROOT, PG_MAJOR, other_pg_bindir, pg_config, pg_ids, wait_until
-from test_leases import LEASE, LEASE_S, config, holder, ids, registry_server
+from helpers import lease_schema, old_release
+from test_leases import LEASE, LEASE_S, config, holder, ids, leases, registry_server
 
 
 def server_pids(c) -> list[int]:
@@ -211,3 +213,78 @@ def test_a_registry_database_every_role_may_connect_to_is_warned_about_once(make
         ids(conn, 1)
     assert "every role may connect" not in b.log()
     assert a.log().count("every role may connect to the registry database") == 1
+
+
+LEASE_FUNCTIONS = ("snowflake_lease_hello(text)", "snowflake_lease_acquire(jsonb)",
+                   "snowflake_lease_renew(jsonb)", "snowflake_lease_release(jsonb)")
+
+
+def lease_role(r, schema: str, usage: bool = True) -> str:
+    """A login role that may call the lease functions in `schema` and
+    nothing else (docs/operations/fleet.md), for a holder's conninfo."""
+    r.sql("CREATE ROLE snowflake_lease LOGIN")
+    if usage and schema != "public":
+        r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease")
+    r.sql("GRANT EXECUTE ON FUNCTION "
+          + ", ".join(f"{schema}.{f}" for f in LEASE_FUNCTIONS) + " TO snowflake_lease")
+    return r.conninfo(user="snowflake_lease")
+
+
+def test_a_holder_leases_from_a_0_5_0_registry_and_through_its_update(make_cluster):
+    """A 0.6.0 holder on a registry still on 0.5.0 (lease functions in the
+    extension's schema), leasing as a role that may only execute them, finds
+    them through the extension's membership; the registry's ALTER EXTENSION
+    UPDATE moves them to snowflake_id_internal under the holder's open
+    session: its next call fails (42883), it reconnects, finds them there
+    (the update granted its role USAGE) and renews its block without a
+    gap: IDs keep coming for more than two lease times."""
+    r = make_cluster(settings={"fsync": True})
+    with old_release("0.5.0"):
+        r.sql("CREATE EXTENSION snowflake_id VERSION '0.5.0'")
+    assert lease_schema(r) == "public"
+    conninfo = lease_role(r, "public")
+    a = holder(make_cluster, r, **{"snowflake_id.registry": conninfo,
+                                   "snowflake_id.worker_ids": "0-15"})
+    with a.connect() as conn:
+        before = ids(conn, 100)
+    assert [row[1] for row in leases(r)] == [config(a)["node_id"]]
+
+    with r.connect() as conn:
+        warnings = []
+        conn.add_notice_handler(lambda d: warnings.append(d.message_primary))
+        conn.execute("ALTER EXTENSION snowflake_id UPDATE")
+        updated_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    assert any("snowflake_lease" in w for w in warnings), warnings
+    assert lease_schema(r) == "snowflake_id_internal"
+    wait_until(lambda: r.scalar("SELECT max(renewed_at) FROM snowflake_lease_blocks"
+                                " WHERE holder_node IS NOT NULL") > updated_at,
+               timeout=LEASE_S * 2, what="a renewal after the registry's update")
+    assert "no longer in schema public" in a.log()
+    made = []
+    with a.connect(options="-c statement_timeout=5s") as conn:
+        deadline = time.monotonic() + 2.5 * LEASE_S
+        while time.monotonic() < deadline:
+            made += ids(conn, 100)
+            time.sleep(0.2)
+    assert min(made) > max(before) and len(set(made)) == len(made)
+    cfg = config(a)
+    assert cfg["registry_unreachable_since"] is None and cfg["blocks_held"] == 1, cfg
+
+
+def test_a_lease_role_without_usage_on_the_internal_schema_is_told_so(make_cluster):
+    """On a 0.6.0 registry, a lease role with EXECUTE on the lease functions
+    but no USAGE on snowflake_id_internal leases nothing, and the holder's
+    log says which GRANT is missing; once granted, it leases."""
+    r = registry_server(make_cluster)
+    schema = lease_schema(r)
+    assert schema == "snowflake_id_internal"
+    conninfo = lease_role(r, schema, usage=False)
+    a = holder(make_cluster, r, **{"snowflake_id.registry": conninfo})
+    wait_until(lambda: "may not use schema snowflake_id_internal" in a.log(), timeout=30,
+               what="the lease worker's message")
+    assert f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease" in a.log()
+    assert leases(r) == []
+    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease")
+    with a.connect() as conn:
+        assert len(ids(conn, 10)) == 10
+    assert [row[1] for row in leases(r)] == [config(a)["node_id"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from helpers import my_worker_id, sql_error, worker_of
@@ -110,3 +111,176 @@ def test_sql_functions_never_call_another_roles_operators(make_cluster):
     with c.connect() as conn:
         e = sql_error(conn, f"SELECT snowflake_from_timestamp('2100-01-01+00', {args})")
         assert e.sqlstate == "22008", str(e)
+
+
+# ------------------------------------------ internal objects (0.6.0)
+# The user-facing objects (docs/reference/functions.md): in the schema the
+# extension was created in. Every other member is internal, in the schema
+# snowflake_id_internal (src/sql/internal_schema.sql).
+USER_FACING = {
+    "function": {
+        "snowflake_nextval", "snowflake_nextvals", "snowflake_decode",
+        "snowflake_timestamp", "snowflake_worker_id", "snowflake_sequence",
+        "snowflake_from_timestamp", "snowflake_compose", "snowflake_layout",
+        "snowflake_to_public", "snowflake_from_public", "snowflake_convert_column",
+        "snowflake_create_partitions", "snowflake_config", "snowflake_worker_status",
+        "snowflake_accept_layout", "snowflake_advance_past",
+    },
+    # views and tables, and their row types (members on PostgreSQL 18)
+    "relation": {
+        "snowflake_workers", "snowflake_leases", "snowflake_worker_registry",
+        "snowflake_lease_blocks", "snowflake_lease_registry",
+    },
+}
+INTERNAL = "snowflake_id_internal"
+
+MEMBERS = """
+SELECT CASE d.classid WHEN 'pg_proc'::regclass THEN 'function'
+                      WHEN 'pg_namespace'::regclass THEN 'schema'
+                      ELSE 'relation' END,
+       coalesce(p.proname, c.relname, t.typname, n.nspname),
+       coalesce(p.pronamespace, c.relnamespace, t.typnamespace)::regnamespace::text,
+       t.typelem <> 0 AS array_type
+  FROM pg_depend d
+  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowflake_id'
+  LEFT JOIN pg_proc p ON d.classid = 'pg_proc'::regclass AND p.oid = d.objid
+  LEFT JOIN pg_class c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid
+  LEFT JOIN pg_type t ON d.classid = 'pg_type'::regclass AND t.oid = d.objid
+  LEFT JOIN pg_namespace n ON d.classid = 'pg_namespace'::regclass AND n.oid = d.objid
+ WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+"""
+
+
+# An argument of each type the internal functions take (not NULL: a STRICT
+# function called with a NULL constant is folded away before anything runs).
+SAMPLE = {"jsonb": "'{}'::jsonb", "text": "'x'::text",
+          "timestamp with time zone": "now()", "bigint": "0::bigint",
+          "integer": "0", "numeric": "0::numeric"}
+
+
+def internal_calls(c) -> list[str]:
+    """A call of every function in snowflake_id_internal."""
+    rows = c.sql(f"""
+        SELECT p.proname, ARRAY(SELECT format_type(a.t, NULL)
+                                  FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY a(t, i)
+                                 ORDER BY a.i)
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = '{INTERNAL}' ORDER BY p.proname""")
+    return [f"SELECT {INTERNAL}.{name}({', '.join(SAMPLE[t] for t in types)})"
+            for name, types in rows]
+
+
+def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cluster):
+    """The extension's members: the documented user-facing ones in the
+    extension's schema, every other one in snowflake_id_internal, a schema
+    the extension made (a member itself, dropped with it), where PUBLIC
+    may neither look nor create."""
+    c = make_cluster(create_extension=True)
+    c.create_db("other")
+    c.sql("CREATE SCHEMA app_schema", dbname="other")
+    c.sql("CREATE EXTENSION snowflake_id SCHEMA app_schema", dbname="other")
+    for dbname, home in (("postgres", "public"), ("other", "app_schema")):
+        rows = c.sql(MEMBERS, dbname=dbname)
+        assert ("schema", INTERNAL, None, None) in rows, rows
+        internal = sorted(name for kind, name, schema, _ in rows if schema == INTERNAL)
+        for kind, name, schema, array_type in rows:
+            if kind == "schema":
+                continue
+            base = name.lstrip("_") if array_type else name
+            facing = base in USER_FACING["function" if kind == "function" else "relation"]
+            assert schema == (home if facing else INTERNAL), (kind, name, schema)
+        assert internal == sorted([
+            "snowflake_layout_id", "snowflake_layout_shift", "snowflake_layout_ticks",
+            "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_forget",
+            "snowflake_lease_hello", "snowflake_lease_release", "snowflake_lease_renew",
+            "snowflake_lease_reply", "snowflake_registry_high_water",
+            "snowflake_registry_merge"]), internal
+        usage, create, owner = c.sql(
+            f"SELECT has_schema_privilege('public', '{INTERNAL}', 'USAGE'),"
+            f" has_schema_privilege('public', '{INTERNAL}', 'CREATE'),"
+            f" nspowner::regrole::text FROM pg_namespace WHERE nspname = '{INTERNAL}'",
+            dbname=dbname)[0]
+        assert (usage, create, owner) == (False, False, "postgres")
+    # Dropped with the extension, and made again with it.
+    c.sql("DROP EXTENSION snowflake_id", dbname="other")
+    assert c.scalar(f"SELECT count(*) FROM pg_namespace WHERE nspname = '{INTERNAL}'",
+                    dbname="other") == 0
+    c.sql("CREATE EXTENSION snowflake_id", dbname="other")
+    assert c.scalar(f"SELECT count(*) FROM pg_proc WHERE pronamespace = '{INTERNAL}'::regnamespace",
+                    dbname="other") == 12
+
+
+def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(app_cluster):
+    """An ordinary role can call no function of snowflake_id_internal by
+    name: no USAGE on the schema (42501), and with USAGE granted, no
+    EXECUTE on the lease and trigger functions. It still uses the
+    explicit-layout decoders, whose SQL-standard bodies call the checks
+    there by OID (PostgreSQL checks EXECUTE on them, not USAGE on their
+    schema): inlined in a query, run whole in plpgsql, in a generated
+    column, an index and partition bounds, with the checks' errors."""
+    c = app_cluster
+    calls = internal_calls(c)
+    assert len(calls) == 12, calls
+    c.sql("GRANT CREATE ON SCHEMA public TO app")
+    explicit = "'2024-01-01+00', 1, 10, 12, 63"
+    with c.connect(user="app") as app:
+        for call in calls:
+            e = sql_error(app, call)
+            assert e.sqlstate == "42501", (call, str(e))
+            assert f"permission denied for schema {INTERNAL}" in str(e), (call, str(e))
+        # Nothing of it is left under the old names.
+        assert app.execute("SELECT count(*) FROM pg_proc p JOIN pg_namespace n"
+                           " ON n.oid = p.pronamespace WHERE n.nspname = 'public'"
+                           " AND p.proname ~ '^snowflake_(lease_|layout_|registry_)'"
+                           ).fetchone()[0] == 0
+
+        i = app.execute("SELECT snowflake_nextval()").fetchone()[0]
+        ts = app.execute(f"SELECT snowflake_timestamp(%s, {explicit})", (i,)).fetchone()[0]
+        assert ts == app.execute("SELECT snowflake_timestamp(%s)", (i,)).fetchone()[0]
+        assert app.execute("SELECT snowflake_timestamp(%s, '2024-01-01+00', 1, 10, 12)",
+                           (i,)).fetchone()[0] == ts
+        low = app.execute(f"SELECT snowflake_from_timestamp(%s, {explicit})", (ts,)).fetchone()[0]
+        assert low == app.execute("SELECT snowflake_from_timestamp(%s)", (ts,)).fetchone()[0]
+        assert low <= i
+        # Inlined: the plan calls the check by its schema's name.
+        plan = "\n".join(r[0] for r in app.execute(
+            f"EXPLAIN VERBOSE SELECT snowflake_timestamp(id, {explicit}) FROM t").fetchall())
+        assert f"{INTERNAL}.snowflake_layout_id" in plan, plan
+        # Not inlined: plpgsql, a generated column, an index, partitions.
+        app.execute(f"DO $$ BEGIN PERFORM snowflake_timestamp({i}::bigint, {explicit}); END $$")
+        app.execute(f"""CREATE TABLE app_events (
+            id bigint PRIMARY KEY DEFAULT snowflake_nextval(),
+            at timestamptz GENERATED ALWAYS AS (snowflake_timestamp(id, {explicit})) STORED)""")
+        app.execute("INSERT INTO app_events DEFAULT VALUES")
+        app.execute(f"CREATE INDEX ON app_events (snowflake_timestamp(id, {explicit}))")
+        assert app.execute(f"SELECT count(*) FROM app_events"
+                           f" WHERE at = snowflake_timestamp(id, {explicit})").fetchone()[0] == 1
+        app.execute("CREATE TABLE app_parted (id bigint) PARTITION BY RANGE (id)")
+        app.execute(f"""CREATE TABLE app_parted_now PARTITION OF app_parted FOR VALUES
+            FROM (snowflake_from_timestamp(now() - interval '1 day', {explicit}))
+            TO (snowflake_from_timestamp(now() + interval '1 day', {explicit}))""")
+        app.execute("INSERT INTO app_parted SELECT snowflake_nextval()")
+        # The checks' errors reach the role.
+        for query, sqlstate in (
+                ("SELECT snowflake_timestamp(1, '2024-01-01', 1, 10, 12, 20)", "22023"),
+                ("SELECT snowflake_timestamp(-1, '2024-01-01', 1, 10, 12, 63)", "22003"),
+                ("SELECT snowflake_from_timestamp('2000-01-01', '2024-01-01', 1, 10, 12, 63)",
+                 "22008")):
+            e = sql_error(app, query)
+            assert e.sqlstate == sqlstate, (query, str(e))
+
+    # USAGE alone gives no more: the lease and trigger functions keep
+    # EXECUTE revoked from PUBLIC (the checks are PUBLIC's, as the
+    # decoders need).
+    c.sql(f"GRANT USAGE ON SCHEMA {INTERNAL} TO app")
+    with c.connect(user="app") as app:
+        for call in calls:
+            if "snowflake_layout_" in call:
+                try:   # it runs (and may refuse its made-up arguments)
+                    app.execute(call)
+                except psycopg.Error as e:
+                    assert e.sqlstate in ("22023", "22003", "22008"), (call, str(e))
+                continue
+            with pytest.raises(psycopg.errors.InsufficientPrivilege,
+                               match="permission denied for function"):
+                app.execute(call)

@@ -1,25 +1,24 @@
 """ALTER EXTENSION snowflake_id UPDATE from every earlier release gives the
 same objects as a fresh CREATE EXTENSION: functions (definition, labels,
-comments, privileges), the view, the registry table (columns, trigger,
-privileges, pg_dump configuration) — and keeps the registry's rows.
+comments, privileges, schema), the view, the registry table (columns,
+trigger, privileges, pg_dump configuration), the internal schema
+(privileges, comment) — and keeps the registry's rows.
 
 The install scripts of earlier releases are kept in tests/upgrade/ (as they
 were generated at release time) and copied into the server's extension
-directory only for this test.
+directory only for this test (helpers.old_release).
 """
 
 import glob
 import os
 import re
-import shutil
 
+import psycopg
 import pytest
 
-from harness import pg_config
+from helpers import OLD_SCRIPTS_DIR, old_release
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OLD_SCRIPTS = sorted(glob.glob(os.path.join(REPO, "tests", "upgrade", "snowflake_id--*.sql")))
-EXTDIR = os.path.join(pg_config("--sharedir"), "extension")
+OLD_SCRIPTS = sorted(glob.glob(os.path.join(OLD_SCRIPTS_DIR, "snowflake_id--*.sql")))
 
 # One row per object of the extension, with everything that must match.
 DESCRIBE = r"""
@@ -53,6 +52,9 @@ SELECT pg_describe_object(m.classid, m.objid, m.objsubid) AS object,
                                                        ORDER BY i.indexrelid::regclass::text)
               FROM pg_index i WHERE i.indrelid = m.objid), '')
          WHEN 'pg_type'::regclass THEN format_type(m.objid, NULL)
+         WHEN 'pg_namespace'::regclass THEN
+           (SELECT 'acl=' || coalesce(nspacl::text, 'default')
+              FROM pg_namespace WHERE oid = m.objid)
          ELSE ''
        END AS definition,
        obj_description(m.objid, (SELECT relname FROM pg_class WHERE oid = m.classid))
@@ -77,15 +79,10 @@ def describe(cluster, dbname):
 @pytest.mark.parametrize("script", OLD_SCRIPTS, ids=os.path.basename)
 def test_update_from_an_earlier_release_matches_a_fresh_install(cluster, script):
     old_version = re.search(r"snowflake_id--(.+)\.sql$", script).group(1)
-    # (A file of that name in the server's directory is left over from an
-    # install of that version; the build never ships it.)
-    installed = os.path.join(EXTDIR, os.path.basename(script))
     new_version = cluster.scalar("SELECT default_version FROM pg_available_extensions "
                                  "WHERE name = 'snowflake_id'")
     assert new_version != old_version
-    shutil.copy(script, installed)
-    os.chmod(installed, 0o644)
-    try:
+    with old_release(old_version):
         cluster.create_db("upgraded")
         with cluster.connect(dbname="upgraded") as conn:
             conn.execute(f"CREATE EXTENSION snowflake_id VERSION '{old_version}'")
@@ -101,11 +98,112 @@ def test_update_from_an_earlier_release_matches_a_fresh_install(cluster, script)
             ids = [r[0] for r in conn.execute(
                 "SELECT snowflake_nextval() FROM generate_series(1, 100)").fetchall()]
             assert ids == sorted(ids) and len(set(ids)) == 100
-    finally:
-        os.remove(installed)
     cluster.create_db("fresh")
     cluster.sql("CREATE EXTENSION snowflake_id", dbname="fresh")
     upgraded, fresh = describe(cluster, "upgraded"), describe(cluster, "fresh")
     assert [r[0] for r in upgraded] == [r[0] for r in fresh]
     for u, f in zip(upgraded, fresh):
         assert u == f, f"{u[0]} differs after the update:\n updated: {u}\n fresh:   {f}"
+
+
+# The objects 0.6.0 moved from the extension's schema to
+# snowflake_id_internal (with ALTER ... SET SCHEMA: same OIDs).
+MOVED = [
+    "snowflake_lease_hello(text)", "snowflake_lease_begin(jsonb)",
+    "snowflake_lease_reply(text,timestamp with time zone,jsonb)",
+    "snowflake_lease_acquire(jsonb)", "snowflake_lease_renew(jsonb)",
+    "snowflake_lease_release(jsonb)", "snowflake_lease_forget()",
+    "snowflake_registry_high_water()", "snowflake_registry_merge()",
+    "snowflake_layout_shift(bigint,integer,integer,integer)",
+    "snowflake_layout_id(bigint,integer)",
+    "snowflake_layout_ticks(numeric,integer,timestamp with time zone,timestamp with time zone)",
+]
+
+
+def test_update_from_0_5_0_moves_internal_functions_and_keeps_what_uses_them(cluster):
+    """0.5.0 -> 0.6.0 moves the internal functions to snowflake_id_internal
+    with their OIDs: an index, a generated column and a partition bound on
+    the explicit-layout decoders (whose SQL-standard bodies call the moved
+    checks by OID) stay valid and keep working, the registry's triggers fire,
+    and a role that may execute the lease functions gets USAGE on the new
+    schema."""
+    explicit = "'2024-01-01', 1, 10, 12, 63"
+    with old_release("0.5.0"):
+        cluster.create_db("from050")
+        with cluster.connect(dbname="from050") as conn:
+            conn.execute("CREATE EXTENSION snowflake_id VERSION '0.5.0'")
+            before = dict(conn.execute(
+                "SELECT p.oid::regprocedure::text, p.oid FROM pg_proc p"
+                " JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'"
+                " JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowflake_id'"
+            ).fetchall())
+            assert set(MOVED) <= set(before), sorted(before)
+            conn.execute("CREATE ROLE lessee050")
+            conn.execute("GRANT EXECUTE ON FUNCTION snowflake_lease_hello(text),"
+                         " snowflake_lease_renew(jsonb) TO lessee050")
+            conn.execute(f"""
+                CREATE TABLE events (
+                    id bigint PRIMARY KEY,
+                    at timestamptz GENERATED ALWAYS AS (snowflake_timestamp(id, {explicit})) STORED)""")
+            conn.execute(f"CREATE INDEX events_at ON events (snowflake_timestamp(id, {explicit}))")
+            conn.execute("CREATE TABLE parted (id bigint) PARTITION BY RANGE (id)")
+            conn.execute(f"""
+                CREATE TABLE parted_2025 PARTITION OF parted FOR VALUES
+                  FROM (snowflake_from_timestamp('2025-01-01', {explicit}))
+                  TO (snowflake_from_timestamp('2026-01-01', {explicit}))""")
+            first = conn.execute(f"SELECT snowflake_from_timestamp('2025-06-01', {explicit})"
+                                 ).fetchone()[0]
+            conn.execute("INSERT INTO events (id) VALUES (%s)", (first,))
+            conn.execute("INSERT INTO parted VALUES (%s)", (first,))
+            warnings = []
+            conn.add_notice_handler(lambda d: warnings.append(d.message_primary))
+            conn.execute("ALTER EXTENSION snowflake_id UPDATE TO '0.6.0'")
+            assert any("lessee050" in w for w in warnings), warnings
+
+            after = dict(conn.execute(
+                "SELECT p.oid, n.nspname FROM pg_proc p"
+                " JOIN pg_namespace n ON n.oid = p.pronamespace"
+                " WHERE p.oid = ANY(%s)", (list(before.values()),)).fetchall())
+            for sig in MOVED:
+                assert after.get(before[sig]) == "snowflake_id_internal", (sig, after)
+            for sig, oid in before.items():
+                if sig not in MOVED:
+                    assert after.get(oid) == "public", (sig, after)
+            assert conn.execute("SELECT to_regprocedure('public.snowflake_layout_id(bigint,int)')"
+                                ).fetchone()[0] is None
+            # The role that could execute the lease functions still can.
+            assert conn.execute("SELECT has_schema_privilege('lessee050', 'snowflake_id_internal',"
+                                " 'USAGE')").fetchone()[0]
+            assert not conn.execute("SELECT has_schema_privilege('public', 'snowflake_id_internal',"
+                                    " 'USAGE')").fetchone()[0]
+
+            # The index is valid and used; the generated column, the bound and
+            # the decoders work as before.
+            assert conn.execute("SELECT indisvalid FROM pg_index"
+                                " WHERE indexrelid = 'events_at'::regclass").fetchone()[0]
+            conn.execute("SET enable_seqscan = off")
+            plan = "\n".join(r[0] for r in conn.execute(
+                f"EXPLAIN SELECT id FROM events WHERE snowflake_timestamp(id, {explicit})"
+                " = '2025-06-01'").fetchall())
+            assert "events_at" in plan, plan
+            assert conn.execute(
+                f"SELECT id FROM events WHERE snowflake_timestamp(id, {explicit}) = '2025-06-01'"
+            ).fetchall() == [(first,)]
+            conn.execute("INSERT INTO events (id) VALUES (%s)", (first + 1,))
+            assert conn.execute("SELECT count(*) FROM events WHERE at = '2025-06-01'"
+                                ).fetchone()[0] == 2
+            conn.execute("REINDEX INDEX events_at")
+            assert conn.execute("SELECT tableoid::regclass::text FROM parted").fetchone()[0] \
+                == "parted_2025"
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(f"INSERT INTO parted_2025 VALUES (snowflake_from_timestamp("
+                             f"'2027-01-01', {explicit}))")
+            # The checks still raise their errors through the decoders.
+            with pytest.raises(psycopg.errors.InvalidParameterValue):
+                conn.execute("SELECT snowflake_timestamp(1, '2024-01-01', 1, 10, 12, 20)")
+            # The registry's triggers still fire: a restored row raises the floor.
+            conn.execute("INSERT INTO snowflake_worker_registry (worker_id, high_water)"
+                         " VALUES (1000, now() + interval '2 seconds')")
+            got = conn.execute("SELECT snowflake_nextval()").fetchone()[0]
+            assert got > conn.execute("SELECT snowflake_from_timestamp(now() + interval"
+                                      " '1.9 seconds')").fetchone()[0]

@@ -5,7 +5,8 @@
 use super::*;
 
 impl Worker {
-    /// Connects, introduces this node and finds the extension's schema.
+    /// Connects, finds the schema of the registry's lease functions and
+    /// introduces this node.
     pub(super) fn connect(&mut self) {
         let Some(target) = self.file.target.clone() else {
             return;
@@ -27,31 +28,58 @@ impl Worker {
                 return;
             }
         };
+        // Where the lease functions are: the schema of the extension's
+        // member snowflake_lease_begin(jsonb), found through the
+        // extension's membership (pg_depend, deptype 'e'), not by name on
+        // a search_path. A 0.4.0 or 0.5.0 registry has it in the
+        // extension's schema, 0.6.0 and later in snowflake_id_internal;
+        // every call below names that schema.
         let found = client.query(
-            "SELECT quote_ident(n.nspname), \
-                    to_regprocedure(quote_ident(n.nspname) || '.snowflake_lease_begin(jsonb)') IS NOT NULL, \
-                    has_database_privilege('public', current_database(), 'CONNECT') \
-               FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
+            "SELECT f.schema, f.usable, \
+                    has_database_privilege('public', current_database(), 'CONNECT'), \
+                    quote_ident(current_user) \
+               FROM pg_extension e \
+               LEFT JOIN LATERAL ( \
+                    SELECT quote_ident(n.nspname) AS schema, \
+                           has_schema_privilege(n.oid, 'USAGE') AS usable \
+                      FROM pg_depend d \
+                      JOIN pg_proc p ON p.oid = d.objid \
+                      JOIN pg_namespace n ON n.oid = p.pronamespace \
+                     WHERE d.classid = 'pg_proc'::regclass \
+                       AND d.refclassid = 'pg_extension'::regclass \
+                       AND d.refobjid = e.oid AND d.deptype = 'e' \
+                       AND p.proname = 'snowflake_lease_begin' AND p.pronargs = 1 \
+                       AND p.proargtypes[0] = 'jsonb'::regtype \
+                     LIMIT 1) f ON true \
               WHERE e.extname = 'snowflake_id'",
             &[],
         );
         let schema: String = match found.map(|rows| rows.into_iter().next()) {
-            Ok(Some(row)) if row.get(1).cloned().flatten().as_deref() == Some("t") => {
-                if row.get(2).cloned().flatten().as_deref() == Some("t") && !self.public_warned {
+            Ok(Some(row)) => {
+                let column = |i: usize| row.get(i).cloned().flatten();
+                let (Some(schema), usable) = (column(0), column(1)) else {
+                    self.unreachable(format!(
+                        "the snowflake_id extension at {} predates this server's (0.4.0 fences leases): run ALTER EXTENSION snowflake_id UPDATE there",
+                        target.display
+                    ));
+                    return;
+                };
+                if usable.as_deref() != Some("t") {
+                    let role = column(3).unwrap_or_default();
+                    self.unreachable(format!(
+                        "the role {role} may not use schema {schema} at {}, which holds the lease functions: run GRANT USAGE ON SCHEMA {schema} TO {role} there (with EXECUTE on its snowflake_lease_* functions), or connect as a superuser",
+                        target.display
+                    ));
+                    return;
+                }
+                if column(2).as_deref() == Some("t") && !self.public_warned {
                     self.public_warned = true;
                     pgrx::warning!(
                         "snowflake_id lease: every role may connect to the registry database at {}: any role that can log in there sees this server's lock keys in pg_locks and can take them, holding up its leases",
                         target.display
                     );
                 }
-                row.into_iter().next().flatten().unwrap_or_default()
-            }
-            Ok(Some(_)) => {
-                self.unreachable(format!(
-                    "the snowflake_id extension at {} predates this server's (0.4.0 fences leases): run ALTER EXTENSION snowflake_id UPDATE there",
-                    target.display
-                ));
-                return;
+                schema
             }
             Ok(None) => {
                 self.unreachable(format!(

@@ -3,10 +3,16 @@
 
 use super::*;
 
+/// SQLSTATEs of a call whose function or schema does not exist.
+const UNDEFINED_FUNCTION: &str = "42883";
+const INVALID_SCHEMA_NAME: &str = "3F000";
+
 /// The registry over a client session that took the node's lock.
 pub(super) struct PgRegistry {
     pub(super) client: Connection,
-    /// The extension's schema on the registry, quoted.
+    /// The schema of the registry's lease functions, quoted: the
+    /// extension's schema up to 0.5.0, `snowflake_id_internal` from 0.6.0
+    /// (`Worker::connect` finds it through the extension's membership).
     pub(super) schema: String,
 }
 
@@ -19,10 +25,28 @@ impl PgRegistry {
         let body = serde_json::to_string(req)
             .map_err(|e| CallError::Refused(format!("request not encoded: {e}")))?;
         let sql = format!("SELECT {}.{function}($1::jsonb)::text", self.schema);
-        let text = self
-            .client
-            .value(&sql, &[&body])?
-            .ok_or_else(|| CallError::Refused(format!("{function} answered nothing")))?;
+        let answer = match self.client.value(&sql, &[&body]) {
+            // The function or its schema is gone from where this session
+            // found it: the registry's extension was updated (0.6.0 moved
+            // the lease functions to snowflake_id_internal), or dropped and
+            // created again. A new session looks them up again (connect);
+            // until it has, nothing is renewed, and blocks stop at their
+            // deadline as for any registry that does not answer.
+            Err(CallError::Refused(message))
+                if matches!(
+                    self.client.last_sqlstate(),
+                    Some(UNDEFINED_FUNCTION | INVALID_SCHEMA_NAME)
+                ) =>
+            {
+                return Err(CallError::Unreachable(format!(
+                    "{message} (the registry's lease functions are no longer in schema {}: its extension was updated or made again; reconnecting to find them)",
+                    self.schema
+                )));
+            }
+            other => other?,
+        };
+        let text =
+            answer.ok_or_else(|| CallError::Refused(format!("{function} answered nothing")))?;
         serde_json::from_str(&text).map_err(|e| {
             CallError::Refused(format!(
                 "{function} answered what this server cannot read: {e}"

@@ -22,9 +22,16 @@ SELECT p.oid::regprocedure AS function, p.provolatile AS volatility,
                      'snowflake_from_public')
  ORDER BY p.proname, p.oid::regprocedure::text COLLATE "C";
 -- Executable by PUBLIC, except snowflake_accept_layout() (superusers only)
--- and the registry's lease functions (the lease workers' role only).
-SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
+-- and the registry's lease functions (the lease workers' role only). The
+-- internal functions are in snowflake_id_internal, where PUBLIC has no
+-- USAGE (docs/reference/functions.md, "Internal objects").
+SELECT p.proname, p.pronamespace::regnamespace AS schema,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
   FROM pg_proc p
  WHERE p.proname LIKE 'snowflake\_%' AND p.proname <> 'snowflake_worker_status'
  ORDER BY p.proname;
+SELECT n.nspname, has_schema_privilege('public', n.oid, 'USAGE') AS public_usage,
+       has_schema_privilege('public', n.oid, 'CREATE') AS public_create,
+       obj_description(n.oid, 'pg_namespace') IS NOT NULL AS commented
+  FROM pg_namespace n WHERE n.nspname = 'snowflake_id_internal';
 SELECT viewname FROM pg_views WHERE viewname = 'snowflake_workers';
