@@ -257,3 +257,124 @@ $do$;
 -- ===================================================================
 -- End of: internal objects move to snowflake_id_internal
 -- ===================================================================
+
+-- ===================================================================
+-- Backfill: snowflake_at(ts), IDs for past times (issue 24)
+-- ===================================================================
+-- New in 0.6.0 (src/sql/backfill.rs, src/sql/backfill.sql): the
+-- functions, the table the registry worker keeps the grants in, and its
+-- restore triggers, as a fresh install makes them.
+
+CREATE  FUNCTION "snowflake_at"(
+	"ts" timestamp with time zone /* TimestampWithTimeZone */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_at_wrapper';
+
+CREATE  FUNCTION "snowflake_backfill"() RETURNS TABLE (
+	"bucket" INT,  /* i32 */
+	"starts_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"ends_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"grants" bigint,  /* i64 */
+	"capacity" bigint,  /* i64 */
+	"worker_ids" TEXT  /* String */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_backfill_wrapper';
+
+CREATE  FUNCTION "snowflake_backfill_raise"(
+	"starts_at" timestamp with time zone, /* TimestampWithTimeZone */
+	"grants" bigint, /* i64 */
+	"worker_ids" TEXT DEFAULT '' /* String */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_backfill_raise_wrapper';
+
+-- snowflake_at() (src/sql/backfill.rs) consumes backfill grants, a durable
+-- and finite resource of the server (snowflake_backfill() shows them):
+-- superusers only, and the roles they GRANT EXECUTE to (a migration's).
+REVOKE EXECUTE ON FUNCTION snowflake_at(timestamptz) FROM PUBLIC;
+-- Raising grants changes the server's durable state: superusers only (it
+-- also checks), like snowflake_advance_past().
+REVOKE EXECUTE ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) FROM PUBLIC;
+
+-- snowflake_backfill_grants: the grants of each stretch of time, copied from
+-- shared memory by the registry worker (src/workers/registry_worker.rs) in
+-- snowflake_id.registry_database, like snowflake_worker_registry, so that
+-- pg_upgrade and a dump carry them: the worker reads the table when the
+-- server starts, and rows a restore inserts raise this server's grants.
+-- Keyed by the stretch's first time, which does not depend on the layout's
+-- bits.
+CREATE TABLE snowflake_backfill_grants (
+    starts_at  timestamptz PRIMARY KEY,
+    grants     bigint NOT NULL,
+    worker_ids text NOT NULL DEFAULT '',
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE snowflake_backfill_grants IS
+  'Backfill grants handed out per stretch of time (snowflake_backfill()); kept by the snowflake_id registry worker in the database named by snowflake_id.registry_database.';
+REVOKE ALL ON snowflake_backfill_grants FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('snowflake_backfill_grants', '');
+
+-- Rows a restore brings back raise this server's grants of their stretch:
+-- grants the old server handed out are not handed out again. The registry
+-- worker's own upserts skip the triggers.
+CREATE FUNCTION snowflake_id_internal.snowflake_backfill_restored() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT starts_at, max(grants) AS grants, max(worker_ids) AS worker_ids
+               FROM new_rows GROUP BY starts_at LOOP
+        BEGIN
+            PERFORM @extschema@.snowflake_backfill_raise(r.starts_at, r.grants, r.worker_ids);
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'snowflake_id: restored backfill grants of the time from % were not raised: %', r.starts_at, SQLERRM
+                USING HINT = 'Restore as a superuser, into a server that preloads snowflake_id, or run snowflake_backfill_raise() for the rows of snowflake_backfill_grants.';
+        END;
+    END LOOP;
+    RETURN NULL;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_backfill_restored() IS
+  'Trigger on snowflake_backfill_grants: restored rows raise this server''s backfill grants.';
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_restored() FROM PUBLIC;
+CREATE TRIGGER snowflake_backfill_restored
+    AFTER INSERT ON snowflake_backfill_grants
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_backfill_restored();
+-- A restored row for a stretch already recorded replaces it, keeping the
+-- higher count, instead of failing the restore's COPY on the primary key.
+CREATE FUNCTION snowflake_id_internal.snowflake_backfill_merge() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    n bigint;
+BEGIN
+    DELETE FROM @extschema@.snowflake_backfill_grants WHERE starts_at = NEW.starts_at
+    RETURNING grants INTO n;
+    IF FOUND THEN
+        NEW.grants := greatest(NEW.grants, n);
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_backfill_merge() IS
+  'Trigger on snowflake_backfill_grants: a restored row replaces the row of the same stretch, keeping the higher count.';
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_merge() FROM PUBLIC;
+CREATE TRIGGER snowflake_backfill_merge
+    BEFORE INSERT ON snowflake_backfill_grants
+    FOR EACH ROW EXECUTE FUNCTION snowflake_id_internal.snowflake_backfill_merge();
+
+COMMENT ON FUNCTION snowflake_at(timestamptz) IS
+  'An ID that decodes to the given past time and equals no other ID, from the worker ids set aside by snowflake_id.backfill_worker_ids (backfill; EXECUTE granted by a superuser).';
+COMMENT ON FUNCTION snowflake_backfill() IS
+  'Backfill grants of each stretch of time: its first and last time, grants handed out, grants it holds.';
+COMMENT ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) IS
+  'Raises this server''s backfill grants of the stretch of time containing the given time (restored snowflake_backfill_grants rows); superusers only.';
+
+-- ===================================================================
+-- End of: backfill
+-- ===================================================================

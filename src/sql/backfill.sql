@@ -27,7 +27,7 @@ SELECT pg_catalog.pg_extension_config_dump('snowflake_backfill_grants', '');
 -- Rows a restore brings back raise this server's grants of their stretch:
 -- grants the old server handed out are not handed out again. The registry
 -- worker's own upserts skip the triggers.
-CREATE FUNCTION snowflake_backfill_restored() RETURNS trigger
+CREATE FUNCTION snowflake_id_internal.snowflake_backfill_restored() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     r record;
@@ -44,16 +44,16 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_backfill_restored() IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_backfill_restored() IS
   'Trigger on snowflake_backfill_grants: restored rows raise this server''s backfill grants.';
-REVOKE EXECUTE ON FUNCTION snowflake_backfill_restored() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_restored() FROM PUBLIC;
 CREATE TRIGGER snowflake_backfill_restored
     AFTER INSERT ON snowflake_backfill_grants
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_backfill_restored();
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_backfill_restored();
 -- A restored row for a stretch already recorded replaces it, keeping the
 -- higher count, instead of failing the restore's COPY on the primary key.
-CREATE FUNCTION snowflake_backfill_merge() RETURNS trigger
+CREATE FUNCTION snowflake_id_internal.snowflake_backfill_merge() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     n bigint;
@@ -66,12 +66,12 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
-COMMENT ON FUNCTION snowflake_backfill_merge() IS
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_backfill_merge() IS
   'Trigger on snowflake_backfill_grants: a restored row replaces the row of the same stretch, keeping the higher count.';
-REVOKE EXECUTE ON FUNCTION snowflake_backfill_merge() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_merge() FROM PUBLIC;
 CREATE TRIGGER snowflake_backfill_merge
     BEFORE INSERT ON snowflake_backfill_grants
-    FOR EACH ROW EXECUTE FUNCTION snowflake_backfill_merge();
+    FOR EACH ROW EXECUTE FUNCTION snowflake_id_internal.snowflake_backfill_merge();
 
 COMMENT ON FUNCTION snowflake_at(timestamptz) IS
   'An ID that decodes to the given past time and equals no other ID, from the worker ids set aside by snowflake_id.backfill_worker_ids (backfill; EXECUTE granted by a superuser).';

@@ -125,11 +125,12 @@ USER_FACING = {
         "snowflake_to_public", "snowflake_from_public", "snowflake_convert_column",
         "snowflake_create_partitions", "snowflake_config", "snowflake_worker_status",
         "snowflake_accept_layout", "snowflake_advance_past",
+        "snowflake_at", "snowflake_backfill", "snowflake_backfill_raise",
     },
     # views and tables, and their row types (members on PostgreSQL 18)
     "relation": {
         "snowflake_workers", "snowflake_leases", "snowflake_worker_registry",
-        "snowflake_lease_blocks", "snowflake_lease_registry",
+        "snowflake_lease_blocks", "snowflake_lease_registry", "snowflake_backfill_grants",
     },
 }
 INTERNAL = "snowflake_id_internal"
