@@ -111,8 +111,7 @@ pub fn backfill_ids_to_record(recorded: &str, had_grants: bool) -> (String, bool
     }
 }
 
-/// Check hook: the text must parse for this layout, and on a reload of
-/// `snowflake_id.worker_ids` (see [`check_live_ids_against_backfill`]).
+/// Check hook: the text must parse for this layout.
 #[pg_guard]
 unsafe extern "C-unwind" fn check_backfill_worker_ids(
     newval: *mut *mut c_char,
@@ -120,20 +119,13 @@ unsafe extern "C-unwind" fn check_backfill_worker_ids(
     source: pg_sys::GucSource::Type,
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
-    let Some(text) = (unsafe { candidate(newval) }) else {
-        return true;
-    };
-    let Some(layout) = LAYOUT.get() else {
-        return true;
-    };
-    match WorkerRanges::parse(&text, layout.max_worker_id()) {
-        Ok(_) => true,
-        Err(detail) => reject(
+    unsafe {
+        check_ranges(
             "snowflake_id.backfill_worker_ids",
-            &text,
-            &detail.to_string(),
+            newval,
             source,
-        ),
+            |_, _| None,
+        )
     }
 }
 

@@ -881,7 +881,8 @@ unsafe extern "C-unwind" fn show_sequence_bits() -> *const c_char {
 
 /// Check hook of `snowflake_id.worker_ids`: rejects text that does not
 /// parse or names ids outside the layout, with PostgreSQL's usual
-/// "invalid value for parameter" error (or log line, on reload).
+/// "invalid value for parameter" error (or log line, on reload), and ids
+/// set aside for backfill.
 #[pg_guard]
 unsafe extern "C-unwind" fn check_worker_ids(
     newval: *mut *mut c_char,
@@ -889,6 +890,30 @@ unsafe extern "C-unwind" fn check_worker_ids(
     source: pg_sys::GucSource::Type,
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
+    unsafe {
+        check_ranges("snowflake_id.worker_ids", newval, source, |text, ranges| {
+            if text.trim().is_empty() {
+                None
+            } else {
+                backfill::check_live_ids_against_backfill(ranges)
+            }
+        })
+    }
+}
+
+/// The body of the check hooks of the worker-id list settings: the
+/// candidate must parse for this layout, and `more` may find a problem with
+/// the ranges (the detail of the rejection).
+///
+/// # Safety
+/// `newval` is the check hook's candidate pointer.
+unsafe fn check_ranges(
+    name: &'static str,
+    newval: *mut *mut c_char,
+    source: pg_sys::GucSource::Type,
+    more: impl Fn(&str, &WorkerRanges) -> Option<String>,
+) -> bool {
+    // SAFETY: as the caller promises.
     let Some(text) = (unsafe { candidate(newval) }) else {
         return true;
     };
@@ -896,17 +921,11 @@ unsafe extern "C-unwind" fn check_worker_ids(
         return true;
     };
     match WorkerRanges::parse(&text, layout.max_worker_id()) {
-        Ok(_) if text.trim().is_empty() => true,
-        Ok(ranges) => match backfill::check_live_ids_against_backfill(&ranges) {
+        Ok(ranges) => match more(&text, &ranges) {
             None => true,
-            Some(detail) => reject("snowflake_id.worker_ids", &text, &detail, source),
+            Some(detail) => reject(name, &text, &detail, source),
         },
-        Err(detail) => reject(
-            "snowflake_id.worker_ids",
-            &text,
-            &detail.to_string(),
-            source,
-        ),
+        Err(detail) => reject(name, &text, &detail.to_string(), source),
     }
 }
 
