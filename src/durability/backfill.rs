@@ -68,7 +68,10 @@ pub fn raise(header: &Header, bucket: u32, grants: u32) {
 /// other `(worker id, sequence)` pairs here.
 pub fn raise_from_record(header: &Header, start_ms: i64, grants: i64, ids: &str) {
     let backfill = header.backfill();
-    if !ids.is_empty() && ids != backfill.recorded_ids.get() {
+    if ids.len() > 255 {
+        // Not a list this server can record (nor one it set aside).
+        backfill.ids_changed.store(true, Release);
+    } else if !ids.is_empty() && ids != backfill.recorded_ids.get() {
         let (_, changed) = settings::backfill_ids_to_record(ids, true);
         if changed {
             // The raised counters are numbered across `ids` from now on:
@@ -98,6 +101,21 @@ pub fn raise_after(header: &Header, unix_ms: i64) {
     if backfill.after_ms.fetch_max(unix_ms, AcqRel) < unix_ms {
         reservation::rewrite_state_file(header);
     }
+}
+
+/// The registry worker decided what the newly set-aside ids refuse: the
+/// state file records the configured ids from now on.
+pub fn adopt_set_aside_ids(header: &Header) {
+    let backfill = header.backfill();
+    if !backfill.newly_set_aside.load(Acquire) {
+        return;
+    }
+    let _guard = header.reserve_lock();
+    if !backfill.ids_changed.load(Acquire) {
+        backfill.recorded_ids.set(&settings::backfill_ids_text());
+    }
+    backfill.newly_set_aside.store(false, Release);
+    reservation::rewrite_state_file(header);
 }
 
 /// WAL replay of a primary's grant: raises the bucket's count in shared

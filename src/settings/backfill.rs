@@ -111,6 +111,18 @@ pub fn backfill_ids_to_record(recorded: &str, had_grants: bool) -> (String, bool
     }
 }
 
+/// Whether the configured set-aside ids include ids not in `recorded` (the
+/// state file's list).
+pub fn backfill_ids_new_since(recorded: &str) -> bool {
+    let Some(space) = backfill_space() else {
+        return false;
+    };
+    match WorkerRanges::parse(recorded, layout().max_worker_id()) {
+        Ok(old) if !recorded.trim().is_empty() => space.ids().iter().any(|id| !old.contains(id)),
+        _ => true,
+    }
+}
+
 /// Check hook: the text must parse for this layout.
 #[pg_guard]
 unsafe extern "C-unwind" fn check_backfill_worker_ids(

@@ -7,7 +7,9 @@
 
 mod backfill;
 
-pub use backfill::{backfill_ids_text, backfill_ids_to_record, backfill_space};
+pub use backfill::{
+    backfill_ids_new_since, backfill_ids_text, backfill_ids_to_record, backfill_space,
+};
 
 use crate::errors;
 use parking_lot::{const_mutex, Mutex};

@@ -284,9 +284,14 @@ pub struct Backfill {
     /// The set-aside ids the grants were handed out for, as recorded in the
     /// state file (what the state file keeps writing).
     pub recorded_ids: ShmText<256>,
-    /// The set-aside ids the state file recorded at startup: ids set aside
-    /// since then are new, and their live IDs precede this start.
-    pub recorded_at_start: ShmText<256>,
+    /// Ids were set aside since the state file was written (it existed):
+    /// their live IDs, if any, precede this start. Until the registry
+    /// worker has decided what that refuses, the state file keeps its old
+    /// list of ids, so that a restart decides again.
+    pub newly_set_aside: AtomicBool,
+    /// The state file's reservation at this start: above every ID made
+    /// before it.
+    pub floor_at_start_ms: AtomicI64,
     /// `snowflake_id.backfill_worker_ids` does not continue the recorded
     /// ids: backfill is refused until it does again.
     pub ids_changed: AtomicBool,
@@ -613,8 +618,16 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 &startup.backfill_ids,
                 !startup.backfill_grants.is_empty(),
             );
-            (*backfill).recorded_ids.set(&recorded_ids);
-            (*backfill).recorded_at_start.set(&startup.backfill_ids);
+            let newly = !changed
+                && startup.floor_ms > i64::MIN
+                && settings::backfill_ids_new_since(&startup.backfill_ids);
+            (*backfill).recorded_ids.set(if newly {
+                &startup.backfill_ids
+            } else {
+                &recorded_ids
+            });
+            (*backfill).newly_set_aside.store(newly, Relaxed);
+            (*backfill).floor_at_start_ms.store(floor_ms, Relaxed);
             (*backfill).ids_changed.store(changed, Relaxed);
             let fresh = GeneratorState::new(&layout).word(&layout);
             let limit = if mode == MODE_LOCAL {

@@ -42,7 +42,8 @@ pub fn pass(header: &Header) -> Result<bool, pgrx::spi::Error> {
     if !has_table {
         return Ok(false);
     }
-    Spi::run(UPSERT_GRANTS)?;
+    // The table's rows first (a restore's may name other ids), then this
+    // server's grants into it.
     let rows = Spi::connect(|client| {
         let table = client.select(
             "SELECT (extract(epoch FROM starts_at) * 1000)::int8, grants, worker_ids \
@@ -60,11 +61,10 @@ pub fn pass(header: &Header) -> Result<bool, pgrx::spi::Error> {
         Ok::<_, pgrx::spi::Error>(rows)
     })?;
     apply_grants(header, &rows);
+    Spi::run(UPSERT_GRANTS)?;
     if let Some(space) = settings::backfill_space() {
-        let live = last_live_id_ms(space.ids())?;
-        if let Some(last_ms) = live {
-            refuse_up_to_live_ids(header, space, last_ms);
-        }
+        refuse_up_to_live_ids(header, space)?;
+        backfill::adopt_set_aside_ids(header);
     }
     header.backfill().history_read.store(true, Release);
     Ok(true)
@@ -80,36 +80,61 @@ fn apply_grants(header: &Header, rows: &[(i64, i64, String)]) {
 /// The time of the newest live ID any of `ids` made, as the registry table
 /// recorded it (`None`: none did).
 fn last_live_id_ms(ids: &WorkerRanges) -> Result<Option<i64>, pgrx::spi::Error> {
-    // Numbers only, from a parsed setting: no quoting needed.
-    let condition = ids
-        .ranges()
-        .iter()
-        .map(|(lo, hi)| format!("worker_id BETWEEN {lo} AND {hi}"))
-        .collect::<Vec<_>>()
-        .join(" OR ");
     Spi::get_one::<i64>(&format!(
         "SELECT (extract(epoch FROM max(high_water)) * 1000)::int8 \
-           FROM snowflake_worker_registry WHERE {condition}"
+           FROM snowflake_worker_registry WHERE {}",
+        id_condition(ids)
     ))
 }
 
+/// A condition on `worker_id` for the ids (numbers only, from a parsed
+/// setting: no quoting needed).
+fn id_condition(ids: &WorkerRanges) -> String {
+    ids.ranges()
+        .iter()
+        .map(|(lo, hi)| format!("worker_id BETWEEN {lo} AND {hi}"))
+        .collect::<Vec<_>>()
+        .join(" OR ")
+}
+
 /// Refuses backfill times up to the live IDs the set-aside ids made: up
-/// to the end of the newest one's tick, and, when one of them was set
-/// aside since the last start, up to this start's floor (the table lags the
-/// last second before a crash; the floor is above every ID made before).
-fn refuse_up_to_live_ids(header: &Header, space: &Space, last_ms: i64) {
+/// to the end of the newest one's tick; and, when ids were set aside since
+/// the state file was last written, up to this start's floor (above every
+/// ID made before; the table lags the last second before a crash) if one
+/// of the new ids has a row (it was claimed), or the table has no row at
+/// all while the server made IDs (no registry was kept: their history is
+/// unknown).
+fn refuse_up_to_live_ids(header: &Header, space: &Space) -> Result<(), pgrx::spi::Error> {
     let layout = settings::layout();
-    let mut bound = layout
-        .tick_start_unix_ms(layout.tick_at(last_ms))
-        .saturating_add(layout.unit_ms - 1);
-    let recorded = header.backfill().recorded_at_start.get();
-    let newly_set_aside = recorded.is_empty()
-        || match WorkerRanges::parse(&recorded, layout.max_worker_id()) {
-            Ok(before) => space.ids().iter().any(|id| !before.contains(id)),
-            Err(_) => true,
-        };
-    if newly_set_aside {
-        bound = bound.max(header.floor_ms.load(Acquire));
+    let mut bound = i64::MIN;
+    if let Some(last_ms) = last_live_id_ms(space.ids())? {
+        bound = layout
+            .tick_start_unix_ms(layout.tick_at(last_ms))
+            .saturating_add(layout.unit_ms - 1);
     }
-    backfill::raise_after(header, bound);
+    let backfill = header.backfill();
+    if backfill.newly_set_aside.load(Acquire) {
+        let before = WorkerRanges::parse(&backfill.recorded_ids.get(), layout.max_worker_id())
+            .ok()
+            .filter(|_| !backfill.recorded_ids.get().trim().is_empty());
+        let new_ids = match before {
+            Some(before) => space.ids().without(&before),
+            None => space.ids().clone(),
+        };
+        let claimed = !new_ids.is_empty()
+            && Spi::get_one::<bool>(&format!(
+                "SELECT count(*) > 0 FROM snowflake_worker_registry WHERE {}",
+                id_condition(&new_ids)
+            ))?
+            .unwrap_or(true);
+        let unknown = Spi::get_one::<bool>("SELECT count(*) = 0 FROM snowflake_worker_registry")?
+            .unwrap_or(true);
+        if claimed || unknown {
+            bound = bound.max(backfill.floor_at_start_ms.load(Acquire));
+        }
+    }
+    if bound > i64::MIN {
+        backfill::raise_after(header, bound);
+    }
+    Ok(())
 }
