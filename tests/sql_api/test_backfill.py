@@ -226,20 +226,20 @@ def test_a_promoted_standby_continues_above_the_primarys_grants(make_cluster):
 
 @pytest.mark.parametrize("registry_kept", [True, False], ids=["registry", "no-registry"])
 def test_ids_that_made_live_ids_backfill_only_after_them(make_cluster, registry_kept):
-    """Worker id 1023 made live IDs, then is set aside: a backfill ID of a
+    """Worker id 1022 made live IDs, then is set aside: a backfill ID of a
     time it was live at could equal one of them, so those times are
     refused (up to this start's floor, which is above every ID made
     before); later times are fine. Also when no registry table was kept
     while it was live (its history is unknown). Found by the adversarial
-    reviews: before, grant 0 of a stretch was exactly the live (t, 1023, 0)."""
-    settings = {"snowflake_id.worker_ids": "1023"}
+    reviews: before, grant 0 of a stretch was exactly the live (t, 1022, 0)."""
+    settings = {"snowflake_id.worker_ids": "1022"}
     if not registry_kept:
         settings["snowflake_id.registry_database"] = ""
     c = make_cluster(settings=settings, create_extension=True)
     live = [r[0] for r in c.sql("SELECT snowflake_nextval() FROM generate_series(1, 100)")]
-    assert {r[0] for r in c.sql("SELECT snowflake_worker_id(unnest(%s::bigint[]))", live)} == {1023}
+    assert {r[0] for r in c.sql("SELECT snowflake_worker_id(unnest(%s::bigint[]))", live)} == {1022}
     c.stop()
-    c.configure(**{"snowflake_id.worker_ids": "0-1022", "snowflake_id.backfill_worker_ids": "1023",
+    c.configure(**{"snowflake_id.worker_ids": "0-1021", "snowflake_id.backfill_worker_ids": "1022",
                    "snowflake_id.registry_database": "postgres"})
     c.start()
     with c.connect() as conn:
@@ -247,17 +247,21 @@ def test_ids_that_made_live_ids_backfill_only_after_them(make_cluster, registry_
             e = sql_error(conn, "SELECT snowflake_at(snowflake_timestamp(%s))", (i,))
             assert e.sqlstate == "22008", str(e)
             assert "up to which the set-aside worker ids made live IDs" in str(e), str(e)
-        later = conn.execute("SELECT snowflake_at(clock_timestamp())").fetchone()[0]
+        bound = str(e).split("not after ")[1].split(",")[0]
+        later = conn.execute("SELECT snowflake_at(now() + interval '2 seconds')").fetchone()[0]
         assert later not in live
-    # Decided once: after another restart the same holds, and fresh ids
-    # added at the end bring no new refusal of their own.
-    c.configure(**{"snowflake_id.worker_ids": "0-1021",
-                   "snowflake_id.backfill_worker_ids": "1022-1023"})
+    # Decided once: after another restart the bound stays, and a fresh id
+    # added at the end (never claimed) brings no refusal of its own, unless
+    # no registry was kept when the server made IDs (then nothing is known
+    # of any id's past, and times before this start are refused too).
+    c.configure(**{"snowflake_id.backfill_worker_ids": "1022-1023"})
     c.restart()
     with c.connect() as conn:
         e = sql_error(conn, "SELECT snowflake_at(snowflake_timestamp(%s))", (live[-1],))
         assert e.sqlstate == "22008", str(e)
-        conn.execute("SELECT snowflake_at(clock_timestamp() - interval '1 second')")
+        again = str(e).split("not after ")[1].split(",")[0]
+        assert (again == bound) == registry_kept, (bound, again)
+        conn.execute("SELECT snowflake_at(now() + interval '2 seconds')")
 
 
 def test_backfill_needs_the_registry_tables(make_cluster):
