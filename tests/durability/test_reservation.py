@@ -67,7 +67,7 @@ def test_state_file_of_a_future_format_is_refused(make_cluster):
         c.start(timeout=20)
     log = c.log(since=mark)
     assert ('snowflake_id state file "snowflake_id.state" has format version 99, '
-            "newer than this build reads (up to 1)") in log, log[-2000:]
+            "newer than this build reads (up to 2)") in log, log[-2000:]
     assert "Install the newer snowflake_id build" in log, log[-2000:]
 
 

@@ -123,7 +123,8 @@ def test_a_hostssl_only_registry_with_a_passfile(make_cluster):
     r.start()
     r.create_extension()
     r.sql("CREATE ROLE lease LOGIN PASSWORD 'correct horse'")
-    r.sql("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO lease")
+    r.sql("GRANT USAGE ON SCHEMA snowflake_id_internal TO lease")
+    r.sql("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA snowflake_id_internal TO lease")
     passfile = owned_file(os.path.join(r.dir, "lease.pgpass"),
                           f"127.0.0.1:{r.port}:postgres:lease:correct horse\n")
     base = f"host=127.0.0.1 port={r.port} dbname=postgres user=lease passfile={passfile}"
