@@ -849,7 +849,7 @@ pub fn backfill_bucket_full(start: &str, end: &str, grants: u32) -> ! {
         PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
         format!("the backfill space for times from {start} to {end} is used up"),
         Some(format!("All {grants} grants of that stretch of time were handed out: each backend takes one per stretch for each run of increasing times, and a new one when a time repeats or goes back.")),
-        Some("Add worker ids at the end of snowflake_id.backfill_worker_ids and restart the server; order the rows by time when backfilling (ORDER BY the time column) to use fewer grants.".into()),
+        Some("Add worker ids that no server ever used for live IDs at the end of snowflake_id.backfill_worker_ids and restart the server; order the rows by time when backfilling (ORDER BY the time column) to use fewer grants.".into()),
     )
 }
 
