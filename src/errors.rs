@@ -862,6 +862,6 @@ pub fn backfill_needs_registry(database: Option<&str>) -> ! {
             Some(db) => format!("the snowflake_id registry worker has not read the registry tables of database \"{db}\" yet"),
         },
         Some("Backfill reads snowflake_worker_registry (whether the set-aside worker ids made live IDs) and snowflake_backfill_grants (grants carried by pg_upgrade or a restore) before its first ID.".into()),
-        Some("Set snowflake_id.registry_database to a database with CREATE EXTENSION snowflake_id (default postgres) and restart, or check the log for snowflake_id registry lines.".into()),
+        Some("Set snowflake_id.registry_database to a database with CREATE EXTENSION snowflake_id (default postgres) and restart; run ALTER EXTENSION snowflake_id UPDATE there if it is older than 0.6.0; the log's snowflake_id registry lines say more.".into()),
     )
 }
