@@ -64,6 +64,20 @@ pub fn wait_ms(ms: i64) {
     check_for_interrupts!();
 }
 
+/// Waits in steps of 10 ms ([`wait_ms`]: interruptible) until `done`
+/// holds; false when it still does not after `limit_ms`.
+pub fn poll_until(limit_ms: i64, done: impl Fn() -> bool) -> bool {
+    let mut waited = 0;
+    while !done() {
+        if waited >= limit_ms {
+            return false;
+        }
+        wait_ms(10);
+        waited += 10;
+    }
+    true
+}
+
 /// [`wait_ms`] without handling an interrupt: returns whether one is
 /// pending, for the caller to handle where no Rust frame holds state that
 /// an ERROR would have to unwind.

@@ -100,6 +100,19 @@ impl Space {
         i64::from(bucket).saturating_mul(self.bucket_ticks)
     }
 
+    /// The first and last Unix ms of a bucket under `layout` (the last at
+    /// most the layout's end), whatever ids are set aside.
+    pub fn bucket_span_ms(layout: &Layout, bucket: u32) -> (i64, i64) {
+        let ticks = Self::ticks_per_bucket(layout);
+        let first = i64::from(bucket).saturating_mul(ticks);
+        let start = layout.tick_start_unix_ms(first);
+        let end = layout
+            .tick_start_unix_ms(first.saturating_add(ticks))
+            .saturating_sub(1)
+            .min(layout.end_unix_ms());
+        (start, end)
+    }
+
     /// The worker id and sequence of the `index`th ID (below
     /// [`Space::per_tick`]) of a grant in a tick; `None` past the capacity.
     pub fn grant_parts(&self, grant: u32, index: u32) -> Option<(u32, u32)> {

@@ -260,14 +260,12 @@ const REGISTRY_WAIT_MS: i64 = 30_000;
 /// starts only at promotion, and replayed WAL gives it the primary's floor.
 #[cold]
 pub(super) fn wait_for_registry(header: &Header) {
-    let mut waited = 0;
-    // SAFETY: a plain read of PostgreSQL's recovery state.
-    while header.registry_pending.load(Acquire) && !unsafe { pg_sys::RecoveryInProgress() } {
-        if waited >= REGISTRY_WAIT_MS {
-            errors::registry_not_read(REGISTRY_WAIT_MS);
-        }
-        crate::clock::wait_ms(10);
-        waited += 10;
+    let read = crate::clock::poll_until(REGISTRY_WAIT_MS, || {
+        // SAFETY: a plain read of PostgreSQL's recovery state.
+        !header.registry_pending.load(Acquire) || unsafe { pg_sys::RecoveryInProgress() }
+    });
+    if !read {
+        errors::registry_not_read(REGISTRY_WAIT_MS);
     }
 }
 

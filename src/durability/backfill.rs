@@ -28,13 +28,7 @@ pub fn grant(header: &Header, bucket: u32, capacity: u32) -> Option<u32> {
             if grant >= capacity {
                 return None;
             }
-            // Counted before it is written: should the write fail, the
-            // grant is lost, never handed out twice.
-            header.backfill().used.store(true, Release);
-            cell.store(grant + 1, Release);
-            header.backfill().changes.fetch_add(1, Relaxed);
-            reservation::rewrite_state_file(header);
-            wal::log_backfill_grant(bucket, grant + 1);
+            record(header, bucket, cell, grant + 1);
             return Some(grant);
         }
         clock::wait_ms(1);
@@ -52,12 +46,22 @@ pub fn raise(header: &Header, bucket: u32, grants: u32) {
         return;
     }
     let _guard = header.reserve_lock();
-    header.backfill().used.store(true, Release);
-    if cell.fetch_max(grants, AcqRel) < grants {
-        header.backfill().changes.fetch_add(1, Relaxed);
-        reservation::rewrite_state_file(header);
-        wal::log_backfill_grant(bucket, grants);
+    if cell.load(Acquire) < grants {
+        record(header, bucket, cell, grants);
     }
+}
+
+/// Sets `bucket`'s count (`cell`) to `grants`, above its count, and makes it
+/// durable: state file, then WAL. The caller holds `reserve_lock`, under
+/// which counts change (replay aside, which only raises them). Counted
+/// before it is written: should the write fail, grants are lost, never
+/// handed out twice.
+fn record(header: &Header, bucket: u32, cell: &std::sync::atomic::AtomicU32, grants: u32) {
+    header.backfill().used.store(true, Release);
+    cell.fetch_max(grants, AcqRel);
+    header.backfill().changes.fetch_add(1, Relaxed);
+    reservation::rewrite_state_file(header);
+    wal::log_backfill_grant(bucket, grants);
 }
 
 /// Raises this server's grants from a record of another life of it (the

@@ -74,11 +74,10 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         Some(taken) => taken,
         None => {
             let Some(grant) = grant(header, bucket, space.grants_per_bucket()) else {
-                let start = layout.tick_start_unix_ms(space.bucket_start(bucket));
-                let end = layout.tick_start_unix_ms(space.bucket_start(bucket + 1)) - 1;
+                let (start, end) = Space::bucket_span_ms(layout, bucket);
                 errors::backfill_bucket_full(
                     &format_unix_ms(start),
-                    &format_unix_ms(end.min(layout.end_unix_ms())),
+                    &format_unix_ms(end),
                     space.grants_per_bucket(),
                 )
             };
@@ -105,13 +104,10 @@ fn wait_for_history(header: &shmem::Header) {
     let Some(database) = settings::registry_database() else {
         errors::backfill_needs_registry(None)
     };
-    let mut waited = 0;
-    while !header.backfill().history_read.load(Acquire) {
-        if waited >= HISTORY_WAIT_MS {
-            errors::backfill_needs_registry(Some(&database));
-        }
-        crate::clock::wait_ms(10);
-        waited += 10;
+    if !crate::clock::poll_until(HISTORY_WAIT_MS, || {
+        header.backfill().history_read.load(Acquire)
+    }) {
+        errors::backfill_needs_registry(Some(&database));
     }
 }
 
@@ -143,7 +139,6 @@ fn snowflake_backfill() -> TableIterator<
 > {
     let header = claims::require_shared("snowflake_backfill");
     let layout = settings::layout();
-    let ticks = Space::ticks_per_bucket(layout);
     let capacity = settings::backfill_space().map_or(0, |s| i64::from(s.grants_per_bucket()));
     let ids = header.backfill().recorded_ids.get();
     let rows: Vec<_> = header
@@ -154,12 +149,7 @@ fn snowflake_backfill() -> TableIterator<
         .filter_map(|(bucket, n)| {
             let n = n.load(Relaxed);
             (n > 0).then(|| {
-                let first = (bucket as i64).saturating_mul(ticks);
-                let start = layout.tick_start_unix_ms(first);
-                let end = layout
-                    .tick_start_unix_ms(first.saturating_add(ticks))
-                    .saturating_sub(1)
-                    .min(layout.end_unix_ms());
+                let (start, end) = Space::bucket_span_ms(layout, bucket as u32);
                 (
                     bucket as i32,
                     to_timestamptz_or_infinity(start),
