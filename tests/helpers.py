@@ -16,12 +16,36 @@ import time
 import psycopg
 import pytest
 
-from harness import AS_ROOT, PG_BINDIR, pg_config, pg_ids, run_pg, wait_until
+from harness import (AS_ROOT, PG_BINDIR, PG_MAJOR, PG_PKGLIBDIR, pg_config, pg_ids, run_pg,
+                     wait_until)
 
 EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
 needs_faketime = pytest.mark.skipif(LIBFAKETIME is None,
                                     reason="libfaketime not installed")
+# Citus is built for Debian's PostgreSQL 15 only (scripts/lib.sh ensure_deps,
+# before any test starts): its tests skip on the other versions, and fail on
+# 15 when it is not installed (a missing install step, not a reason to skip).
+CITUS_SO = os.path.join(PG_PKGLIBDIR, "citus.so")
+CITUS_MARKS = [
+    pytest.mark.skipif(PG_MAJOR != 15, reason="Citus is built for PostgreSQL 15 only "
+                       "(scripts/lib.sh)"),
+    pytest.mark.usefixtures("citus_installed"),  # tests/conftest.py
+]
+
+
+def needs_citus(test):
+    """A test of a Citus cluster (CITUS_MARKS; a module's pytestmark can be
+    CITUS_MARKS itself)."""
+    for mark in CITUS_MARKS:
+        test = mark(test)
+    return test
+
+
+# apt-get as every script of the project runs it (scripts/lib.sh apt_get):
+# waiting for the dpkg lock another apt-get holds. Only the package test
+# uses it, to install the package it tests.
+APT_GET = ("apt-get", "-o", "DPkg::Lock::Timeout=600")
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -524,7 +524,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let b = (x % 4) as usize;
-            if x % 5000 == 0 {
+            if x.is_multiple_of(5000) {
                 backends[b].clear(); // the backend exits or crashes
             }
             // Ticks near bucket boundaries, repeated often.

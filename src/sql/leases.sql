@@ -1,5 +1,5 @@
--- The registry side of fleet leases (see src/lease.rs for the rules and
--- the safety argument, src/holder.rs for the holder side, and
+-- The registry side of fleet leases (see core/src/lease.rs for the rules and
+-- the safety argument, core/src/holder.rs for the holder side, and
 -- docs/design/fleet-fencing.md for incarnations and fences).
 --
 -- Any server with the extension created can be a fleet's registry: the

@@ -1,9 +1,10 @@
-"""Shared by the client tests (tests/clients/test_*.py): installs the real
-clients (pinned, by tests/clients/install.sh), gives each test module one
-preloaded server, and reads the blocks the docs quote.
+"""Shared by the client tests (tests/clients/test_*.py): checks that the
+real clients are installed (pinned, by scripts/clients.sh, which
+scripts/test.sh runs before any test), gives each test module one preloaded
+server, and reads the blocks the docs quote.
 
-A client that cannot be installed FAILS the tests with the reason; nothing
-here skips."""
+A client that is not installed FAILS the tests with the reason; nothing
+here skips or installs."""
 from __future__ import annotations
 
 import os
@@ -18,23 +19,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 JS_DIR = os.path.join(HERE, "js")
 REPO = os.path.dirname(os.path.dirname(HERE))
 
-_installed: dict[tuple[str, ...], str] = {}
+_checked: dict[tuple[str, ...], str] = {}
 
 
-def install_clients(script: str = "install.sh", *args: str) -> str:
-    """Runs an install script of tests/clients (install.sh, or
-    install_java_rails.sh java|rails) once per session; fails the test with
-    its output when it cannot install something. Returns what it printed."""
-    key = (script, *args)
-    if key not in _installed:
-        proc = subprocess.run(["bash", os.path.join(HERE, script), *args], capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL, timeout=900)
+def require_clients(*parts: str) -> str:
+    """Checks, once per session, that the real clients of `parts` (python,
+    debian, npm, java, rails; the first three without arguments) are
+    installed at their pinned versions (`scripts/clients.sh --check`). A test
+    never installs anything: scripts/test.sh installs them all before any
+    test starts. Fails the test with what is missing; returns the versions."""
+    parts = parts or ("python", "debian", "npm")
+    if parts not in _checked:
+        proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "clients.sh"), "--check",
+                               *parts], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=120)
         if proc.returncode != 0:
-            pytest.fail(f"could not install the real clients (tests/clients/{script} "
-                        f"{' '.join(args)}, exit {proc.returncode}):\n{proc.stdout}\n"
+            pytest.fail(f"the real clients are not installed (scripts/clients.sh --check "
+                        f"{' '.join(parts)}, exit {proc.returncode}):\n{proc.stdout}\n"
                         f"{proc.stderr}", pytrace=False)
-        _installed[key] = proc.stdout.strip()
-    return _installed[key]
+        _checked[parts] = proc.stdout.strip()
+    return _checked[parts]
 
 
 def module_server(request, settings: dict | None = None, tcp: bool = False):

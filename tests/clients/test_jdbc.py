@@ -4,8 +4,9 @@ javac per run) inserts rows keyed by the column default snowflake_nextval()
 and reads the keys back with RETURNING, getGeneratedKeys() and a rewritten
 batch, and prefetches IDs in blocks with snowflake_nextvals(1000) as Meituan
 Leaf's segment mode does. docs/guides/java-rails.md quotes Orders.java,
-SnowflakeIds.java and schema.sql. tests/clients/install_java_rails.sh
-installs the clients, pinned; when it cannot, the tests fail with its reason."""
+SnowflakeIds.java and schema.sql. scripts/clients.sh
+installs the clients, pinned, before the tests; when they are missing, the tests
+fail with the reason."""
 from __future__ import annotations
 
 import glob
@@ -18,20 +19,20 @@ import tempfile
 
 import pytest
 
-from clients.support import HERE, doc_blocks, install_clients, module_server
+from clients.support import HERE, doc_blocks, require_clients, module_server
 
 JAVA_DIR = os.path.join(HERE, "java")
 JAR = "/usr/share/java/postgresql.jar"
 DOC = "docs/guides/java-rails.md"
 
 
-def install_java() -> str:
-    return install_clients("install_java_rails.sh", "java")
+def require_java() -> str:
+    return require_clients("java")
 
 
 @pytest.fixture(scope="module")
 def classes():
-    install_java()
+    require_java()
     out = tempfile.mkdtemp(prefix="sfjdbc")
     try:
         proc = subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", out, "-cp", JAR,
@@ -46,7 +47,7 @@ def classes():
 
 @pytest.fixture(scope="module")
 def server(request):
-    install_java()
+    require_java()
     for c in module_server(request, tcp=True):
         with open(os.path.join(JAVA_DIR, "schema.sql")) as f:
             c.sql(f.read())

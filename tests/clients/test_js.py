@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from clients.support import JS_DIR, doc_blocks, install_clients, module_server
+from clients.support import JS_DIR, doc_blocks, require_clients, module_server
 
 
 def run_node(server) -> dict:
-    install_clients()
+    require_clients()
     env = {**os.environ, "PGHOST": server.dir, "PGPORT": str(server.port),
            "PGUSER": "postgres", "PGDATABASE": "postgres"}
     proc = subprocess.run(["node", "roundtrip.js"], cwd=JS_DIR, env=env, capture_output=True,
@@ -25,13 +25,13 @@ def run_node(server) -> dict:
 
 @pytest.fixture(scope="module")
 def classic(request):
-    install_clients()
+    require_clients()
     yield from module_server(request)
 
 
 @pytest.fixture(scope="module")
 def js53(request):
-    install_clients()
+    require_clients()
     yield from module_server(request, settings={"snowflake_id.layout": "js53"})
 
 

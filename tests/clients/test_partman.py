@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness import PG_MAJOR
-from clients.support import doc_blocks, install_clients
+from clients.support import doc_blocks, require_clients
 
 pytestmark = pytest.mark.skipif(
     PG_MAJOR != 15, reason="pg_partman is installed from Debian's postgresql-15-partman,"
@@ -25,7 +25,7 @@ def readme_recipe() -> str:
 
 
 def test_daily_partitions_at_utc_midnights(make_cluster):
-    install_clients()
+    require_clients()
     c = make_cluster(create_extension=True)
     with c.connect() as conn:
         conn.execute(readme_recipe())

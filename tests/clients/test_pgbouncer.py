@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from harness import AS_ROOT, free_port, pg_ids, wait_until
-from clients.support import install_clients, module_server
+from clients.support import require_clients, module_server
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 CLAIM_LOCKS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = 0 "
@@ -24,7 +24,7 @@ CLAIM_LOCKS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND da
 
 @pytest.fixture(scope="module")
 def server(request):
-    install_clients()
+    require_clients()
     yield from module_server(request)
 
 

@@ -4,8 +4,8 @@ tests/clients/rails/app.rb (quoted by docs/guides/java-rails.md) has a
 migration whose primary key defaults to snowflake_nextval(), the models, and
 the JSON recipe for JavaScript clients; tests/clients/rails/check.rb runs it
 and reports. JSON is read back by node (as a browser would).
-tests/clients/install_java_rails.sh installs the clients, pinned; when it
-cannot, the tests fail with its reason."""
+scripts/clients.sh installs the clients, pinned, before the tests; when they
+are missing, the tests fail with the reason."""
 from __future__ import annotations
 
 import json
@@ -14,15 +14,15 @@ import subprocess
 
 import pytest
 
-from clients.support import HERE, doc_blocks, install_clients, module_server
+from clients.support import HERE, doc_blocks, require_clients, module_server
 
 RAILS_DIR = os.path.join(HERE, "rails")
 DOC = "docs/guides/java-rails.md"
 DB = "rails"
 
 
-def install_rails() -> str:
-    return install_clients("install_java_rails.sh", "rails")
+def require_rails() -> str:
+    return require_clients("rails")
 
 
 def run_ruby(server, scenario: str) -> dict:
@@ -47,7 +47,7 @@ def ids_in_javascript(text: str) -> list[list[str]]:
 
 
 def migrated_server(request, settings=None):
-    install_rails()
+    require_rails()
     for c in module_server(request, settings=settings, tcp=True):
         c.create_db(DB)  # without the extension: the migration creates it
         c.migration = run_ruby(c, "migrate")

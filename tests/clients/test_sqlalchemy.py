@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-from clients.support import HERE, doc_blocks, install_clients, module_server
+from clients.support import HERE, doc_blocks, require_clients, module_server
 
 
 @pytest.fixture(scope="module")
 def server(request):
-    install_clients()
+    require_clients()
     yield from module_server(request)
 
 

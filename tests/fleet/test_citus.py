@@ -10,32 +10,26 @@ its own IDs, so two nodes under one worker id would make the same keys.
 - hand-set disjoint `snowflake_id.worker_ids` (the no-registry way).
 
 Citus is built from the tarball in ../shared/citus by scripts/lib.sh
-(PostgreSQL 15 only); without it these tests skip and say why. The one
+before any test (PostgreSQL 15 only; the tests skip on the other versions
+and fail on 15 when it is missing). The one
 Citus setting here, `citus.node_conninfo = 'sslmode=prefer'`, is for Citus
 itself: the test servers have no TLS.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 
 import psycopg
-import pytest
 
-from harness import PG_CONFIG, PG_PKGLIBDIR, wait_until
-from helpers import can_make_id
+from harness import wait_until
+from helpers import CITUS_MARKS, can_make_id
 
 SESSIONS_PER_NODE = 3
 ROWS_PER_SESSION = 20_000
 BATCH = 500
 
-pytestmark = [
-    pytest.mark.skipif(not os.path.exists(os.path.join(PG_PKGLIBDIR, "citus.so")),
-                       reason=os.environ.get("SNOWFLAKE_CITUS_UNAVAILABLE")
-                       or f"Citus is not installed for {PG_CONFIG} (scripts/lib.sh builds it"
-                          " for PostgreSQL 15 only)"),
-]
+pytestmark = CITUS_MARKS
 
 CITUS = {"shared_preload_libraries": "citus,snowflake_id",
          "citus.node_conninfo": "sslmode=prefer",

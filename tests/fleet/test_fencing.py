@@ -24,8 +24,8 @@ import time
 import psycopg
 import pytest
 
-from harness import PG_CONFIG, PG_PKGLIBDIR, run_pg, wait_until
-from helpers import lease_schema, ms_of, run_client
+from harness import run_pg, wait_until
+from helpers import lease_schema, ms_of, needs_citus, run_client
 from helpers import worker_of as worker_bits
 from test_leases import GRACE_S, LEASE, LEASE_S, config, ids, leases, registry_server
 
@@ -174,10 +174,6 @@ STALL_S = 3.0   # well below the lease session's lock_timeout (5 s)
 CITUS = {"shared_preload_libraries": "citus,snowflake_id",
          "citus.node_conninfo": "sslmode=prefer",
          "max_connections": 200}
-needs_citus = pytest.mark.skipif(
-    not os.path.exists(os.path.join(PG_PKGLIBDIR, "citus.so")),
-    reason=os.environ.get("SNOWFLAKE_CITUS_UNAVAILABLE")
-    or f"Citus is not installed for {PG_CONFIG} (scripts/lib.sh builds it for PostgreSQL 15 only)")
 CITUS_SESSIONS = 3
 CITUS_ROWS = 5_000
 CITUS_BATCH = 500

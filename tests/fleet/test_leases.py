@@ -1,6 +1,7 @@
 """Fleet leases: servers lease blocks of worker ids from a registry server
 (`snowflake_id.registry`), on real servers. The registry's clock rules are
-in src/leases.sql, the holder's in src/lease.rs and src/lease_worker.rs.
+in src/sql/leases.sql, the holder's in core/src/lease.rs, core/src/holder.rs and
+src/workers/lease_worker/.
 
 Lease times are short here (6 s; renewals every 600 ms) so that expiries
 happen within a test; every wait is a wait_until on a condition, with

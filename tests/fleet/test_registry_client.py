@@ -2,7 +2,7 @@
 (TLS, passfile, several hosts), bounded waits on a stalled registry, the
 per-server block cap, and the warning about a registry database every role
 may connect to, and where the lease functions are on registries of 0.5.0
-and 0.6.0 (and through the registry's update). The holder's rules are tested in src/holder/tests.rs and
+and 0.6.0 (and through the registry's update). The holder's rules are tested in core/src/holder/tests.rs and
 tests/fleet/test_leases.py; the fencing in tests/fleet/test_fencing.py."""
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ import datetime as dt
 import random
 import threading
 
-import psycopg
 import pytest
 
 from harness import ClusterError, wait_until
@@ -248,7 +247,9 @@ def test_ids_that_made_live_ids_backfill_only_after_them(make_cluster, registry_
             assert e.sqlstate == "22008", str(e)
             assert "up to which the set-aside worker ids made live IDs" in str(e), str(e)
         bound = str(e).split("not after ")[1].split(",")[0]
-        later = conn.execute("SELECT snowflake_at(now() + interval '2 seconds')").fetchone()[0]
+        # The first time after the bound (a guess such as now() + 2 s would
+        # race the bound, which depends on how fast the restart was).
+        later = conn.execute(AFTER_BOUND, (bound,)).fetchone()[0]
         assert later not in live
     # Decided once: after another restart the bound stays, and a fresh id
     # added at the end (never claimed) brings no refusal of its own, unless
@@ -261,7 +262,18 @@ def test_ids_that_made_live_ids_backfill_only_after_them(make_cluster, registry_
         assert e.sqlstate == "22008", str(e)
         again = str(e).split("not after ")[1].split(",")[0]
         assert (again == bound) == registry_kept, (bound, again)
-        conn.execute("SELECT snowflake_at(now() + interval '2 seconds')")
+        # Without a registry kept, the bound is this start's floor: the
+        # reservation of the first start, which reached 250 ms past the
+        # first snowflake_at's time. A time just after it is accepted.
+        later = conn.execute(AFTER_BOUND, (again,)).fetchone()[0]
+        assert later not in live
+        assert conn.execute("SELECT snowflake_timestamp(%s) > %s::timestamptz",
+                            (later, again)).fetchone()[0]
+
+
+# The first millisecond after a bound printed by a 22008 refusal (or now(),
+# when that is later): accepted by snowflake_at, which refuses the bound.
+AFTER_BOUND = ("SELECT snowflake_at(greatest(now(), %s::timestamptz + interval '1 millisecond'))")
 
 
 def test_backfill_needs_the_registry_tables(make_cluster):

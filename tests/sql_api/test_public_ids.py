@@ -18,7 +18,7 @@ from psycopg import errors as pgerr
 from harness import ClusterError
 from helpers import keyed_cluster, reload_session, write_key_file
 
-# The keys of src/public_id.rs's unit tests; their tags differ (tested there).
+# The keys of core/src/public_id.rs's unit tests; their tags differ (tested there).
 KEY_A = "000102030405060708090a0b0c0d0e0f"
 KEY_B = "f0e1d2c3b4a5968778695a4b3c2d1e0f"
 # Same 5-bit tag as KEY_A (found by the unit test

@@ -32,6 +32,7 @@ import tarfile
 import pytest
 
 from harness import PG_CONFIG, pg_config
+from helpers import APT_GET
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAJOR = pg_config("--version").split()[1].split(".")[0]
@@ -168,7 +169,7 @@ def test_install_start_make_ids_remove(deb, make_cluster):
             aside[f] = f + ".pytest-aside"
             shutil.move(f, aside[f])
     try:
-        proc = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
+        proc = subprocess.run([*APT_GET, "install", "-y", "-q", "--no-install-recommends",
                                deb], capture_output=True, text=True, timeout=600,
                               env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -275,7 +276,7 @@ def test_debian13_install_start_make_ids_remove(deb, request):
 
         shutil.copy(deb, root.path("/tmp/"))
         name = os.path.basename(deb)
-        root.run("apt-get", "install", "-y", "-q", "--no-install-recommends",
+        root.run(*APT_GET, "install", "-y", "-q", "--no-install-recommends",
                  "postgresql-17", f"/tmp/{name}")
         pkg = "postgresql-17-snowflake-id"
         assert root.run("dpkg-query", "-W", "-f=${Status}", pkg).stdout == "install ok installed"
