@@ -22,6 +22,19 @@
 //!   vouches that this data directory saved them ([`Holder::trust_saved`]).
 //! - A reply naming blocks the holder did not ask for is ignored for
 //!   those blocks.
+//! - A grant (a lease, or a renewal that extends a lease or raises a
+//!   mark) is used only once the registry says it is *durable*: on enough
+//!   synchronous standbys to satisfy its `synchronous_standby_names`,
+//!   checked on the registry after the commit ([`Registry::durable`]), not
+//!   inferred from a COMMIT that returned (one whose wait for the standby
+//!   was cancelled returns with a warning only). Until then the holder
+//!   keeps what it had: a renewal is retried at the next round, leased
+//!   blocks wait in [`Holder::pending`] (never used, never saved) until a
+//!   durable renewal confirms them. An old primary cut off from its
+//!   standby can never make a grant durable, so what it grants after a
+//!   promotion is never used. With no synchronous standby named, the
+//!   registry's local flush is all there is; [`Replication::Synchronous`]
+//!   refuses such grants.
 
 use crate::lease::{self, Held, Plan, Timing, Usage};
 use serde::{Deserialize, Serialize};
@@ -97,6 +110,42 @@ pub struct ReleaseReply {
     pub released: bool,
 }
 
+/// Whether what the holder's registry session committed is where a
+/// failover can reach it (the registry's `snowflake_lease_durable`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Durability {
+    pub durable: bool,
+    /// `synchronous` (checked against synchronous standbys), `local` (none
+    /// named: the registry's own flush), `asynchronous` (none named, but
+    /// standbys stream: a failover to one loses grants and is fenced), or
+    /// `unchecked` (a registry whose extension predates the check).
+    pub mode: String,
+    /// Synchronous standbys needed by `synchronous_standby_names`.
+    #[serde(default)]
+    pub needed: u32,
+    /// Of those, how many flushed the position checked.
+    #[serde(default)]
+    pub flushed: u32,
+    /// The registry's WAL position checked.
+    #[serde(default)]
+    pub lsn: String,
+}
+
+pub const MODE_SYNCHRONOUS: &str = "synchronous";
+
+/// What the holder requires of a grant before it uses it
+/// (`snowflake_id.lease_replication`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Replication {
+    /// Durable as the registry is configured: on its synchronous standbys
+    /// when `synchronous_standby_names` names some, else flushed locally.
+    #[default]
+    Auto,
+    /// On synchronous standbys only: a registry with none named grants
+    /// nothing this server uses.
+    Synchronous,
+}
+
 /// Why a call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CallError {
@@ -112,6 +161,9 @@ pub trait Registry {
     fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError>;
     fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError>;
     fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError>;
+    /// Whether everything this session committed is durable where a
+    /// failover can reach it, waiting up to `wait_ms` for the standbys.
+    fn durable(&mut self, wait_ms: i64) -> Result<Durability, CallError>;
 }
 
 /// This server's side: the slots of each block, and the lease file.
@@ -166,6 +218,20 @@ pub enum Event {
     Refused(String),
     /// The registry granted nothing and this server holds nothing.
     NoFreeBlock,
+    /// A grant was committed but is not durable where a failover can
+    /// reach it (`what`: "lease" or "renewal"): not used.
+    NotDurable {
+        what: &'static str,
+        durability: Durability,
+        required: Replication,
+    },
+    /// Grants are durable again after a `NotDurable`.
+    DurableAgain,
+    /// How the registry's grants are made durable changed (first seen,
+    /// or e.g. synchronous to local): for the log.
+    DurabilityMode {
+        mode: String,
+    },
 }
 
 /// The static facts of a holder's requests.
@@ -202,6 +268,15 @@ pub struct Holder {
     /// next renewal presents it, so that the registry takes it as a
     /// re-assertion of the blocks held.
     pub reassert_from: Option<String>,
+    /// Blocks leased by a grant that is not durable yet: never used nor
+    /// saved; renewed with the blocks held, and moved to `held` by the
+    /// first durable renewal that keeps them (dropped at a new incarnation
+    /// or their deadline).
+    pub pending: Vec<Held>,
+    /// The last grant was not durable (a `NotDurable` was reported).
+    pub not_durable: bool,
+    /// The durability mode last reported.
+    pub durability_mode: String,
     pub events: Vec<Event>,
 }
 
@@ -214,6 +289,8 @@ pub struct Now {
     pub max_drift_ms: i64,
     /// `snowflake_id.max_blocks`.
     pub max_blocks: u32,
+    /// `snowflake_id.lease_replication`.
+    pub replication: Replication,
 }
 
 impl Holder {
@@ -228,6 +305,9 @@ impl Holder {
             from_backup: false,
             fenced_until_ms: None,
             reassert_from: None,
+            pending: Vec::new(),
+            not_durable: false,
+            durability_mode: String::new(),
             events: Vec::new(),
         }
     }
@@ -253,6 +333,7 @@ impl Holder {
         for h in std::mem::take(&mut self.held) {
             host.revoke(h.block);
         }
+        self.pending.clear();
         self.incarnation.clear();
         self.lsn = 0;
         self.last_renew_mono = None;
@@ -307,21 +388,24 @@ impl Holder {
             now.max_blocks,
         );
         self.apply_local(&plan, host);
+        // Pending blocks were never used: past their deadline they are
+        // simply dropped (the registry frees them after their expiry).
+        self.pending.retain(|h| now.mono_ms < h.deadline_mono_ms);
         let Some(registry) = registry else {
             return Ok(());
         };
         let due = self
             .last_renew_mono
             .is_none_or(|t| now.mono_ms.saturating_sub(t) >= now.timing.renew_every_ms);
-        if !self.held.is_empty() && due {
+        if (!self.held.is_empty() || !self.pending.is_empty()) && due {
             self.renew(now, registry, host)?;
         }
         for block in &plan.release {
             self.release(*block, registry, host)?;
         }
-        // Unconfirmed saved blocks are not supply yet: the renewal above
-        // confirms or drops them first.
-        if plan.acquire > 0 && self.held.iter().all(|h| h.confirmed) {
+        // Unconfirmed saved blocks and pending grants are not supply yet:
+        // the renewal above confirms or drops them first.
+        if plan.acquire > 0 && self.held.iter().all(|h| h.confirmed) && self.pending.is_empty() {
             self.acquire(plan.acquire, allowed, now, registry, host)?;
         }
         Ok(())
@@ -358,6 +442,9 @@ impl Holder {
             return false;
         };
         if incarnation != self.incarnation {
+            // Grants of the older incarnation that never became durable:
+            // the new one may never have known them.
+            self.pending.clear();
             self.events.push(Event::NewIncarnation {
                 old: std::mem::take(&mut self.incarnation),
                 new: incarnation.to_string(),
@@ -386,6 +473,42 @@ impl Holder {
         self.fenced_until_ms = until;
     }
 
+    /// Whether the grant just committed may be used: asks the registry
+    /// whether it is durable, reports a change.
+    fn durable(
+        &mut self,
+        what: &'static str,
+        now: &Now,
+        registry: &mut dyn Registry,
+    ) -> Result<bool, CallError> {
+        let wait_ms = now.timing.renew_every_ms.clamp(100, DURABLE_WAIT_MAX_MS);
+        let durability = match registry.durable(wait_ms) {
+            Ok(d) => d,
+            Err(e) => return self.failed(e).map(|()| false),
+        };
+        let usable = durability.durable
+            && (now.replication == Replication::Auto || durability.mode == MODE_SYNCHRONOUS);
+        if durability.mode != self.durability_mode {
+            self.durability_mode = durability.mode.clone();
+            self.events.push(Event::DurabilityMode {
+                mode: durability.mode.clone(),
+            });
+        }
+        if usable {
+            if std::mem::take(&mut self.not_durable) {
+                self.events.push(Event::DurableAgain);
+            }
+        } else {
+            self.not_durable = true;
+            self.events.push(Event::NotDurable {
+                what,
+                durability,
+                required: now.replication,
+            });
+        }
+        Ok(usable)
+    }
+
     fn renew(
         &mut self,
         now: Now,
@@ -401,6 +524,7 @@ impl Holder {
             blocks: self
                 .held
                 .iter()
+                .chain(&self.pending)
                 .map(|h| BlockMark {
                     block: h.block,
                     high_ms: h.high_ms,
@@ -423,7 +547,6 @@ impl Holder {
             return Ok(());
         }
         self.note_fence(reply.fenced_until_ms);
-        self.last_renew_mono = Some(now.mono_ms);
         let asked: Vec<u32> = req.blocks.iter().map(|b| b.block).collect();
         let kept: Vec<BlockMark> = reply
             .blocks
@@ -436,11 +559,33 @@ impl Holder {
             .copied()
             .filter(|b| !kept.iter().any(|k| k.block == *b))
             .collect();
+        // Giving blocks up is safe whether or not the reply is durable.
         for &block in &lost {
-            self.events.push(Event::Lost { block });
-            host.revoke(block);
+            if self.held.iter().any(|h| h.block == block) {
+                self.events.push(Event::Lost { block });
+                host.revoke(block);
+            }
         }
         self.held.retain(|h| !lost.contains(&h.block));
+        self.pending.retain(|h| !lost.contains(&h.block));
+        // Nothing else is used before it is durable: the deadlines and
+        // marks stay those of the last durable renewal, and the renewal is
+        // sent again at the next round.
+        if !self.durable("renewal", &now, registry)? {
+            return Ok(());
+        }
+        self.last_renew_mono = Some(now.mono_ms);
+        for k in &kept {
+            let Some(i) = self.pending.iter().position(|p| p.block == k.block) else {
+                continue;
+            };
+            let mut h = self.pending.swap_remove(i);
+            h.confirmed = true;
+            self.held.push(h);
+            if h.floor_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
+                self.activate(h.block, host);
+            }
+        }
         for k in kept {
             let Some(h) = self.held.iter_mut().find(|h| h.block == k.block) else {
                 continue;
@@ -503,8 +648,30 @@ impl Holder {
         if reply.blocks.is_empty() && self.held.is_empty() && reply.fenced_until_ms.is_none() {
             self.events.push(Event::NoFreeBlock);
         }
+        let durable = reply.blocks.is_empty() || self.durable("lease", &now, registry)?;
         for b in reply.blocks {
             if !allowed.contains(&b.block) {
+                continue;
+            }
+            if !durable {
+                // Leased to this server by a grant a failover may lose:
+                // not used until a durable renewal confirms it.
+                if !self
+                    .held
+                    .iter()
+                    .chain(&self.pending)
+                    .any(|h| h.block == b.block)
+                {
+                    self.pending.push(Held {
+                        block: b.block,
+                        floor_ms: b.high_ms,
+                        high_ms: grant.high_ms,
+                        deadline_mono_ms: grant.deadline_mono_ms,
+                        active: false,
+                        confirmed: false,
+                        idle_since_mono_ms: None,
+                    });
+                }
                 continue;
             }
             self.events.push(Event::Leased {
@@ -585,6 +752,9 @@ impl Holder {
         Err(e)
     }
 }
+
+/// The longest a durability check waits for the registry's standbys.
+pub const DURABLE_WAIT_MAX_MS: i64 = 2_000;
 
 /// A WAL position as PostgreSQL prints it (`16/B374D848`).
 pub fn parse_lsn(text: &str) -> Option<u64> {

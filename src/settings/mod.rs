@@ -23,6 +23,19 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// `snowflake_id.lease_replication`: what a grant from the registry must be
+/// before this server uses it (`snowflake_core::holder::Replication`).
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LeaseReplication {
+    #[name = c"auto"]
+    Auto,
+    #[name = c"synchronous"]
+    Synchronous,
+}
+
+static LEASE_REPLICATION: GucSetting<LeaseReplication> =
+    GucSetting::<LeaseReplication>::new(LeaseReplication::Auto);
+
 /// `snowflake_id.layout`: the preset the individual layout settings start from.
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Preset {
@@ -306,6 +319,16 @@ pub fn init(preloading: bool) {
         LEASE_TIME_MAX_MS,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_enum_guc(
+        c"snowflake_id.lease_replication",
+        c"What a grant from the registry must be before this server uses it: auto or synchronous.",
+        c"auto: durable as the registry is configured (flushed on the synchronous standbys its \
+          synchronous_standby_names names, or locally when it names none). synchronous: on \
+          synchronous standbys only; a registry with none grants nothing this server uses.",
+        &LEASE_REPLICATION,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"snowflake_id.max_blocks",
@@ -786,6 +809,14 @@ pub fn registry_options() -> String {
         .get()
         .map(|s| s.to_string_lossy().trim().to_string())
         .unwrap_or_default()
+}
+
+/// `snowflake_id.lease_replication`.
+pub fn lease_replication() -> snowflake_core::holder::Replication {
+    match LEASE_REPLICATION.get() {
+        LeaseReplication::Auto => snowflake_core::holder::Replication::Auto,
+        LeaseReplication::Synchronous => snowflake_core::holder::Replication::Synchronous,
+    }
 }
 
 /// `snowflake_id.lease_time` in milliseconds.

@@ -486,12 +486,59 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) IS
   'Called by a holder''s lease worker: returns an idle block, recording the time of the newest ID it issued there.';
 
+-- Whether what this session committed is where a failover can reach it:
+-- on enough synchronous standbys to satisfy synchronous_standby_names
+-- (`FIRST n` or `ANY n`: n standbys whose sync_state is sync or quorum have
+-- flushed it), waiting up to `wait_ms` (at most 5 s). A holder calls it
+-- after every lease or renewal and uses the grant only when it answers
+-- durable: a COMMIT whose wait for the standby was cancelled (a query
+-- cancel, a statement_timeout) returned with only a WARNING, and an old
+-- primary cut off from its standby after a promotion can never make one
+-- durable. The position checked is this server's flush position when the
+-- call begins, at or past the end of the session's last commit. With no
+-- synchronous standby named, the local flush is all there is: mode `local`
+-- (or `asynchronous` when standbys stream: a failover to one of them loses
+-- grants, and the registry's new incarnation is fenced). SECURITY DEFINER:
+-- pg_stat_replication shows positions only to privileged roles.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable(req jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    wait_ms bigint := least(greatest(coalesce((req->>'wait_ms')::bigint, 0), 0), 5000);
+    names text := pg_catalog.current_setting('synchronous_standby_names');
+    target pg_lsn := pg_catalog.pg_current_wal_flush_lsn();
+    deadline timestamptz := pg_catalog.clock_timestamp() + wait_ms * interval '1 millisecond';
+    needed int;
+    flushed int;
+    streaming int;
+BEGIN
+    IF pg_catalog.btrim(names) = '' THEN
+        SELECT count(*) INTO streaming FROM pg_catalog.pg_stat_replication r WHERE r.state = 'streaming';
+        RETURN jsonb_build_object('durable', true,
+                                  'mode', CASE WHEN streaming > 0 THEN 'asynchronous' ELSE 'local' END,
+                                  'needed', 0, 'flushed', 0, 'lsn', target::text);
+    END IF;
+    -- [FIRST] n (...) or ANY n (...); a plain list (or *) is FIRST 1.
+    needed := coalesce((pg_catalog.regexp_match(names, '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int, 1);
+    LOOP
+        SELECT count(*) INTO flushed FROM pg_catalog.pg_stat_replication r
+         WHERE r.sync_state IN ('sync', 'quorum') AND r.flush_lsn >= target;
+        EXIT WHEN flushed >= needed OR pg_catalog.clock_timestamp() >= deadline;
+        PERFORM pg_catalog.pg_sleep(0.005);
+    END LOOP;
+    RETURN jsonb_build_object('durable', flushed >= needed, 'mode', 'synchronous',
+                              'needed', needed, 'flushed', flushed, 'lsn', target::text);
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) IS
+  'Called by a holder''s lease worker after each grant: whether this session''s commits are flushed on enough synchronous standbys (synchronous_standby_names) that a failover keeps them.';
+
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_reply(text, timestamptz, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_renew(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) FROM PUBLIC;
 
 -- A registry made with no holder alive starts its first incarnation here,
 -- unfenced, so that a standby made from it has the row and its timeline

@@ -51,9 +51,69 @@ struct FakeRegistry {
     no_fencing: bool,
     /// Live sessions holding block locks (evidence of holders).
     live_holders: bool,
+    /// `synchronous_standby_names`, and the standbys.
+    sync: Sync,
+    standbys: Vec<Standby>,
+    /// Answers every durability check with "durable" (what a holder that
+    /// trusted any COMMIT that returned did before 0.7.0).
+    trust_commits: bool,
+}
+
+/// `synchronous_standby_names`: none, `FIRST n (...)` or `ANY n (...)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Sync {
+    #[default]
+    None,
+    First(u32),
+    Any(u32),
+}
+
+/// A standby: what it flushed, unless stalled (it then keeps an older
+/// copy of the registry).
+#[derive(Clone, Debug, Default)]
+struct Standby {
+    stalled: bool,
+    copy: (Stored, u64),
 }
 
 impl FakeRegistry {
+    /// A registry with `n` synchronous standbys under `sync`.
+    fn replicated(sync: Sync, n: usize) -> FakeRegistry {
+        FakeRegistry {
+            sync,
+            standbys: vec![Standby::default(); n],
+            ..FakeRegistry::default()
+        }
+    }
+
+    /// The end of a call: its commit reaches every standby that streams.
+    fn commit(&mut self) {
+        let copy = self.snapshot();
+        for s in self.standbys.iter_mut().filter(|s| !s.stalled) {
+            s.copy = copy.clone();
+        }
+    }
+
+    /// Standby `i` is promoted: the registry is what it flushed, on a new
+    /// timeline.
+    fn promote(&mut self, i: usize) {
+        let copy = self.standbys[i].copy.clone();
+        self.standbys.clear();
+        self.sync = Sync::None;
+        self.forget(copy, true);
+    }
+
+    /// A second registry: standby `i` promoted while this one goes on
+    /// (split brain).
+    fn clone_promoted(&self, i: usize) -> FakeRegistry {
+        let mut new = FakeRegistry {
+            next_incarnation: self.next_incarnation + 100,
+            ..FakeRegistry::default()
+        };
+        new.forget(self.standbys[i].copy.clone(), true);
+        new
+    }
+
     fn snapshot(&self) -> (Stored, u64) {
         (self.stored.clone(), self.lsn)
     }
@@ -181,6 +241,7 @@ impl Registry for FakeRegistry {
                 }
             }
         }
+        self.commit();
         Ok(self.reply(granted))
     }
 
@@ -221,6 +282,7 @@ impl Registry for FakeRegistry {
                     .max(if mine { 0 } else { b.high_ms });
             }
         }
+        self.commit();
         Ok(self.reply(kept))
     }
 
@@ -232,11 +294,32 @@ impl Registry for FakeRegistry {
             row.holder = None;
             row.mark = req.high_ms;
         }
+        self.commit();
         let reply = self.reply(Vec::new());
         Ok(ReleaseReply {
             incarnation: reply.incarnation,
             lsn: reply.lsn,
             released,
+        })
+    }
+
+    /// `leases.sql`'s snowflake_lease_durable: the standbys that stream
+    /// have flushed everything (`commit`), the stalled ones nothing since.
+    fn durable(&mut self, _wait_ms: i64) -> Result<Durability, CallError> {
+        if self.stalled {
+            return Err(CallError::Unreachable("timeout".into()));
+        }
+        let flushed = self.standbys.iter().filter(|s| !s.stalled).count() as u32;
+        let (mode, needed) = match self.sync {
+            Sync::None => ("local", 0),
+            Sync::First(n) | Sync::Any(n) => (MODE_SYNCHRONOUS, n),
+        };
+        Ok(Durability {
+            durable: self.trust_commits || flushed >= needed,
+            mode: mode.into(),
+            needed,
+            flushed,
+            lsn: format_lsn(self.lsn),
         })
     }
 }
@@ -286,6 +369,9 @@ struct Server {
     /// Offset of this server's clock from the registry's.
     skew: i64,
     connected: bool,
+    /// `snowflake_id.lease_time` (ms) and `lease_replication`.
+    lease_ms: i64,
+    replication: Replication,
 }
 
 impl Server {
@@ -304,6 +390,8 @@ impl Server {
             },
             skew,
             connected: true,
+            lease_ms: LEASE,
+            replication: Replication::Auto,
         }
     }
 
@@ -327,9 +415,10 @@ impl Server {
         let now = Now {
             mono_ms: t - T0,
             wall_ms: t + self.skew,
-            timing: timing(),
+            timing: Timing::new(self.lease_ms),
             max_drift_ms: DRIFT,
             max_blocks: 64,
+            replication: self.replication,
         };
         let usage = self.usage();
         registry.now = t;
@@ -726,4 +815,163 @@ fn a_new_incarnation_first_seen_by_an_acquire_is_reasserted_by_the_next_renewal(
         "the block was not re-asserted: {:?}",
         a.holder.events
     );
+}
+
+// ------------------------------------------- grants durable on standbys
+
+/// Issue 30's first run: a renewal whose wait for the synchronous standby
+/// was cancelled returned as committed; the holder (now with a 60 s lease,
+/// which only that lost renewal carried) used it; the standby was
+/// promoted, fenced only for the 6 s lease it knew, and leased the block
+/// to another server while the first still used it.
+fn stalled_standby_then_promotion(trust_commits: bool) -> (Server, Server, FakeRegistry) {
+    let mut reg = FakeRegistry::replicated(Sync::First(1), 1);
+    reg.trust_commits = trust_commits;
+    let mut a = Server::new("a", 0);
+    let mut b = Server::new("b", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    assert!(
+        a.host.active.contains_key(&0),
+        "a leases while the standby streams"
+    );
+    // The standby stops answering; a's lease time is raised to 60 s.
+    // (Its next renewal, at about T0 + 5.6 s, asks for 60 s.)
+    reg.standbys[0].stalled = true;
+    a.lease_ms = 60_000;
+    run(&mut [&mut a], &mut reg, T0 + 1_000, T0 + 8_000, &[0]);
+    // The synchronous standby is promoted: it has only what it flushed;
+    // a cannot reach it (it keeps what it has until its deadline).
+    reg.promote(0);
+    a.connected = false;
+    run(
+        &mut [&mut a, &mut b],
+        &mut reg,
+        T0 + 8_000,
+        T0 + 40_000,
+        &[0],
+    );
+    (a, b, reg)
+}
+
+#[test]
+fn a_grant_only_committed_locally_is_not_used_and_a_promotion_loses_nothing() {
+    let (a, b, _) = stalled_standby_then_promotion(false);
+    assert!(
+        a.holder.events.iter().any(|e| matches!(
+            e,
+            Event::NotDurable {
+                what: "renewal",
+                ..
+            }
+        )),
+        "{:?}",
+        a.holder.events
+    );
+    assert!(
+        b.host.active.contains_key(&0),
+        "b leases the block after the fence"
+    );
+    assert_disjoint(&[&a, &b]);
+}
+
+/// The same run with a holder that trusts any COMMIT that returned (0.6.0)
+/// overlaps: the test above can fail.
+#[test]
+fn trusting_a_commit_that_returned_overlaps_after_the_promotion() {
+    let (a, b, _) = stalled_standby_then_promotion(true);
+    let result = std::panic::catch_unwind(|| assert_disjoint(&[&a, &b]));
+    assert!(result.is_err(), "trusting local commits must overlap here");
+}
+
+/// Split brain: the old primary, cut off from its standby after the
+/// promotion, goes on answering one holder. Nothing it grants is durable,
+/// so that holder never uses a block; the other, on the new primary, does.
+#[test]
+fn an_old_primary_cut_off_from_its_standby_grants_nothing_usable() {
+    let mut old = FakeRegistry::replicated(Sync::First(1), 1);
+    let mut a = Server::new("a", 0);
+    run(&mut [&mut a], &mut old, T0, T0 + 500, &[1]);
+    let mut new = old.clone_promoted(0);
+    old.standbys[0].stalled = true;
+    let mut x = Server::new("x", 0);
+    let mut y = Server::new("y", 0);
+    let mut t = T0 + 500;
+    while t < T0 + 30_000 {
+        x.step(t, &mut old, &[0]);
+        y.step(t, &mut new, &[0]);
+        t += 100;
+    }
+    assert!(x.host.used.is_empty(), "x used {:?}", x.host.used);
+    assert!(!x.holder.pending.is_empty() || x.holder.held.is_empty());
+    assert!(y.host.active.contains_key(&0));
+    assert_disjoint(&[&x, &y]);
+}
+
+/// `ANY 1 (s1, s2)` with one stalled: the other has every grant. `ANY 2`
+/// of three with one stalled: durable; with two stalled: not.
+#[test]
+fn a_quorum_of_standbys_makes_a_grant_durable() {
+    for (sync, n, stalled, usable) in [
+        (Sync::Any(1), 2, 1, true),
+        (Sync::Any(2), 3, 1, true),
+        (Sync::Any(2), 3, 2, false),
+        (Sync::First(1), 1, 0, true),
+        (Sync::First(2), 2, 1, false),
+    ] {
+        let mut reg = FakeRegistry::replicated(sync, n);
+        for s in reg.standbys.iter_mut().take(stalled) {
+            s.stalled = true;
+        }
+        let mut a = Server::new("a", 0);
+        run(&mut [&mut a], &mut reg, T0, T0 + 2_000, &[0]);
+        assert_eq!(
+            a.host.active.contains_key(&0),
+            usable,
+            "{sync:?} with {stalled} of {n} stalled"
+        );
+        assert_eq!(a.holder.pending.is_empty(), usable, "{sync:?}");
+    }
+}
+
+/// A lease granted while the standby stalled waits in `pending`; once
+/// the standby streams again, the next renewal confirms and uses it.
+#[test]
+fn a_pending_lease_is_used_once_a_renewal_is_durable() {
+    let mut reg = FakeRegistry::replicated(Sync::First(1), 1);
+    reg.standbys[0].stalled = true;
+    let mut a = Server::new("a", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    assert!(a.host.used.is_empty());
+    assert_eq!(a.holder.pending.len(), 1);
+    assert!(a.holder.not_durable);
+    reg.standbys[0].stalled = false;
+    run(&mut [&mut a], &mut reg, T0 + 1_000, T0 + 2_000, &[0]);
+    assert!(a.holder.pending.is_empty());
+    assert!(a.host.active.contains_key(&0));
+    assert!(a.holder.events.contains(&Event::DurableAgain));
+}
+
+/// `lease_replication = synchronous`: a registry with no synchronous
+/// standby grants nothing this server uses; `auto` takes its local flush.
+#[test]
+fn synchronous_replication_required_refuses_a_registry_without_standbys() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    a.replication = Replication::Synchronous;
+    run(&mut [&mut a], &mut reg, T0, T0 + 2_000, &[0]);
+    assert!(a.host.used.is_empty());
+    assert!(a.holder.events.iter().any(|e| matches!(
+        e,
+        Event::NotDurable {
+            required: Replication::Synchronous,
+            ..
+        }
+    )));
+    let mut reg = FakeRegistry::default();
+    let mut b = Server::new("b", 0);
+    run(&mut [&mut b], &mut reg, T0, T0 + 2_000, &[0]);
+    assert!(b.host.active.contains_key(&0));
+    assert!(b.holder.events.contains(&Event::DurabilityMode {
+        mode: "local".into()
+    }));
 }

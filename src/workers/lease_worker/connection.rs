@@ -37,11 +37,13 @@ impl Worker {
         let found = client.query(
             "SELECT f.schema, f.usable, \
                     has_database_privilege('public', current_database(), 'CONNECT'), \
-                    quote_ident(current_user) \
+                    quote_ident(current_user), f.durable \
                FROM pg_extension e \
                LEFT JOIN LATERAL ( \
                     SELECT quote_ident(n.nspname) AS schema, \
-                           has_schema_privilege(n.oid, 'USAGE') AS usable \
+                           has_schema_privilege(n.oid, 'USAGE') AS usable, \
+                           EXISTS (SELECT 1 FROM pg_proc q WHERE q.pronamespace = n.oid \
+                                      AND q.proname = 'snowflake_lease_durable') AS durable \
                       FROM pg_depend d \
                       JOIN pg_proc p ON p.oid = d.objid \
                       JOIN pg_namespace n ON n.oid = p.pronamespace \
@@ -54,6 +56,7 @@ impl Worker {
               WHERE e.extname = 'snowflake_id'",
             &[],
         );
+        let durable_check: bool;
         let schema: String = match found.map(|rows| rows.into_iter().next()) {
             Ok(Some(row)) => {
                 let column = |i: usize| row.get(i).cloned().flatten();
@@ -72,6 +75,9 @@ impl Worker {
                     ));
                     return;
                 }
+                // 0.7.0 and later: grants are checked durable on the
+                // registry's standbys (snowflake_lease_durable).
+                durable_check = column(4).as_deref() == Some("t");
                 if column(2).as_deref() == Some("t") && !self.public_warned {
                     self.public_warned = true;
                     pgrx::warning!(
@@ -153,7 +159,11 @@ impl Worker {
                 return;
             }
         }
-        self.client = Some(PgRegistry { client, schema });
+        self.client = Some(PgRegistry {
+            client,
+            schema,
+            durable_check,
+        });
         self.connect_backoff_ms = 0;
         self.unreachable = false;
         self.header.lease.unreachable_since_ms.store(0, Release);

@@ -66,8 +66,8 @@ use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 use snowflake_core::generator::{floor_word, unpack};
 use snowflake_core::holder::{
-    self, AcquireRequest, CallError, Event, Holder, Identity, Now, Registry, ReleaseReply,
-    ReleaseRequest, RenewRequest, Reply,
+    self, AcquireRequest, CallError, Durability, Event, Holder, Identity, Now, Registry,
+    ReleaseReply, ReleaseRequest, RenewRequest, Replication, Reply,
 };
 use snowflake_core::layout::{format_unix_ms, Layout};
 use snowflake_core::lease::{self, Timing, Usage};
@@ -418,6 +418,7 @@ impl Worker {
             timing: self.timing(),
             max_drift_ms: settings::max_drift_ms(),
             max_blocks: settings::max_blocks(),
+            replication: settings::lease_replication(),
         };
         let (ranges, _) = settings::worker_ranges();
         let allowed = lease::allowed_blocks(&ranges, self.holder.id.block_size);

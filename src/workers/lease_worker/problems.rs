@@ -14,6 +14,9 @@ pub(super) enum Problem {
     Citus(String),
     /// The registry refused a call: cleared by the next call that succeeds.
     Refused(String),
+    /// A grant was committed but is not durable where a failover can
+    /// reach it: cleared by the next durable grant.
+    NotDurable(String),
     /// Anything else (unreachable, fenced, no free block, went back in
     /// time): cleared when a new connection works.
     Other(String),
@@ -22,7 +25,10 @@ pub(super) enum Problem {
 impl Problem {
     pub(super) fn text(&self) -> &str {
         match self {
-            Problem::Citus(t) | Problem::Refused(t) | Problem::Other(t) => t,
+            Problem::Citus(t)
+            | Problem::Refused(t)
+            | Problem::NotDurable(t)
+            | Problem::Other(t) => t,
         }
     }
 }
@@ -85,7 +91,55 @@ impl Worker {
                 Event::NoFreeBlock => self.set_problem(Problem::Other(format!(
                     "the registry {display} has no free block of worker ids for this server (snowflake_id.worker_ids limits which it may lease)"
                 ))),
+                Event::NotDurable {
+                    what,
+                    durability,
+                    required,
+                } => self.set_problem(Problem::NotDurable(not_durable_text(
+                    &display,
+                    what,
+                    &durability,
+                    required,
+                ))),
+                Event::DurableAgain => {
+                    if matches!(self.problem, Some(Problem::NotDurable(_))) {
+                        pgrx::log!(
+                            "snowflake_id lease: grants from the registry {display} are durable again"
+                        );
+                        self.problem = None;
+                        self.header.lease.problem.set("");
+                    }
+                }
+                Event::DurabilityMode { mode } => match mode.as_str() {
+                    "synchronous" => pgrx::log!(
+                        "snowflake_id lease: grants from the registry {display} are used once its synchronous standbys have them"
+                    ),
+                    "asynchronous" => pgrx::warning!(
+                        "snowflake_id lease: the registry {display} names no synchronous standby but has standbys streaming: a grant is used once flushed there alone, and a failover to a standby fences the fleet (set synchronous_standby_names on the registry, or snowflake_id.lease_replication = synchronous here to insist)"
+                    ),
+                    "unchecked" => pgrx::warning!(
+                        "snowflake_id lease: the snowflake_id extension at the registry {display} cannot say whether a grant reached its standbys (it predates 0.7.0): a grant is used once committed there; run ALTER EXTENSION snowflake_id UPDATE there"
+                    ),
+                    _ => {}
+                },
             }
         }
+    }
+}
+
+/// The problem text of a grant that is not durable: what is wrong and what
+/// to do.
+fn not_durable_text(display: &str, what: &str, d: &Durability, required: Replication) -> String {
+    match (d.mode.as_str(), required) {
+        ("synchronous", _) => format!(
+            "a {what} from the registry {display} is committed there but not on its synchronous standbys ({} of {} flushed WAL position {}): it is not used, and this server keeps what it holds until it is; check the registry's standbys (pg_stat_replication there)",
+            d.flushed, d.needed, d.lsn
+        ),
+        (mode, Replication::Synchronous) => format!(
+            "a {what} from the registry {display} is not on a synchronous standby (the registry's durability: {mode}; synchronous_standby_names is empty there, or its extension predates 0.7.0) and snowflake_id.lease_replication = synchronous: it is not used; give the registry a synchronous standby (synchronous_standby_names), update its extension, or set snowflake_id.lease_replication = auto here"
+        ),
+        (mode, Replication::Auto) => format!(
+            "a {what} from the registry {display} is not durable there (durability: {mode}): it is not used"
+        ),
     }
 }

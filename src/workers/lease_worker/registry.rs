@@ -14,6 +14,9 @@ pub(super) struct PgRegistry {
     /// extension's schema up to 0.5.0, `snowflake_id_internal` from 0.6.0
     /// (`Worker::connect` finds it through the extension's membership).
     pub(super) schema: String,
+    /// Whether the registry has `snowflake_lease_durable` (0.7.0 and
+    /// later); an older one's grants are taken as committed ("unchecked").
+    pub(super) durable_check: bool,
 }
 
 impl PgRegistry {
@@ -64,6 +67,19 @@ impl Registry for PgRegistry {
     }
     fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
         self.call("snowflake_lease_release", req)
+    }
+    fn durable(&mut self, wait_ms: i64) -> Result<Durability, CallError> {
+        if !self.durable_check {
+            return Ok(Durability {
+                durable: true,
+                mode: "unchecked".into(),
+                ..Durability::default()
+            });
+        }
+        self.call(
+            "snowflake_lease_durable",
+            &serde_json::json!({ "wait_ms": wait_ms }),
+        )
     }
 }
 
