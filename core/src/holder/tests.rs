@@ -11,10 +11,6 @@ const T0: i64 = 1_795_305_600_000;
 const LEASE: i64 = 6_000;
 const DRIFT: i64 = 1_000;
 
-fn timing() -> Timing {
-    Timing::new(LEASE)
-}
-
 #[derive(Clone, Debug, Default)]
 struct Row {
     holder: Option<String>,
