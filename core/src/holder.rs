@@ -397,7 +397,10 @@ impl Holder {
         let due = self
             .last_renew_mono
             .is_none_or(|t| now.mono_ms.saturating_sub(t) >= now.timing.renew_every_ms);
-        if (!self.held.is_empty() || !self.pending.is_empty()) && due {
+        // Pending grants are not in this round's plan: none is acquired in
+        // a round that began with some, even if the renewal confirms them.
+        let none_pending = self.pending.is_empty();
+        if (!self.held.is_empty() || !none_pending) && due {
             self.renew(now, registry, host)?;
         }
         for block in &plan.release {
@@ -405,7 +408,7 @@ impl Holder {
         }
         // Unconfirmed saved blocks and pending grants are not supply yet:
         // the renewal above confirms or drops them first.
-        if plan.acquire > 0 && self.held.iter().all(|h| h.confirmed) && self.pending.is_empty() {
+        if plan.acquire > 0 && self.held.iter().all(|h| h.confirmed) && none_pending {
             self.acquire(plan.acquire, allowed, now, registry, host)?;
         }
         Ok(())
@@ -648,7 +651,14 @@ impl Holder {
         if reply.blocks.is_empty() && self.held.is_empty() && reply.fenced_until_ms.is_none() {
             self.events.push(Event::NoFreeBlock);
         }
-        let durable = reply.blocks.is_empty() || self.durable("lease", &now, registry)?;
+        // A failed check leaves the blocks leased here as pending, so that
+        // they are renewed (or given up) rather than stranded until expiry.
+        let checked = if reply.blocks.is_empty() {
+            Ok(true)
+        } else {
+            self.durable("lease", &now, registry)
+        };
+        let durable = matches!(checked, Ok(true));
         for b in reply.blocks {
             if !allowed.contains(&b.block) {
                 continue;
@@ -704,7 +714,7 @@ impl Holder {
                 self.activate(b.block, host);
             }
         }
-        Ok(())
+        checked.map(|_| ())
     }
 
     /// Gives an idle block back (if still idle when stopped).

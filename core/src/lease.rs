@@ -42,9 +42,15 @@
 //! (`leases.sql`, `holder`, docs/design/fleet-fencing.md):
 //!
 //! - A grant is durable before the holder uses it: the holder's session
-//!   commits synchronously (`synchronous_commit = on`, which also waits
-//!   for a synchronous standby), and the registry refuses a session that
-//!   does not.
+//!   commits synchronously (`synchronous_commit = on`), and the registry
+//!   refuses a session that does not. With synchronous standbys, a commit
+//!   that returned is not enough (a cancelled wait for the standby returns
+//!   with a warning only): the holder uses a grant only once the registry
+//!   says, after the commit, that it is flushed on enough synchronous
+//!   standbys to satisfy `synchronous_standby_names` (`holder`, "What the
+//!   holder trusts"). So a failover to a synchronous standby keeps every
+//!   grant in use, and an old primary cut off from its standby grants
+//!   nothing usable.
 //! - Every way a registry can still lose committed rows is detected and
 //!   starts a new *incarnation*: a new WAL timeline (promotion, PITR, a
 //!   restored base backup), a WAL position below one a holder saw (a
@@ -66,8 +72,9 @@
 //! - During the fence, holders that knew the older incarnation re-assert
 //!   their blocks with their marks and keep them.
 //! - Not covered: an old primary that goes on granting after a standby was
-//!   promoted (split brain: fence the old primary, as any failover must),
-//!   and a snapshot restored in place over a registry whose WAL has since
+//!   promoted when the registry names no synchronous standby (its own
+//!   flush makes a grant durable: fence the old primary, as any failover
+//!   must), and a snapshot restored in place over a registry whose WAL has since
 //!   passed every position its holders saw before any of them calls.
 
 use crate::ranges::WorkerRanges;

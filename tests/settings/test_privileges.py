@@ -193,7 +193,8 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
         assert internal == sorted([
             "snowflake_backfill_merge", "snowflake_backfill_restored",
             "snowflake_layout_id", "snowflake_layout_shift", "snowflake_layout_ticks",
-            "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_forget",
+            "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_durable",
+            "snowflake_lease_forget",
             "snowflake_lease_hello", "snowflake_lease_release", "snowflake_lease_renew",
             "snowflake_lease_reply", "snowflake_registry_high_water",
             "snowflake_registry_merge"]), internal

@@ -53,6 +53,8 @@ struct FakeRegistry {
     /// Answers every durability check with "durable" (what a holder that
     /// trusted any COMMIT that returned did before 0.7.0).
     trust_commits: bool,
+    /// Durability checks are refused (a lease role without EXECUTE on it).
+    durable_refused: bool,
 }
 
 /// `synchronous_standby_names`: none, `FIRST n (...)` or `ANY n (...)`.
@@ -304,6 +306,9 @@ impl Registry for FakeRegistry {
     fn durable(&mut self, _wait_ms: i64) -> Result<Durability, CallError> {
         if self.stalled {
             return Err(CallError::Unreachable("timeout".into()));
+        }
+        if self.durable_refused {
+            return Err(CallError::Refused("permission denied".into()));
         }
         let flushed = self.standbys.iter().filter(|s| !s.stalled).count() as u32;
         let (mode, needed) = match self.sync {
@@ -970,4 +975,25 @@ fn synchronous_replication_required_refuses_a_registry_without_standbys() {
     assert!(b.holder.events.contains(&Event::DurabilityMode {
         mode: "local".into()
     }));
+}
+
+/// A durability check that fails after a lease leaves the blocks pending
+/// (renewed, not stranded until their expiry), and unused; once the check
+/// works they are used.
+#[test]
+fn a_failed_durability_check_keeps_the_leased_blocks_pending() {
+    let mut reg = FakeRegistry::replicated(Sync::First(1), 1);
+    reg.durable_refused = true;
+    let mut a = Server::new("a", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0, 1]);
+    assert!(a.host.used.is_empty());
+    assert_eq!(a.holder.pending.len(), 1, "one lease, not one per round");
+    assert!(a
+        .holder
+        .events
+        .contains(&Event::Refused("permission denied".into())));
+    reg.durable_refused = false;
+    run(&mut [&mut a], &mut reg, T0 + 1_000, T0 + 2_000, &[0, 1]);
+    assert!(a.holder.pending.is_empty());
+    assert_eq!(a.host.active.len(), 1);
 }
