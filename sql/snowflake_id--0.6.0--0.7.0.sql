@@ -8,6 +8,10 @@
 -- grant and use the grant only once it answers durable (on enough
 -- synchronous standbys). Roles that may call the lease functions get
 -- EXECUTE on it too.
+--
+-- snowflake_config() gains the column lease_problem (what keeps the lease
+-- worker from leasing, for roles that may read the registry setting): it
+-- is dropped and made again, as generated.
 -- Whether what this session committed is where a failover can reach it:
 -- on enough synchronous standbys to satisfy synchronous_standby_names
 -- (`FIRST n` or `ANY n`: n standbys whose sync_state is sync or quorum have
@@ -71,3 +75,25 @@ BEGIN
     END LOOP;
 END
 $grant$;
+
+DROP FUNCTION snowflake_config();
+CREATE  FUNCTION "snowflake_config"() RETURNS TABLE (
+	"worker_ids" TEXT,  /* String */
+	"worker_ids_total" bigint,  /* Option < i64 > */
+	"worker_ids_held" bigint,  /* Option < i64 > */
+	"worker_ids_free" bigint,  /* Option < i64 > */
+	"my_worker_id" INT,  /* Option < i32 > */
+	"max_drift_ms" bigint,  /* i64 */
+	"mode" TEXT,  /* String */
+	"registry" TEXT,  /* Option < String > */
+	"blocks_held" INT,  /* Option < i32 > */
+	"lease_deadline" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"registry_unreachable_since" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"node_id" TEXT,  /* Option < String > */
+	"lease_problem" TEXT  /* Option < String > */
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_config_wrapper';
+COMMENT ON FUNCTION snowflake_config() IS
+  'Worker ids in force, held and free, this backend''s worker id, max_drift_ms, and where worker ids come from: mode (local, registry, citus), registry, blocks held, lease deadline, since when the registry is unreachable, node id, and what keeps the lease worker from leasing (lease_problem); worker_ids says "not preloaded" without shared_preload_libraries.';

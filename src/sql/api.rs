@@ -224,6 +224,7 @@ fn snowflake_config() -> TableIterator<
         name!(lease_deadline, Option<TimestampWithTimeZone>),
         name!(registry_unreachable_since, Option<TimestampWithTimeZone>),
         name!(node_id, Option<String>),
+        name!(lease_problem, Option<String>),
     ),
 > {
     let Some(header) = crate::shmem::header() else {
@@ -236,6 +237,7 @@ fn snowflake_config() -> TableIterator<
             None,
             settings::max_drift_ms(),
             "not preloaded".to_string(),
+            None,
             None,
             None,
             None,
@@ -261,10 +263,15 @@ fn snowflake_config() -> TableIterator<
     // node id this server has there are for superusers and members of
     // pg_read_all_settings (a role that can reach the registry could hold
     // the node id's lock there and make this server take itself for a copy).
-    let (registry, node_id) = if settings::may_read_hidden_settings() {
-        (lease.registry.get(), lease.node_id.get())
+    // What keeps the lease worker from leasing names the registry too.
+    let (registry, node_id, problem) = if settings::may_read_hidden_settings() {
+        (
+            lease.registry.get(),
+            lease.node_id.get(),
+            lease.problem.get(),
+        )
     } else {
-        (String::new(), String::new())
+        (String::new(), String::new(), String::new())
     };
     TableIterator::once((
         if text.is_empty() {
@@ -283,6 +290,7 @@ fn snowflake_config() -> TableIterator<
         at(lease.deadline_ms.load(Relaxed)),
         at(lease.unreachable_since_ms.load(Relaxed)),
         (!node_id.is_empty()).then_some(node_id),
+        (!problem.is_empty()).then_some(problem),
     ))
 }
 

@@ -393,7 +393,7 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_layout_ticks(numeric, int, t
 COMMENT ON FUNCTION snowflake_layout() IS
   'The layout in use: preset, epoch, time unit, bits of each field, limits, when the time field runs out, the years left and whether that is within snowflake_id.layout_end_warning.';
 COMMENT ON FUNCTION snowflake_config() IS
-  'Worker ids in force, held and free, this backend''s worker id, max_drift_ms, and where worker ids come from: mode (local, registry, citus), registry, blocks held, lease deadline, since when the registry is unreachable, node id; worker_ids says "not preloaded" without shared_preload_libraries.';
+  'Worker ids in force, held and free, this backend''s worker id, max_drift_ms, and where worker ids come from: mode (local, registry, citus), registry, blocks held, lease deadline, since when the registry is unreachable, node id, and what keeps the lease worker from leasing (lease_problem); worker_ids says "not preloaded" without shared_preload_libraries.';
 COMMENT ON FUNCTION snowflake_worker_status() IS
   'The rows behind the snowflake_workers view (oids instead of names).';
 COMMENT ON FUNCTION snowflake_accept_layout() IS

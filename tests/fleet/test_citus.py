@@ -145,6 +145,35 @@ def test_zero_configuration(make_cluster):
 
 
 
+def test_a_worker_whose_metadata_empties_stays_in_citus_mode(make_cluster):
+    """stop_metadata_sync_to_node() empties a worker's pg_dist_node while it
+    stays in the cluster. 0.6.0 read that as "no cluster" and went local
+    with every worker id (issue 30: 212,041 IDs made twice); the worker
+    now keeps leasing from the coordinator it knew, says so, and makes IDs
+    only from its leased blocks."""
+    nodes = citus_cluster(make_cluster)
+    for n in nodes:
+        wait_until(lambda n=n: mode(n) == "citus", timeout=60, what=f"citus mode on {n.port}")
+    coordinator, w = nodes[0], nodes[1]
+    with w.connect() as conn:
+        wait_until(lambda: can_make_id(conn), timeout=30, what="IDs on the worker")
+    coordinator.sql("SELECT stop_metadata_sync_to_node('127.0.0.1', %s)", int(w.port))
+    wait_until(lambda: w.scalar("SELECT count(*) FROM pg_dist_node") == 0, timeout=60,
+               what="the worker's pg_dist_node emptied")
+    wait_until(lambda: "lists no cluster" in (w.scalar("SELECT lease_problem FROM snowflake_config()")
+                                              or ""),
+               timeout=30, what="the worker's lease problem")
+    assert mode(w) == "citus"
+    node_id = w.scalar("SELECT node_id FROM snowflake_config()")
+    blocks = {b for (b,) in coordinator.sql(
+        "SELECT block FROM snowflake_leases WHERE holder_node = %s", node_id)}
+    assert blocks
+    with w.connect() as conn:
+        made = [conn.execute("SELECT snowflake_nextval()").fetchone()[0] for _ in range(200)]
+    assert {w.scalar("SELECT snowflake_worker_id(%s)", i) // 16 for i in made} <= blocks
+    assert "lists no cluster" in w.log()
+
+
 def test_registry_naming_the_coordinator(make_cluster):
     def settings(i, coordinator):
         # The coordinator names itself: its port is known only once made.

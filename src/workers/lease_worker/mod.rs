@@ -384,7 +384,21 @@ impl Worker {
     fn step(&mut self, citus: bool) {
         if citus && self.mono_ms() >= self.next_citus_mono {
             self.next_citus_mono = self.mono_ms() + CITUS_POLL_MS;
-            match citus_target() {
+            // A node that has been part of a Citus cluster stays in Citus
+            // mode when the metadata it reads says "no cluster": that is
+            // what `stop_metadata_sync_to_node` leaves on a worker that
+            // stays in the cluster, and local mode there would use worker
+            // ids the coordinator leases to other nodes. It keeps leasing
+            // from the coordinator it knew; a node that really left
+            // removes citus from shared_preload_libraries.
+            let found = match (citus_target(), &self.file.target) {
+                (Ok(None), Some(known)) if known.mode == MODE_CITUS => Err(format!(
+                    "Citus's metadata on this node lists no cluster any more (pg_dist_node is empty: stop_metadata_sync_to_node, or the node was removed), but this server was part of one: it keeps leasing worker ids from {} rather than using every worker id; if this node left the Citus cluster for good, remove citus from shared_preload_libraries and restart",
+                    known.display
+                )),
+                (found, _) => found,
+            };
+            match found {
                 Ok(target) => {
                     if matches!(self.problem, Some(Problem::Citus(_))) {
                         self.clear_problem();
