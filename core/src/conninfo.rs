@@ -1,5 +1,5 @@
 //! Connection strings as libpq reads them, only as far as needed to tell
-//! whether one holds a password (pure). A setting's value is readable by
+//! whether one holds a password, and to name each of its hosts (pure). A setting's value is readable by
 //! every member of `pg_read_all_settings` and written to the log when it
 //! changes, so `snowflake_id.registry` must not hold a secret: libpq reads
 //! passwords from a passfile (`~/.pgpass` of the server's OS user, or
@@ -237,9 +237,52 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// One host of a connection string with several (`host=a,b port=1,2`):
+/// the values that make a connection to that host alone. `None`: the
+/// keyword was not given (libpq's default applies).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostChoice {
+    pub host: Option<String>,
+    pub hostaddr: Option<String>,
+    pub port: Option<String>,
+}
+
+/// The hosts of a connection string, in order, from its `host`, `hostaddr`
+/// and `port` values as libpq parsed them: one entry per host, as libpq
+/// tries them (a single `port` applies to every host). Fewer than two
+/// hosts, or lists libpq would refuse (counts that differ), give an empty
+/// list: the connection string is used as it is.
+pub fn hosts(host: Option<&str>, hostaddr: Option<&str>, port: Option<&str>) -> Vec<HostChoice> {
+    let split = |v: Option<&str>| -> Vec<String> {
+        v.filter(|v| !v.is_empty())
+            .map(|v| v.split(',').map(|p| p.trim().to_string()).collect())
+            .unwrap_or_default()
+    };
+    let (hosts, addrs, ports) = (split(host), split(hostaddr), split(port));
+    let n = hosts.len().max(addrs.len());
+    if n < 2
+        || (!hosts.is_empty() && hosts.len() != n)
+        || (!addrs.is_empty() && addrs.len() != n)
+        || (ports.len() > 1 && ports.len() != n)
+    {
+        return Vec::new();
+    }
+    (0..n)
+        .map(|i| HostChoice {
+            host: hosts.get(i).cloned(),
+            hostaddr: addrs.get(i).cloned(),
+            port: if ports.len() == 1 {
+                ports.first().cloned()
+            } else {
+                ports.get(i).cloned()
+            },
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::secret_in;
+    use super::{hosts, secret_in};
 
     #[test]
     fn problems_are_found_without_libpq() {
@@ -302,5 +345,24 @@ mod tests {
         assert_eq!(secret_in("postgresql:///d?host=/tmp&passfile=/p"), None);
         // ':' after the authority is not a password.
         assert_eq!(secret_in("postgresql://h/d?options=-c%20a:b@c"), None);
+    }
+
+    #[test]
+    fn several_hosts_are_named_one_by_one_as_libpq_tries_them() {
+        let h = hosts(Some("a,b"), None, Some("5432,5433"));
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[1].host.as_deref(), Some("b"));
+        assert_eq!(h[1].port.as_deref(), Some("5433"));
+        assert_eq!(h[1].hostaddr, None);
+        // One port for every host; hostaddr beside host.
+        let h = hosts(Some("a,b"), Some("10.0.0.1,10.0.0.2"), Some("6432"));
+        assert_eq!(h[0].port.as_deref(), Some("6432"));
+        assert_eq!(h[1].port.as_deref(), Some("6432"));
+        assert_eq!(h[1].hostaddr.as_deref(), Some("10.0.0.2"));
+        // One host, or lists libpq refuses: used as they are.
+        assert!(hosts(Some("a"), None, Some("1")).is_empty());
+        assert!(hosts(None, None, None).is_empty());
+        assert!(hosts(Some("a,b"), Some("x"), None).is_empty());
+        assert!(hosts(Some("a,b,c"), None, Some("1,2")).is_empty());
     }
 }

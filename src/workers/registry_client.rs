@@ -16,6 +16,7 @@
 
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
+use snowflake_core::conninfo;
 use snowflake_core::holder::CallError;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int};
@@ -166,6 +167,8 @@ pub struct Connection {
     conn: *mut PGconn,
     /// The SQLSTATE of the last call's error, if it failed on the server.
     last_sqlstate: Option<String>,
+    /// A call found no answer within [`CALL_TIMEOUT_MS`]: the host stalled.
+    stalled: bool,
 }
 
 // The worker is single-threaded; the connection never leaves it.
@@ -267,20 +270,78 @@ fn wait_socket(
 impl Connection {
     /// Connects with `conninfo` (any libpq connection string), overriding
     /// the application name and the session's `options`.
+    /// Connects to the registry. A connection string with several hosts
+    /// is tried one host at a time, from host `first` on (wrapping), each
+    /// with its own [`CALL_TIMEOUT_MS`]: libpq's own move to the next host
+    /// happens only on a refused connection (its `connect_timeout` does
+    /// not apply to a non-blocking connect), so a first host that accepts
+    /// connections and never answers (a frozen VM) would otherwise stall
+    /// every attempt. Returns the connection and the index of its host.
     pub fn connect(
         conninfo: &str,
         application_name: &str,
         options: &str,
+        first: usize,
+    ) -> Result<(Connection, usize), CallError> {
+        let parsed = parse_conninfo(conninfo).map_err(CallError::Refused)?;
+        let value = |key: &str| {
+            parsed
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        let hosts = conninfo::hosts(value("host"), value("hostaddr"), value("port"));
+        if hosts.is_empty() {
+            return Self::connect_to(conninfo, application_name, options, None).map(|c| (c, 0));
+        }
+        let mut errors = Vec::with_capacity(hosts.len());
+        for k in 0..hosts.len() {
+            let i = (first + k) % hosts.len();
+            match Self::connect_to(conninfo, application_name, options, Some(&hosts[i])) {
+                Ok(c) => return Ok((c, i)),
+                // Shutting down: no other host.
+                Err(e) if terminating() => return Err(e),
+                Err(CallError::Unreachable(e) | CallError::Refused(e)) => {
+                    errors.push(format!("host {}: {e}", i + 1))
+                }
+            }
+        }
+        Err(CallError::Unreachable(errors.join("; ")))
+    }
+
+    /// One connection attempt: to the connection string as it is, or to
+    /// one of its hosts (`host`, `hostaddr`, `port` override its lists).
+    fn connect_to(
+        conninfo: &str,
+        application_name: &str,
+        options: &str,
+        host: Option<&conninfo::HostChoice>,
     ) -> Result<Connection, CallError> {
         let pq = libpq()?;
         let bad = |_| CallError::Refused("the connection string contains a NUL byte".into());
-        let keys = [c"dbname", c"application_name", c"options"];
-        let values = [
-            CString::new(conninfo).map_err(bad)?,
-            CString::new(application_name).map_err(bad)?,
-            CString::new(options).map_err(bad)?,
+        let mut pairs: Vec<(&CStr, &str)> = vec![
+            (c"dbname", conninfo),
+            (c"application_name", application_name),
+            (c"options", options),
         ];
-        let mut key_ptrs: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr()).collect();
+        if let Some(h) = host {
+            // Later keywords override what `dbname` expanded to; an empty
+            // value would not, and none is given.
+            for (key, v) in [
+                (c"host", &h.host),
+                (c"hostaddr", &h.hostaddr),
+                (c"port", &h.port),
+            ] {
+                if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+                    pairs.push((key, v));
+                }
+            }
+        }
+        let values = pairs
+            .iter()
+            .map(|(_, v)| CString::new(*v).map_err(bad))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut key_ptrs: Vec<*const c_char> = pairs.iter().map(|(k, _)| k.as_ptr()).collect();
         let mut value_ptrs: Vec<*const c_char> = values.iter().map(|v| v.as_ptr()).collect();
         key_ptrs.push(std::ptr::null());
         value_ptrs.push(std::ptr::null());
@@ -297,6 +358,7 @@ impl Connection {
             pq,
             conn,
             last_sqlstate: None,
+            stalled: false,
         };
         // SAFETY: status of the connection we own.
         if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
@@ -364,7 +426,8 @@ impl Connection {
             // SAFETY: flushing the connection we own.
             match unsafe { (pq.PQflush)(conn) } {
                 0 => break,
-                1 => wait_socket(pq, conn, Want::Write, deadline, "sending a call")?,
+                1 => wait_socket(pq, conn, Want::Write, deadline, "sending a call")
+                    .inspect_err(|_| self.stalled = Instant::now() >= deadline)?,
                 _ => return Err(CallError::Unreachable(error_message(pq, conn))),
             }
         }
@@ -373,7 +436,8 @@ impl Connection {
         loop {
             // SAFETY: on the connection we own.
             while unsafe { (pq.PQisBusy)(conn) } != 0 {
-                wait_socket(pq, conn, Want::Read, deadline, "waiting for an answer")?;
+                wait_socket(pq, conn, Want::Read, deadline, "waiting for an answer")
+                    .inspect_err(|_| self.stalled = Instant::now() >= deadline)?;
                 // SAFETY: as above.
                 if unsafe { (pq.PQconsumeInput)(conn) } == 0 {
                     return Err(CallError::Unreachable(error_message(pq, conn)));
@@ -407,6 +471,12 @@ impl Connection {
 
     /// The SQLSTATE of the last call's error when the server refused it
     /// (`None` after a success, or when no answer came).
+    /// Whether a call on this connection got no answer in time (the host
+    /// stalled, as opposed to a broken or refused connection).
+    pub fn stalled(&self) -> bool {
+        self.stalled
+    }
+
     pub fn last_sqlstate(&self) -> Option<&str> {
         self.last_sqlstate.as_deref()
     }

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from harness import AS_ROOT, PG_MAJOR, other_pg_bindir, pg_config, pg_ids, wait_until
-from helpers import lease_schema, old_release
+from helpers import can_make_id, lease_schema, old_release
 from test_leases import LEASE, LEASE_S, config, holder, ids, leases, registry_server
 
 
@@ -37,6 +37,39 @@ def owned_file(path: str, text: str) -> str:
     if AS_ROOT:
         os.chown(path, *pg_ids())
     return path
+
+
+def test_a_first_host_that_accepts_connections_and_never_answers_is_passed_over(make_cluster):
+    """A connection string with two hosts whose first accepts connections
+    and never answers (its processes stopped: a frozen VM; the kernel still
+    completes the TCP handshake). libpq moves to the next host only on a
+    refused connection, so 0.6.0 waited 10 s on the first host at every
+    attempt and never leased (issue 30). The lease worker now tries the
+    hosts one by one, each within the call timeout, and after a failure
+    begins with the next: the holder leases from the second host, and its
+    later reconnections start there."""
+    frozen = make_cluster(tcp=True)
+    r = registry_server(make_cluster)
+    pids = server_pids(frozen)
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        conninfo = (f"host=127.0.0.1,{r.dir} port={frozen.port},{r.port} dbname=postgres"
+                    " user=postgres")
+        a = holder(make_cluster, r, **{"snowflake_id.registry": conninfo})
+        with a.connect() as conn:
+            wait_until(lambda: can_make_id(conn), timeout=60, what="IDs with the first host frozen")
+        assert [row[1] for row in leases(r)] == [config(a)["node_id"]]
+        # A broken session: the next attempt begins with the second host,
+        # so the holder is back at once (no 10 s on the frozen one).
+        r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+              " WHERE application_name = 'snowflake_id lease'")
+        wait_until(lambda: r.scalar("SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE application_name = 'snowflake_id lease'") == 1,
+                   timeout=8, what="the lease worker back on the second host before 10 s")
+    finally:
+        for p in pids:
+            os.kill(p, signal.SIGCONT)
 
 
 def test_a_stalled_registry_is_detected_and_the_holder_still_stops_fast(make_cluster):

@@ -16,9 +16,17 @@ impl Worker {
         // registry's default search_path. Grants are durable before the
         // holder uses them, whatever the registry's default.
         let options = "-c statement_timeout=10s -c lock_timeout=5s -c search_path=pg_catalog,pg_temp -c synchronous_commit=on";
-        let mut client = match Connection::connect(&target.conninfo, "snowflake_id lease", options)
-        {
-            Ok(client) => client,
+        let connected = Connection::connect(
+            &target.conninfo,
+            "snowflake_id lease",
+            options,
+            self.next_host,
+        );
+        let mut client = match connected {
+            Ok((client, host)) => {
+                self.host_index = Some(host);
+                client
+            }
             Err(e) => {
                 self.unreachable(format!(
                     "could not connect to {}: {}",

@@ -143,6 +143,10 @@ struct Worker {
     /// Kept in this process only, never in the lease file: a copy of the
     /// data directory must not end its original's session.
     registry_session: Option<(i32, i64)>,
+    /// Which host of the registry's connection string the session (or the
+    /// attempt in progress) is on, and which to try first next time.
+    host_index: Option<usize>,
+    next_host: usize,
     /// Whether the warning that PUBLIC may connect to the registry's
     /// database was given (once per worker).
     public_warned: bool,
@@ -239,6 +243,8 @@ impl Worker {
             next_citus_mono: 0,
             problem: None,
             registry_session: None,
+            host_index: None,
+            next_host: 0,
             public_warned: false,
         };
         let target = if let Some(registry) = settings::registry() {
@@ -339,7 +345,15 @@ impl Worker {
         if lease.unreachable_since_ms.load(Relaxed) == 0 {
             lease.unreachable_since_ms.store(clock::unix_ms(), Release);
         }
+        // With several hosts in the connection string: the next attempt
+        // begins with the host of the session that ended, unless that host
+        // stalled (no answer within the call timeout: a frozen VM), then
+        // with the one after it (Connection::connect tries them all).
+        let stalled = self.client.as_ref().is_some_and(|c| c.client.stalled());
         self.client = None;
+        if let Some(host) = self.host_index.take() {
+            self.next_host = if stalled { host + 1 } else { host };
+        }
         self.unreachable = true;
         let most = self.timing().renew_every_ms.max(1_000);
         self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
@@ -359,6 +373,8 @@ impl Worker {
         self.holder.forget_all(&mut host);
         self.client = None;
         self.registry_session = None;
+        self.host_index = None;
+        self.next_host = 0;
         self.next_connect_mono = 0;
         self.saved_provable = false;
         let lease = &self.header.lease;
