@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from harness import wait_until
-from helpers import can_make_id, lease_schema
+from helpers import can_make_id, lease_schema, ms_of
 from helpers import LIBFAKETIME, FakeClock, server_skew
 
 LEASE = "6s"
@@ -262,19 +262,38 @@ def test_holder_cut_off_keeps_its_blocks_until_its_deadline_then_hands_over_abov
 
 @pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed")
 def test_hand_over_to_a_server_whose_clock_is_5s_behind(make_cluster):
-    r = registry_server(make_cluster)
+    """B's clock is 5 s behind the registry's and behind the times of A's
+    IDs: B must start above A's IDs all the same. The skew is put on the
+    registry and on A (libfaketime, +5 s), and B runs on the real clock:
+    libfaketime preloaded into a server reaches its client backends, but on
+    Debian's PostgreSQL 15 not its background workers (the lease worker's
+    marks there follow the real clock), so a holder under libfaketime would
+    be skewed only in part. The registry's clock rules run in its client
+    backends, and A's IDs are made in its backends: both are checked to be
+    5 s ahead, and B 5 s behind them."""
+    r = make_cluster(settings={"fsync": True}, start=False)
+    registry_clock = FakeClock(r.dir)
+    registry_clock.set("+5")
+    r.start(env=registry_clock.env())
+    r.create_extension()
     one_block = {"snowflake_id.worker_ids": "0-15"}
-    a = holder(make_cluster, r, **one_block)
+    a = holder(make_cluster, r, start=False, **one_block)
+    a_clock = FakeClock(a.dir)
+    a_clock.set("+5")
+    a.start(env=a_clock.env())
+    a.create_extension()
+    with r.connect() as conn:
+        assert 4 < server_skew(conn) < 6
     with a.connect() as conn:
+        assert 4 < server_skew(conn) < 6
         made_a = ids(conn, 2000)
+        real_ms = time.time() * 1000
+    # A's IDs are ahead of the real clock, which B runs on.
+    assert ms_of(max(made_a)) > real_ms + 3_000
     a.stop()
-    b = holder(make_cluster, r, start=False, **one_block)
-    clock = FakeClock(b.dir)
-    clock.set("-5")
-    b.start(env=clock.env())
-    b.create_extension()
+    b = holder(make_cluster, r, **one_block)
     with b.connect() as conn:
-        assert -6 < server_skew(conn) < -4
+        assert abs(server_skew(conn)) < 1
         # B waits for A's lease to expire (plus grace) and for its own
         # clock to come within max_drift of A's mark.
         wait_until(lambda: can_make_id(conn), timeout=90, what="B leasing A's block")
