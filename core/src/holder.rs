@@ -78,6 +78,11 @@ pub struct RenewRequest {
     pub high_ms: i64,
     pub incarnation: String,
     pub lsn: String,
+    /// The registry session this holder used before its current one
+    /// (`pid:start`, '' for none): blocks leased in that session stay its
+    /// own; blocks leased in a session it cannot name pass to it only
+    /// after their lease and grace ran out.
+    pub previous_session: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -87,6 +92,7 @@ pub struct ReleaseRequest {
     pub high_ms: i64,
     pub incarnation: String,
     pub lsn: String,
+    pub previous_session: String,
 }
 
 /// The registry's reply to an acquire or a renewal.
@@ -277,6 +283,10 @@ pub struct Holder {
     pub not_durable: bool,
     /// The durability mode last reported.
     pub durability_mode: String,
+    /// The registry session before the current one (`pid:start`; set by
+    /// the glue when it reconnects; '' for none, as after a restart): a
+    /// copy of this data directory cannot name it.
+    pub previous_session: String,
     pub events: Vec<Event>,
 }
 
@@ -308,6 +318,7 @@ impl Holder {
             pending: Vec::new(),
             not_durable: false,
             durability_mode: String::new(),
+            previous_session: String::new(),
             events: Vec::new(),
         }
     }
@@ -541,6 +552,7 @@ impl Holder {
                 .take()
                 .unwrap_or_else(|| self.incarnation.clone()),
             lsn: self.lsn_text(),
+            previous_session: self.previous_session.clone(),
         };
         let reply = match registry.renew(&req) {
             Ok(reply) => reply,
@@ -741,6 +753,7 @@ impl Holder {
             high_ms: lease::release_mark(h.floor_ms, newest),
             incarnation: self.incarnation.clone(),
             lsn: self.lsn_text(),
+            previous_session: self.previous_session.clone(),
         };
         // On failure the block simply expires at the registry, with the
         // higher mark of its last renewal.

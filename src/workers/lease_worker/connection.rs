@@ -112,6 +112,12 @@ impl Worker {
         // session is this worker's own earlier one, left behind by a broken
         // connection.
         let mut lingering = self.registry_session.take();
+        // Blocks leased in that session stay this server's in the next one
+        // (the registry lets a session it cannot tie to the node's earlier
+        // one take them only after their lease and grace ran out).
+        self.holder.previous_session = lingering
+            .map(|(pid, start)| format!("{pid}:{start}"))
+            .unwrap_or_default();
         let mut renamed = false;
         loop {
             let node = self.holder.id.node.clone();
