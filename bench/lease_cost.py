@@ -111,12 +111,25 @@ def main() -> int:
                 release.append((time.perf_counter() - t) * 1000)
             blocks = p.acquire(4)
             renew = per_call_ms(lambda: p.renew(blocks))
+            # 0.7.0: the holder uses a renewal once the registry says it is
+            # durable (snowflake_lease_durable, a second call; here with no
+            # standby: the registry's own flush).
+            durable = None
+            if p.jsonb and c.execute(f"SELECT to_regprocedure('{p.schema}snowflake_lease_durable(jsonb)')"
+                                     " IS NOT NULL").fetchone()[0]:
+                def renew_durable():
+                    p.renew(blocks)
+                    c.execute(f"SELECT {p.schema}snowflake_lease_durable('{{\"wait_ms\": 100}}')")
+                durable = per_call_ms(renew_durable)
             version = c.execute("SELECT extversion FROM pg_extension"
                                 " WHERE extname = 'snowflake_id'").fetchone()[0]
         print(f"registry: snowflake_id {version} on PostgreSQL {r.scalar('SHOW server_version')},"
               f" fsync {'on' if FSYNC else 'off'}, {N} calls each, median (p90) ms per call")
-        for name, xs in (("lease one block", acquire), ("give a block back", release),
-                         (f"renew {len(blocks)} blocks", renew)):
+        rows = [("lease one block", acquire), ("give a block back", release),
+                (f"renew {len(blocks)} blocks", renew)]
+        if durable:
+            rows.append((f"renew {len(blocks)}, check durable", durable))
+        for name, xs in rows:
             xs = sorted(xs)
             print(f"  {name:20s} {statistics.median(xs):6.3f} ({xs[int(len(xs) * 0.9)]:.3f})")
     finally:
