@@ -59,7 +59,15 @@ def mode(n) -> str:
 def workload(nodes) -> tuple[int, list[str]]:
     """SESSIONS_PER_NODE sessions per node, each inserting ROWS_PER_SESSION
     rows through its node in batches; returns the rows inserted and the
-    errors seen."""
+    errors seen. Starts once every node makes IDs: a node that found its
+    registry may still be connecting to it (after the coordinator's
+    restart, its lease worker retries with a backoff of up to 5 s), and a
+    session fails at once while its server holds no lease and the registry
+    is unreachable."""
+    for n in nodes:
+        with n.connect() as conn:
+            wait_until(lambda conn=conn: can_make_id(conn), timeout=60,
+                       what=f"IDs on node {n.port} before the workload")
     coordinator = nodes[0]
     coordinator.sql("CREATE TABLE events (id bigint PRIMARY KEY DEFAULT snowflake_nextval(),"
                     " node int NOT NULL, session int NOT NULL, n int NOT NULL)")
