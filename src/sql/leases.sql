@@ -29,6 +29,7 @@ CREATE TABLE snowflake_lease_blocks (
     high_water_ms  bigint NOT NULL DEFAULT 0,
     released_at    timestamptz,
     leases         bigint NOT NULL DEFAULT 0,
+    holder_session text,
     CHECK (first_worker_id <= last_worker_id)
 );
 COMMENT ON TABLE snowflake_lease_blocks IS
@@ -273,6 +274,23 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) IS
   'Used by the lease functions: checks the caller holds the node''s lock and returns the registry''s incarnation and fence, starting a new one when grants may have been forgotten.';
 
+-- The calling registry session, as `pid:start` (backend start in Unix
+-- microseconds): what a holder knows of its own earlier session. A node's
+-- blocks stay with the session that leased or last renewed them, or one
+-- that names it as its previous session (the same holder, reconnected). A
+-- session that cannot name it (a copy of the holder's data directory that
+-- took over its node id while the original is cut off, or the holder
+-- restarted) gets them only once their lease and grace ran out, as a new
+-- lease with the block's mark as its floor: as a ZooKeeper ephemeral node
+-- outlives its session until the session timeout.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_session() RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT s.pid || ':' || (extract(epoch FROM s.backend_start) * 1000000)::int8
+      FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) s
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_session() IS
+  'Used by the lease functions: this registry session as pid:start, the session a node''s blocks belong to.';
+
 -- The reply every lease call ends with.
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_reply(incarnation text, fenced_until timestamptz,
                                                             extra jsonb)
@@ -349,6 +367,7 @@ BEGIN
     ), done AS (
         UPDATE @extschema@.snowflake_lease_blocks b
            SET holder_node = node, holder_name = name, leased_at = now(), renewed_at = now(),
+               holder_session = snowflake_id_internal.snowflake_lease_session(),
                expires_at = now() + lease_ms * interval '1 millisecond',
                grace = grace_ms * interval '1 millisecond',
                high_water_ms = greatest(b.high_water_ms, high_ms), released_at = NULL,
@@ -362,7 +381,8 @@ BEGIN
       INTO granted FROM done d;
     PERFORM pg_try_advisory_lock(1936613751, b.block)
        FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (allowed) AND b.block <> ALL (g.locked);
+      WHERE b.holder_node = node AND b.block = ANY (allowed) AND b.block <> ALL (g.locked)
+        AND b.holder_session = snowflake_id_internal.snowflake_lease_session();
     RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until,
                                              jsonb_build_object('blocks', granted));
 END
@@ -388,6 +408,8 @@ DECLARE
     max_worker_id int := (req->>'max_worker_id')::int;
     lay text := req->>'layout';
     known text := coalesce(req->>'incarnation', '');
+    me text := snowflake_id_internal.snowflake_lease_session();
+    previous text := coalesce(req->>'previous_session', '');
     g record;
     reassert boolean;
     blocks int[];
@@ -417,15 +439,21 @@ BEGIN
           FROM pg_catalog.jsonb_to_recordset(req->'blocks') AS a(block int, high_ms bigint)
          GROUP BY a.block
     ), old AS (
-        SELECT b.block, b.high_water_ms, a.high_ms AS asserted, b.holder_node = node AS mine
+        -- This node's blocks of this session or the one it names as its
+        -- previous (NULL: leased before 0.7.0); another session's wait
+        -- for their lease and grace to run out, then go by acquire.
+        SELECT b.block, b.high_water_ms, a.high_ms AS asserted,
+               b.holder_node = node AND (b.holder_session IS NULL
+                                         OR b.holder_session IN (me, previous)) AS mine
           FROM @extschema@.snowflake_lease_blocks b
           JOIN asked a ON a.block = b.block
-         WHERE b.holder_node = node
+         WHERE (b.holder_node = node AND (b.holder_session IS NULL
+                                          OR b.holder_session IN (me, previous)))
             OR (reassert AND (b.holder_node IS NULL OR b.expires_at + b.grace < now()))
            FOR UPDATE OF b
     ), done AS (
         UPDATE @extschema@.snowflake_lease_blocks b
-           SET holder_node = node,
+           SET holder_node = node, holder_session = me,
                leased_at = CASE WHEN old.mine THEN b.leased_at ELSE now() END,
                leases = b.leases + CASE WHEN old.mine THEN 0 ELSE 1 END,
                released_at = NULL,
@@ -443,7 +471,8 @@ BEGIN
     -- After a reconnect the session locks are gone: take them again.
     PERFORM pg_try_advisory_lock(1936613751, b.block)
        FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (blocks) AND b.block <> ALL (g.locked);
+      WHERE b.holder_node = node AND b.block = ANY (blocks) AND b.block <> ALL (g.locked)
+        AND b.holder_session = me;
     -- Blocks handed to another holder: this session's lock is stale.
     PERFORM pg_advisory_unlock(1936613751, h)
        FROM unnest(g.locked) h
@@ -466,6 +495,7 @@ DECLARE
     node text := req->>'node';
     blk int := (req->>'block')::int;
     high_ms bigint := (req->>'high_ms')::bigint;
+    previous text := coalesce(req->>'previous_session', '');
     g record;
     done boolean;
 BEGIN
@@ -476,7 +506,9 @@ BEGIN
     SELECT * INTO g FROM snowflake_id_internal.snowflake_lease_begin(req);
     UPDATE @extschema@.snowflake_lease_blocks b
        SET holder_node = NULL, released_at = now(), expires_at = NULL, high_water_ms = high_ms
-     WHERE b.block = blk AND b.holder_node = node;
+     WHERE b.block = blk AND b.holder_node = node
+       AND (b.holder_session IS NULL
+            OR b.holder_session IN (snowflake_id_internal.snowflake_lease_session(), previous));
     done := FOUND;
     PERFORM pg_advisory_unlock(1936613751, blk) WHERE blk = ANY (g.locked);
     RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until,
@@ -539,6 +571,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) 
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_renew(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_session() FROM PUBLIC;
 
 -- A registry made with no holder alive starts its first incarnation here,
 -- unfenced, so that a standby made from it has the row and its timeline

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 
@@ -354,6 +356,64 @@ def test_copied_data_directory_takes_a_new_node_id_and_its_own_blocks(make_clust
     assert {row[1] for row in leases(r)} == {node_a, cfg["node_id"]}
 
 
+def _lease_worker_pid(c) -> int:
+    with open(os.path.join(c.datadir, "postmaster.pid")) as f:
+        postmaster = f.readline().strip()
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", postmaster],
+                         capture_output=True, text=True).stdout
+    (pid,) = [int(line.split()[0]) for line in out.splitlines() if "snowflake_id lease" in line]
+    return pid
+
+
+def test_a_copy_that_takes_over_the_node_id_of_a_cut_off_original_gets_other_blocks(
+        make_cluster):
+    """A volume snapshot of a holder (the same directory numbers, no backup
+    label: it takes itself for the original) started while the registry is
+    reachable and the original is cut off from it (here: the original's
+    lease worker stopped, its registry session ended, while its sessions go
+    on making IDs up to its marks): the node id's lock is free, so the copy
+    takes over the node id. 0.6.0 then renewed the original's blocks for
+    the copy while the original still used them until its deadline (issue
+    30: 216,248 IDs made by both). A node's blocks now stay with the
+    registry session that leased them, or one that names it as its
+    previous session: the copy gets other blocks."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "20s", "wal_level": "replica"})
+    worker = None
+    with a.connect() as conn:
+        made_a = ids(conn, 300)
+        node_a = config(a)["node_id"]
+        blocks_a = {row[0] for row in leases(r) if row[1] == node_a}
+        copy = _copy_of(make_cluster, a, r, lease="20s")
+        path = os.path.join(copy.datadir, "snowflake_id.leases")
+        with open(path) as f:
+            saved = json.load(f)
+        assert saved["node_id"] == node_a and saved["blocks"], saved
+        st = os.stat(copy.datadir)
+        saved["data_directory"] = [st.st_dev, st.st_ino]
+        with open(path, "w") as f:
+            json.dump(saved, f)
+        os.remove(os.path.join(copy.datadir, "backup_label"))
+        # A is cut off: its lease worker stops and its registry session ends.
+        worker = _lease_worker_pid(a)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                  " WHERE application_name = 'snowflake_id lease'")
+            copy.start()
+            with copy.connect() as cc:
+                wait_until(lambda: can_make_id(cc), timeout=60, what="IDs on the copy")
+                assert config(copy)["node_id"] == node_a, "the copy took over the node id"
+                made_c = ids(cc, 300)
+                made_a += ids(conn, 300)
+                made_c += ids(cc, 300)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+    _assert_apart(a, made_a, copy, made_c)
+    blocks_c = {worker_of(copy, i) // 16 for i in made_c}
+    assert not blocks_c & blocks_a, (blocks_c, blocks_a)
+
+
 def test_a_copy_started_while_the_registry_is_down_uses_none_of_its_originals_leases(
         make_cluster):
     """The copy cannot ask the registry whether its original is alive: it
@@ -430,27 +490,32 @@ def test_ids_flow_to_where_the_sessions_are(make_cluster):
     assert {row[1] for row in leases(r)} == {node_a, config(b)["node_id"]}
 
 
-def test_a_block_given_back_after_a_restart_is_marked_above_the_ids_made_before(
-        make_cluster):
-    """Leases survive a restart (the lease file). A block given back after
-    it records a mark above every ID the server made from it before the
-    restart, not the older floor it was leased with: else the next holder
-    could start below them."""
+def test_after_a_restart_the_blocks_held_before_wait_out_their_lease(make_cluster):
+    """A block belongs to the registry session that leased it (or the next
+    session of the same running server, which names it). A restarted
+    server cannot name its earlier session, as a copy of its data directory
+    could not: the blocks it held stay leased to that session until their
+    lease and grace run out, and it leases other blocks meanwhile. (0.6.0
+    renewed them for the new session, as it did for a copy that took over
+    the node id: tested above.)"""
     r = registry_server(make_cluster)
     a = holder(make_cluster, r, **{"snowflake_id.worker_ids": "0-31"})
-    made = [i for batch in _busy_on_two_blocks(a, 8) for i in batch]   # 22 sessions
+    with a.connect() as conn:
+        before = ids(conn, 300)
+    old_blocks = {worker_of(a, i) // 16 for i in before}
+    assert len(old_blocks) == 1, old_blocks
     a.restart()
-    # (blocks_held counts the blocks in use: saved ones only once the
-    # registry confirmed them.)
-    wait_until(lambda: r.sql("SELECT block FROM snowflake_leases WHERE NOT leased"),
-               timeout=90, what="A giving an idle block back after its restart")
-    given_back = r.sql("SELECT block, floor FROM snowflake_leases WHERE NOT leased")
-    assert given_back
-    for block, floor in given_back:
-        from_block = [i for i in made if worker_of(a, i) // 16 == block]
-        assert from_block, (block, given_back)
-        newest = a.scalar("SELECT snowflake_timestamp(%s)", max(from_block))
-        assert floor is not None and floor >= newest, (block, floor, newest)
+    with a.connect() as conn:
+        wait_until(lambda: can_make_id(conn), timeout=60, what="IDs after the restart")
+        after = ids(conn, 300)
+    assert {worker_of(a, i) // 16 for i in after}.isdisjoint(old_blocks)
+    node = config(a)["node_id"]
+    assert {row[0] for row in leases(r) if row[1] == node} == {0, 1}
+    # Its old block is no longer renewed: once its lease and grace ran out,
+    # the registry may lease it anew (above its mark).
+    wait_until(lambda: r.scalar("SELECT expires_at + grace < now() FROM snowflake_lease_blocks"
+                                " WHERE block = %s", list(old_blocks)[0]),
+               timeout=LEASE_S * 3, what="the old block's lease running out")
 
 
 class _CuttableProxy:
