@@ -217,7 +217,8 @@ def test_a_registry_database_every_role_may_connect_to_is_warned_about_once(make
 
 
 LEASE_FUNCTIONS = ("snowflake_lease_hello(text)", "snowflake_lease_acquire(jsonb)",
-                   "snowflake_lease_renew(jsonb)", "snowflake_lease_release(jsonb)")
+                   "snowflake_lease_renew(jsonb)", "snowflake_lease_release(jsonb)",
+                   "snowflake_lease_durable(jsonb)")
 
 
 def lease_role(r, schema: str, usage: bool = True) -> str:
@@ -226,8 +227,11 @@ def lease_role(r, schema: str, usage: bool = True) -> str:
     r.sql("CREATE ROLE snowflake_lease LOGIN")
     if usage and schema != "public":
         r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease")
-    r.sql("GRANT EXECUTE ON FUNCTION "
-          + ", ".join(f"{schema}.{f}" for f in LEASE_FUNCTIONS) + " TO snowflake_lease")
+    # snowflake_lease_durable from 0.7.0 (an update grants it to the roles
+    # that may renew).
+    present = [f"{schema}.{f}" for f in LEASE_FUNCTIONS
+               if r.scalar("SELECT to_regprocedure(%s) IS NOT NULL", f"{schema}.{f}")]
+    r.sql("GRANT EXECUTE ON FUNCTION " + ", ".join(present) + " TO snowflake_lease")
     return r.conninfo(user="snowflake_lease")
 
 

@@ -193,8 +193,9 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
         assert internal == sorted([
             "snowflake_backfill_merge", "snowflake_backfill_restored",
             "snowflake_layout_id", "snowflake_layout_shift", "snowflake_layout_ticks",
-            "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_forget",
-            "snowflake_lease_hello", "snowflake_lease_release", "snowflake_lease_renew",
+            "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_durable",
+            "snowflake_lease_forget", "snowflake_lease_hello", "snowflake_lease_release",
+            "snowflake_lease_renew",
             "snowflake_lease_reply", "snowflake_registry_high_water",
             "snowflake_registry_merge"]), internal
         usage, create, owner = c.sql(
@@ -209,7 +210,7 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
                     dbname="other") == 0
     c.sql("CREATE EXTENSION snowflake_id", dbname="other")
     assert c.scalar(f"SELECT count(*) FROM pg_proc WHERE pronamespace = '{INTERNAL}'::regnamespace",
-                    dbname="other") == 14
+                    dbname="other") == 15
 
 
 def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(app_cluster):
@@ -222,7 +223,7 @@ def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(a
     column, an index and partition bounds, with the checks' errors."""
     c = app_cluster
     calls = internal_calls(c)
-    assert len(calls) == 14, calls
+    assert len(calls) == 15, calls
     c.sql("GRANT CREATE ON SCHEMA public TO app")
     explicit = "'2024-01-01+00', 1, 10, 12, 63"
     with c.connect(user="app") as app:
