@@ -92,7 +92,7 @@ CORE_MODULES = frozenset({
 SELECTIONS = {
     "all": None,
     "core": CORE_MODULES,
-    "core+fencing": CORE_MODULES | {"test_fencing"},
+    "core+fencing": CORE_MODULES | {"test_fencing", "test_registry_limits"},
 }
 
 
@@ -119,7 +119,7 @@ def pytest_sessionstart(session):
 SPREAD_MODULES = frozenset({
     "test_fencing", "test_citus", "test_leases", "test_several_servers",  # fleet/
     "test_restarts", "test_standbys",  # durability/
-    "test_registry_client",  # fleet/
+    "test_registry_client", "test_registry_limits",  # fleet/
     "test_clocks",  # clocks/
     "test_public_ids", "test_backfill",  # sql_api/
 })

@@ -16,7 +16,9 @@
 //! 2. The registry only raises a block's mark while the block stays with
 //!    the same holder (`greatest(...)`); a holder that gives a block back
 //!    lowers it to the newest ID time it actually issued there, after it
-//!    stopped issuing from it.
+//!    stopped issuing from it, and never below the floor the registry
+//!    recorded when it leased the block (`floor_ms`, so not even a forged
+//!    release can undo rule 3).
 //! 3. Whoever leases the block next starts every generator of it above the
 //!    mark it read when it took the block (`floor`).
 //!
@@ -57,18 +59,23 @@
 //!   snapshot restored without recovery), the incarnation row gone (the
 //!   lease table emptied, the extension made again, a pg_dump restore),
 //!   a restart with `fsync` off.
+//! - The registry refuses every request beyond the fleet's limits
+//!   (`snowflake_lease_limits`: the longest lease time and grace, how far a
+//!   mark may lead its clock, blocks per node), so every grant it ever
+//!   confirmed is within them; a holder's settings must fit them.
 //! - A new incarnation with any sign of holders (leased rows, live block
 //!   locks, a timeline change or a rollback, a holder that knew the older
-//!   incarnation) is *fenced*: no block is leased anew for the longest
-//!   lease time plus grace seen, by which time every grant it may have
+//!   incarnation) is *fenced*: no block is leased anew for the limits'
+//!   longest lease time plus grace, by which time every grant it may have
 //!   forgotten has run out at its holder (rule: clock *rates*); and every
 //!   block's mark, and the mark of every row made later, is raised to the
-//!   registry's clock plus the largest distance by which a confirmed mark
-//!   was ever ahead of it, plus grace. A forgotten mark was asked for
-//!   before the fence began, so it is below that, as long as no holder's
-//!   clock moved further ahead of the registry's by more than the grace
-//!   since: this is the one place where clock offsets matter, and only
-//!   after the registry lost data.
+//!   registry's clock plus the limits' largest lead of a mark over it,
+//!   plus grace. A forgotten mark was granted within that lead before the
+//!   fence began, so it is below that, as long as no holder's clock moved
+//!   further ahead of the registry's by more than the grace since: this is
+//!   the one place where clock offsets matter, and only after the registry
+//!   lost data. The fence rests on the limits, not on what the registry
+//!   saw of requests, which it may have lost with the grants.
 //! - During the fence, holders that knew the older incarnation re-assert
 //!   their blocks with their marks and keep them.
 //! - Not covered: an old primary that goes on granting after a standby was

@@ -103,6 +103,8 @@ const PGRES_COMMAND_OK: c_int = 1;
 const PGRES_TUPLES_OK: c_int = 2;
 const PG_DIAG_MESSAGE_PRIMARY: c_int = b'M' as c_int;
 const PG_DIAG_SQLSTATE: c_int = b'C' as c_int;
+const PG_DIAG_MESSAGE_DETAIL: c_int = b'D' as c_int;
+const PG_DIAG_MESSAGE_HINT: c_int = b'H' as c_int;
 
 /// libpq, loaded on first use in this process (`Err`: why it cannot be).
 static LIBPQ: OnceLock<Result<Libpq, String>> = OnceLock::new();
@@ -505,28 +507,40 @@ impl PgResult {
         unsafe { (self.0.PQresultStatus)(self.1) }
     }
 
+    /// The error's message, with its detail and hint when the server sent
+    /// them: the registry's refusals say there what to change (a limit, a
+    /// setting of this server), and the holder's log is where a DBA reads.
     fn error(&self) -> String {
-        // SAFETY: a field of a live result (NULL when absent).
-        let primary = unsafe { (self.0.PQresultErrorField)(self.1, PG_DIAG_MESSAGE_PRIMARY) };
-        if primary.is_null() {
+        let Some(primary) = self.field(PG_DIAG_MESSAGE_PRIMARY) else {
             return "the registry reported an error".into();
+        };
+        let mut text = primary;
+        for (label, code) in [
+            ("detail", PG_DIAG_MESSAGE_DETAIL),
+            ("hint", PG_DIAG_MESSAGE_HINT),
+        ] {
+            if let Some(more) = self.field(code) {
+                text.push_str(&format!(" ({label}: {more})"));
+            }
         }
-        // SAFETY: a NUL-terminated string owned by the result, copied now.
-        unsafe { CStr::from_ptr(primary) }
-            .to_string_lossy()
-            .into_owned()
+        text
     }
 
     /// The error's SQLSTATE, when the server sent one.
     fn sqlstate(&self) -> Option<String> {
+        self.field(PG_DIAG_SQLSTATE)
+    }
+
+    /// A field of the error, when the server sent it.
+    fn field(&self, code: c_int) -> Option<String> {
         // SAFETY: a field of a live result (NULL when absent).
-        let code = unsafe { (self.0.PQresultErrorField)(self.1, PG_DIAG_SQLSTATE) };
-        if code.is_null() {
+        let value = unsafe { (self.0.PQresultErrorField)(self.1, code) };
+        if value.is_null() {
             return None;
         }
         // SAFETY: a NUL-terminated string owned by the result, copied now.
         Some(
-            unsafe { CStr::from_ptr(code) }
+            unsafe { CStr::from_ptr(value) }
                 .to_string_lossy()
                 .into_owned(),
         )

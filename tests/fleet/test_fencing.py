@@ -27,7 +27,8 @@ import pytest
 from harness import run_pg, wait_until
 from helpers import lease_schema, ms_of, needs_citus, run_client
 from helpers import worker_of as worker_bits
-from test_leases import GRACE_S, LEASE, LEASE_S, config, ids, leases, registry_server
+from test_leases import (GRACE_S, LEASE, LEASE_S, config, ids, lease_limits, leases,
+                         registry_server)
 
 REFUSED = (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.QueryCanceled)
 
@@ -321,6 +322,8 @@ def test_a_registry_crash_that_loses_a_confirmed_grant(make_cluster):
         "synchronous_commit": "off", "wal_writer_delay": "10s", "autovacuum": "off",
         "bgwriter_lru_maxpages": 0, "checkpoint_timeout": "1h"})
     r.create_extension()
+    # Its restart with fsync off fences: for the limits' lease time and grace.
+    lease_limits(r)
     r.sql("CHECKPOINT")
     c1 = holder_of(make_cluster, r.conninfo(), **one_block)       # TCP
     c2 = holder_of(make_cluster, unix_conninfo(r), start=False, **one_block)
@@ -368,11 +371,13 @@ def test_failover_to_an_asynchronous_standby_that_missed_a_grant(make_cluster, f
     once. "running": another holder had leased from P before (S knows its
     lease); "new": C1's was P's first grant. 0.3.1 gives C2 the block C1
     holds, "never used before". The fix: S starts a new incarnation, fenced
-    for the lease time plus grace, so C2's lease waits until C1's ran out
+    for the lease time plus grace (0.7.0: the registry's limits, set on P
+    for 6 s leases and replicated), so C2's lease waits until C1's ran out
     and its IDs are above C1's; C1, once it reaches S, sees the new
     incarnation."""
     p = make_cluster(tcp=True)
     p.create_extension()
+    lease_limits(p)
     s = make_cluster(tcp=True, basebackup_from=p)
     contested = {"snowflake_id.worker_ids": "16-31" if fleet == "running" else "0-15"}
     if fleet == "running":

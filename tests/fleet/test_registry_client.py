@@ -260,10 +260,11 @@ def lease_role(r, schema: str, usage: bool = True) -> str:
     r.sql("CREATE ROLE snowflake_lease LOGIN")
     if usage and schema != "public":
         r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease")
-    # (A registry older than 0.7.0 has no snowflake_lease_durable.)
-    functions = [f"{schema}.{f}" for f in LEASE_FUNCTIONS
-                 if r.scalar("SELECT to_regprocedure(%s) IS NOT NULL", f"{schema}.{f}")]
-    r.sql("GRANT EXECUTE ON FUNCTION " + ", ".join(functions) + " TO snowflake_lease")
+    # snowflake_lease_durable from 0.7.0 (an update grants it to the roles
+    # that may renew).
+    present = [f"{schema}.{f}" for f in LEASE_FUNCTIONS
+               if r.scalar("SELECT to_regprocedure(%s) IS NOT NULL", f"{schema}.{f}")]
+    r.sql("GRANT EXECUTE ON FUNCTION " + ", ".join(present) + " TO snowflake_lease")
     return r.conninfo(user="snowflake_lease")
 
 

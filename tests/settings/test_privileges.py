@@ -126,11 +126,13 @@ USER_FACING = {
         "snowflake_create_partitions", "snowflake_config", "snowflake_worker_status",
         "snowflake_accept_layout", "snowflake_advance_past",
         "snowflake_at", "snowflake_backfill", "snowflake_backfill_raise",
+        "snowflake_lease_set_limits",
     },
     # views and tables, and their row types (members on PostgreSQL 18)
     "relation": {
         "snowflake_workers", "snowflake_leases", "snowflake_worker_registry",
         "snowflake_lease_blocks", "snowflake_lease_registry", "snowflake_backfill_grants",
+        "snowflake_lease_limits",
     },
 }
 INTERNAL = "snowflake_id_internal"
@@ -193,10 +195,10 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
         assert internal == sorted([
             "snowflake_backfill_merge", "snowflake_backfill_restored",
             "snowflake_layout_id", "snowflake_layout_shift", "snowflake_layout_ticks",
-            "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_durable",
-            "snowflake_lease_forget",
-            "snowflake_lease_hello", "snowflake_lease_release", "snowflake_lease_renew",
-            "snowflake_lease_session",
+            "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_check",
+            "snowflake_lease_durable", "snowflake_lease_forget", "snowflake_lease_hello",
+            "snowflake_lease_limits_changed", "snowflake_lease_limits_in_force",
+            "snowflake_lease_release", "snowflake_lease_renew", "snowflake_lease_session",
             "snowflake_lease_reply", "snowflake_registry_high_water",
             "snowflake_registry_merge"]), internal
         usage, create, owner = c.sql(
@@ -211,7 +213,7 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
                     dbname="other") == 0
     c.sql("CREATE EXTENSION snowflake_id", dbname="other")
     assert c.scalar(f"SELECT count(*) FROM pg_proc WHERE pronamespace = '{INTERNAL}'::regnamespace",
-                    dbname="other") == 16
+                    dbname="other") == 19
 
 
 def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(app_cluster):
@@ -224,7 +226,7 @@ def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(a
     column, an index and partition bounds, with the checks' errors."""
     c = app_cluster
     calls = internal_calls(c)
-    assert len(calls) == 16, calls
+    assert len(calls) == 19, calls
     c.sql("GRANT CREATE ON SCHEMA public TO app")
     explicit = "'2024-01-01+00', 1, 10, 12, 63"
     with c.connect(user="app") as app:
@@ -236,6 +238,7 @@ def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(a
         assert app.execute("SELECT count(*) FROM pg_proc p JOIN pg_namespace n"
                            " ON n.oid = p.pronamespace WHERE n.nspname = 'public'"
                            " AND p.proname ~ '^snowflake_(lease_|layout_|registry_)'"
+                           " AND p.proname <> 'snowflake_lease_set_limits'"
                            ).fetchone()[0] == 0
 
         i = app.execute("SELECT snowflake_nextval()").fetchone()[0]

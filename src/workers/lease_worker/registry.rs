@@ -6,6 +6,9 @@ use super::*;
 /// SQLSTATEs of a call whose function or schema does not exist.
 const UNDEFINED_FUNCTION: &str = "42883";
 const INVALID_SCHEMA_NAME: &str = "3F000";
+/// SQLSTATE of a request beyond the registry's limits (0.7.0:
+/// `snowflake_lease_limits`, checked by `snowflake_lease_check`).
+const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 
 /// The registry over a client session that took the node's lock.
 pub(super) struct PgRegistry {
@@ -46,6 +49,16 @@ impl PgRegistry {
                     self.schema
                 )));
             }
+            // Beyond the registry's limits: its message names the limit and
+            // the setting to lower; this server's own values go with it.
+            Err(CallError::Refused(message))
+                if self.client.last_sqlstate() == Some(PROGRAM_LIMIT_EXCEEDED) =>
+            {
+                return Err(CallError::Refused(format!(
+                    "{message} [this server: {}]",
+                    own_settings()
+                )));
+            }
             other => other?,
         };
         let text =
@@ -81,6 +94,21 @@ impl Registry for PgRegistry {
             &serde_json::json!({ "wait_ms": wait_ms }),
         )
     }
+}
+
+/// The settings of this server that its lease requests follow: what the
+/// DBA compares with the registry's limits (`snowflake_lease_set_limits()`
+/// there).
+fn own_settings() -> String {
+    let timing = Timing::new(settings::lease_time_ms());
+    format!(
+        "snowflake_id.lease_time = {} ms (grace {} ms), snowflake_id.max_drift = {} ms: marks up to {} ms ahead of its clock; snowflake_id.max_blocks = {}",
+        timing.lease_ms,
+        timing.grace_ms,
+        settings::max_drift_ms(),
+        timing.lease_ms.saturating_add(settings::max_drift_ms()),
+        settings::max_blocks()
+    )
 }
 
 /// A call's error as text.

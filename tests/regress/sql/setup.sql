@@ -22,7 +22,8 @@ SELECT p.oid::regprocedure AS function, p.provolatile AS volatility,
                      'snowflake_from_public')
  ORDER BY p.proname, p.oid::regprocedure::text COLLATE "C";
 -- Executable by PUBLIC, except snowflake_accept_layout() (superusers only)
--- and the registry's lease functions (the lease workers' role only). The
+-- and the registry's lease functions (the lease workers' role only) and
+-- limits (snowflake_lease_set_limits(): the owner only). The
 -- internal functions are in snowflake_id_internal, where PUBLIC has no
 -- USAGE (docs/reference/functions.md, "Internal objects").
 SELECT p.proname, p.pronamespace::regnamespace AS schema,
