@@ -129,8 +129,11 @@ pub struct LeaseState {
     pub registry: ShmText<160>,
     /// This data directory's node id.
     pub node_id: ShmText<40>,
-    /// The last problem with the registry, for messages.
-    pub problem: ShmText<256>,
+    /// The last problem with the registry, for messages: room for the
+    /// longest (what is wrong, the registry's address of up to 159 bytes,
+    /// and what to do, as `problems::not_durable_text` writes it; 256
+    /// bytes cut the setting to change from the durability problems).
+    pub problem: ShmText<1024>,
 }
 
 /// A short text in shared memory: NUL-padded bytes, each an atomic, so a
