@@ -35,10 +35,11 @@
 -- flushed it), waiting up to `wait_ms` (at most 5 s). A holder calls it
 -- after every lease or renewal and uses the grant only when it answers
 -- durable: a COMMIT whose wait for the standby was cancelled (a query
--- cancel, a statement_timeout) returned with only a WARNING, and an old
--- primary cut off from its standby after a promotion can never make one
--- durable. The position checked is this server's flush position when the
--- call begins, at or past the end of the session's last commit. With no
+-- cancel; not statement_timeout, which is off by then) returned with only
+-- a WARNING, and an old primary cut off from its standby after a
+-- promotion can never make one durable. The position checked is this
+-- server's flush position when the call begins, at or past the end of the
+-- session's last commit. With no
 -- synchronous standby named, the local flush is all there is: mode `local`
 -- (or `asynchronous` when standbys stream: a failover to one of them loses
 -- grants, and the registry's new incarnation is fenced). SECURITY DEFINER:

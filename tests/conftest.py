@@ -24,11 +24,12 @@ Tests marked ``@pytest.mark.slow`` are skipped unless SNOWFLAKE_SLOW=1.
 
 SNOWFLAKE_TESTS chooses the tests: ``all`` (the default), ``core`` (the
 modules of CORE_MODULES: what depends on the PostgreSQL version, and the
-basic guarantees) or ``core+fencing`` (the core subset and the fleet's
-fencing tests); the others are skipped, saying so. scripts/test.sh sets it
-per version (tests_for_version in scripts/lib.sh), so that a run over every
-supported version stays under 45 minutes on two cores (CONTRIBUTING.md,
-"What is tested where").
+basic guarantees) or ``core+fencing`` (the core subset, the fleet's
+fencing tests and those of grants durable on the registry's standbys);
+the others are skipped, saying so. scripts/test.sh sets it per version
+(tests_for_version in scripts/lib.sh), so that a run over every supported
+version stays under 45 minutes on two cores (CONTRIBUTING.md, "What is
+tested where").
 
 Tests marked ``@pytest.mark.serial`` change the installation itself (the
 package test installs and removes the Debian package): scripts/test.sh runs
@@ -85,14 +86,15 @@ CORE_MODULES = frozenset({
 })
 
 # What each SNOWFLAKE_TESTS selection runs (None: every module). The fencing
-# tests exercise the registry's SQL and the lease worker, the same code on
-# every version; the parts of them that depend on the version (background
-# workers, shared memory, WAL) are in the core subset: scripts/test.sh runs
-# them on 15 (everything) and 18 (the newest).
+# tests and those of grants durable on the registry's standbys exercise the
+# registry's SQL and the lease worker, the same code on every version; the
+# parts of them that depend on the version (background workers, shared
+# memory, WAL) are in the core subset: scripts/test.sh runs them on 15
+# (everything) and 18 (the newest).
 SELECTIONS = {
     "all": None,
     "core": CORE_MODULES,
-    "core+fencing": CORE_MODULES | {"test_fencing", "test_registry_limits"},
+    "core+fencing": CORE_MODULES | {"test_fencing", "test_registry_limits", "test_durable_grants"},
 }
 
 
@@ -118,6 +120,7 @@ def pytest_sessionstart(session):
 # and long, spread one by one.
 SPREAD_MODULES = frozenset({
     "test_fencing", "test_citus", "test_leases", "test_several_servers",  # fleet/
+    "test_durable_grants",  # fleet/
     "test_restarts", "test_standbys",  # durability/
     "test_registry_client", "test_registry_limits",  # fleet/
     "test_clocks",  # clocks/

@@ -1,8 +1,11 @@
 """Helpers shared by tests of several folders: decoding classic IDs,
 claims, client programs, the key file of public IDs, a server clock
 under libfaketime (FakeClock, server_skew), an earlier release's install
-script (old_release) and where a registry's lease functions are
-(lease_schema). The cluster harness itself is tests/harness.py."""
+script (old_release), where a registry's lease functions are
+(lease_schema), and for the fleet tests a session making IDs in a thread
+(Maker), whether two servers' IDs are apart (apart_problems,
+assert_apart) and a server refusing TCP (hba_reject_tcp). The cluster
+harness itself is tests/harness.py."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import fcntl
 import glob
 import os
 import shutil
+import threading
 import time
 
 import psycopg
@@ -256,3 +260,137 @@ def server_skew(conn) -> float:
     t0 = time.time()
     srv = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
     return srv - (t0 + time.time()) / 2
+
+
+# ------------------------------------------------------------------ fleets
+# Shared by the fleet tests (tests/fleet/): snowflake_config() as a dict,
+# IDs in a batch, a session making IDs in a thread (Maker), whether two
+# servers' IDs are apart, and a server refusing TCP from 127.0.0.1.
+
+
+def config(c) -> dict:
+    """`c`'s snowflake_config() row as a dict (as a superuser sees it)."""
+    with c.connect() as conn:
+        cur = conn.execute("SELECT * FROM snowflake_config()")
+        return dict(zip([d.name for d in cur.description], cur.fetchone()))
+
+
+def ids(conn, n: int) -> list[int]:
+    """n IDs from one snowflake_nextval() query on `conn`."""
+    return [r[0] for r in conn.execute(
+        "SELECT snowflake_nextval() FROM generate_series(1, %s)", (n,)).fetchall()]
+
+
+REFUSED = (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.QueryCanceled)
+
+
+def unix_conninfo(c) -> str:
+    """`c`'s unix socket, also when it listens on TCP too."""
+    return f"host={c.dir} port={c.port} dbname=postgres user=postgres"
+
+
+class Maker:
+    """One session on `cluster` making IDs in batches, in a thread, until
+    stop(): every ID made, and every refusal (55000, or a call that waited
+    for a lease past the statement timeout)."""
+
+    def __init__(self, cluster, batch: int = 1000, dbname: str = "postgres",
+                 statement_timeout: str = "10s"):
+        self.name = f"{cluster.dir} port {cluster.port}"
+        self.made: list[int] = []
+        self.refusals: list[psycopg.Error] = []
+        self.errors: list[BaseException] = []
+        self.first_at: float | None = None
+        self.last_at: float | None = None   # when the last batch came back
+        self._conn: psycopg.Connection | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(cluster, batch, dbname, statement_timeout), daemon=True)
+        self._thread.start()
+
+    def _run(self, cluster, batch, dbname, statement_timeout):
+        try:
+            with cluster.connect(dbname=dbname,
+                                 options=f"-c statement_timeout={statement_timeout}") as conn:
+                self._conn = conn
+                while not self._stop.is_set():
+                    try:
+                        got = ids(conn, batch)
+                    except REFUSED as e:
+                        self.refusals.append(e)
+                        self._stop.wait(0.05)
+                        continue
+                    self.last_at = time.monotonic()
+                    if self.first_at is None:
+                        self.first_at = self.last_at
+                    self.made.extend(got)
+                    self._stop.wait(0.005)
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.errors.append(e)
+
+    def refused_with(self, sqlstate: str) -> bool:
+        return any(e.sqlstate == sqlstate for e in self.refusals)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        if self._thread.is_alive() and self._conn is not None:
+            self._conn.cancel()   # a call waiting for a lease
+        self._thread.join(timeout=120)
+        assert not self._thread.is_alive(), f"the session on {self.name} did not stop"
+        assert not self.errors, f"{self.name}: {self.errors[0]!r}"
+        return self.made
+
+
+def apart_problems(a_name: str, a_ids: list[int], b_name: str, b_ids: list[int]) -> list[str]:
+    """What keeps two servers' IDs from being apart: IDs made by both, and
+    worker ids used by both over overlapping milliseconds (a block's
+    holders follow each other in time). Empty when they are apart."""
+    problems = []
+    both = set(a_ids) & set(b_ids)
+    if both:
+        problems.append(f"{len(both)} IDs made by both {a_name} and {b_name}, e.g. "
+                        f"{sorted(both)[:3]} (worker id {worker_of(min(both))})")
+
+    def spans(made):
+        out: dict[int, list[int]] = {}
+        for i in made:
+            w, ms = worker_of(i), ms_of(i)
+            lo_hi = out.setdefault(w, [ms, ms])
+            lo_hi[0], lo_hi[1] = min(lo_hi[0], ms), max(lo_hi[1], ms)
+        return out
+
+    sa, sb = spans(a_ids), spans(b_ids)
+    for w in sorted(sa.keys() & sb.keys()):
+        (a0, a1), (b0, b1) = sa[w], sb[w]
+        if not (a1 < b0 or b1 < a0):
+            problems.append(
+                f"worker id {w} was used by {a_name} from {a0} to {a1} ms and by {b_name} "
+                f"from {b0} to {b1} ms (Unix): {min(a1, b1) - max(a0, b0) + 1} ms in common")
+    return problems
+
+
+def assert_apart(a_name: str, a_ids: list[int], b_name: str, b_ids: list[int]) -> None:
+    """No ID made by both, and no worker id used by both over overlapping
+    milliseconds (apart_problems)."""
+    problems = apart_problems(a_name, a_ids, b_name, b_ids)
+    assert not problems, problems[0]
+
+
+def hba_reject_tcp(c) -> None:
+    """`c` refuses new connections over TCP on 127.0.0.1 (after a reload or
+    start): a holder that reaches it that way is cut off, one on the unix
+    socket is not."""
+    path = os.path.join(c.datadir, "pg_hba.conf")
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write("host all all 127.0.0.1/32 reject  # helpers.hba_reject_tcp\n" + text)
+
+
+def hba_accept_tcp(c) -> None:
+    path = os.path.join(c.datadir, "pg_hba.conf")
+    with open(path) as f:
+        lines = [l for l in f if "# helpers.hba_reject_tcp" not in l]
+    with open(path, "w") as f:
+        f.writelines(lines)

@@ -25,20 +25,15 @@ import psycopg
 import pytest
 
 from harness import run_pg, wait_until
-from helpers import lease_schema, ms_of, needs_citus, run_client
+from helpers import Maker, assert_apart, config, hba_accept_tcp, hba_reject_tcp, ids, unix_conninfo
+from helpers import lease_schema, needs_citus, run_client
 from helpers import worker_of as worker_bits
-from test_leases import (GRACE_S, LEASE, LEASE_S, config, ids, lease_limits, leases,
-                         registry_server)
+from test_leases import GRACE_S, LEASE, LEASE_S, lease_limits, leases, registry_server
 
 REFUSED = (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.QueryCanceled)
 
 
 # ------------------------------------------------------------------ helpers
-def unix_conninfo(c) -> str:
-    """`c`'s unix socket, also when it listens on TCP too."""
-    return f"host={c.dir} port={c.port} dbname=postgres user=postgres"
-
-
 def holder_of(make_cluster, conninfo: str, start: bool = True, **settings):
     """A server leasing from the registry `conninfo`, lease time LEASE."""
     s = {"snowflake_id.registry": conninfo, "snowflake_id.lease_time": LEASE, **settings}
@@ -57,99 +52,6 @@ def new_protocol(r) -> bool:
     """Whether the registry runs the 0.4.0 lease protocol (jsonb requests,
     incarnations, fences) rather than 0.3.1's."""
     return lease_schema(r) is not None
-
-
-class Maker:
-    """One session on `cluster` making IDs in batches, in a thread, until
-    stop(): every ID made, and every refusal (55000, or a call that waited
-    for a lease past the statement timeout)."""
-
-    def __init__(self, cluster, batch: int = 1000, dbname: str = "postgres",
-                 statement_timeout: str = "10s"):
-        self.name = f"{cluster.dir} port {cluster.port}"
-        self.made: list[int] = []
-        self.refusals: list[psycopg.Error] = []
-        self.errors: list[BaseException] = []
-        self.first_at: float | None = None
-        self._conn: psycopg.Connection | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(cluster, batch, dbname, statement_timeout), daemon=True)
-        self._thread.start()
-
-    def _run(self, cluster, batch, dbname, statement_timeout):
-        try:
-            with cluster.connect(dbname=dbname,
-                                 options=f"-c statement_timeout={statement_timeout}") as conn:
-                self._conn = conn
-                while not self._stop.is_set():
-                    try:
-                        got = ids(conn, batch)
-                    except REFUSED as e:
-                        self.refusals.append(e)
-                        self._stop.wait(0.05)
-                        continue
-                    if self.first_at is None:
-                        self.first_at = time.monotonic()
-                    self.made.extend(got)
-                    self._stop.wait(0.005)
-        except BaseException as e:  # noqa: BLE001 - reported by stop()
-            self.errors.append(e)
-
-    def refused_with(self, sqlstate: str) -> bool:
-        return any(e.sqlstate == sqlstate for e in self.refusals)
-
-    def stop(self) -> list[int]:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        if self._thread.is_alive() and self._conn is not None:
-            self._conn.cancel()   # a call waiting for a lease
-        self._thread.join(timeout=120)
-        assert not self._thread.is_alive(), f"the session on {self.name} did not stop"
-        assert not self.errors, f"{self.name}: {self.errors[0]!r}"
-        return self.made
-
-
-def assert_apart(a_name: str, a_ids: list[int], b_name: str, b_ids: list[int]) -> None:
-    """No ID made by both, and no worker id used by both over overlapping
-    milliseconds (a block's holders follow each other in time)."""
-    both = set(a_ids) & set(b_ids)
-    assert not both, (f"{len(both)} IDs made by both {a_name} and {b_name}, e.g. "
-                      f"{sorted(both)[:3]} (worker id {worker_bits(min(both))})")
-
-    def spans(made):
-        out: dict[int, list[int]] = {}
-        for i in made:
-            w, ms = worker_bits(i), ms_of(i)
-            lo_hi = out.setdefault(w, [ms, ms])
-            lo_hi[0], lo_hi[1] = min(lo_hi[0], ms), max(lo_hi[1], ms)
-        return out
-
-    sa, sb = spans(a_ids), spans(b_ids)
-    for w in sorted(sa.keys() & sb.keys()):
-        (a0, a1), (b0, b1) = sa[w], sb[w]
-        assert a1 < b0 or b1 < a0, (
-            f"worker id {w} was used by {a_name} from {a0} to {a1} ms and by {b_name} "
-            f"from {b0} to {b1} ms (Unix): {min(a1, b1) - max(a0, b0) + 1} ms in common")
-
-
-def hba_reject_tcp(c) -> None:
-    """`c` refuses new connections over TCP on 127.0.0.1 (after a reload or
-    start): a holder that reaches it that way is cut off, one on the unix
-    socket is not."""
-    path = os.path.join(c.datadir, "pg_hba.conf")
-    with open(path) as f:
-        text = f.read()
-    with open(path, "w") as f:
-        f.write("host all all 127.0.0.1/32 reject  # test_fencing\n" + text)
-
-
-def hba_accept_tcp(c) -> None:
-    path = os.path.join(c.datadir, "pg_hba.conf")
-    with open(path) as f:
-        lines = [l for l in f if "# test_fencing" not in l]
-    with open(path, "w") as f:
-        f.writelines(lines)
 
 
 class Stall:

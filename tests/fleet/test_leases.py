@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from harness import wait_until
-from helpers import can_make_id, lease_schema, ms_of
+from helpers import can_make_id, config, ids, lease_schema, ms_of
 from helpers import LIBFAKETIME, FakeClock, server_skew
 
 LEASE = "6s"
@@ -60,19 +60,8 @@ def holder(make_cluster, registry, start=True, env=None, **settings):
     return c
 
 
-def config(c) -> dict:
-    with c.connect() as conn:
-        cur = conn.execute("SELECT * FROM snowflake_config()")
-        return dict(zip([d.name for d in cur.description], cur.fetchone()))
-
-
 def worker_of(c, id_: int) -> int:
     return c.scalar("SELECT snowflake_worker_id(%s)", id_)
-
-
-def ids(conn, n: int) -> list[int]:
-    return [r[0] for r in conn.execute(
-        "SELECT snowflake_nextval() FROM generate_series(1, %s)", (n,)).fetchall()]
 
 
 def leases(r) -> list[tuple]:
