@@ -43,12 +43,13 @@ def test_restore_by_non_superuser_owner(server):
 
     # With the extension created first by a superuser, the owner restores
     # the tables and rows; only the registry's and the lease registry's
-    # rows and the extension's comment, which need a superuser, fail.
+    # rows (blocks, limits) and the extension's comment, which need a
+    # superuser, fail.
     server.create_extension(dbname="app_prepared")
     proc = restore(server, dump, "app_prepared", "app_owner")
     errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert all("snowflake_worker_registry" in ln or "snowflake_lease_blocks" in ln
-               or "snowflake_backfill_grants" in ln
+               or "snowflake_backfill_grants" in ln or "snowflake_lease_limits" in ln
                or "extension snowflake_id" in ln for ln in errors), proc.stderr
     assert server.scalar("SELECT count(*) FROM orders", dbname="app_prepared") == 10
     with server.connect(dbname="app_prepared", user="app_owner") as conn:

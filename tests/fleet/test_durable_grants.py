@@ -55,6 +55,12 @@ def registry_primary(make_cluster):
     have lost grants), listening on 127.0.0.1 too."""
     r = make_cluster(tcp=True, settings={"fsync": True})
     r.create_extension()
+    # The fleet's limits (0.7.0) for these holders: leases of 6 s, and 30 s
+    # for the one whose lease time is raised (grace 6 s), marks up to 70 s
+    # ahead (6 s + the default max_drift of 60 s, with room). A fence
+    # after a failover then lasts 36 s rather than the defaults' 12 min.
+    r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 30000, max_grace_ms => 6000,"
+          " max_ahead_ms => 70000)")
     return r
 
 
