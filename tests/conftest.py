@@ -119,7 +119,7 @@ def pytest_sessionstart(session):
 SPREAD_MODULES = frozenset({
     "test_fencing", "test_citus", "test_leases", "test_several_servers",  # fleet/
     "test_restarts", "test_standbys",  # durability/
-    "test_registry_client",  # fleet/
+    "test_registry_client", "test_patroni",  # fleet/
     "test_clocks",  # clocks/
     "test_public_ids", "test_backfill",  # sql_api/
 })
