@@ -648,7 +648,19 @@ impl Holder {
         if reply.blocks.is_empty() && self.held.is_empty() && reply.fenced_until_ms.is_none() {
             self.events.push(Event::NoFreeBlock);
         }
-        let durable = reply.blocks.is_empty() || self.durable("lease", &now, registry)?;
+        // A check that fails (the registry refused it, the connection
+        // broke) proves nothing: the grant waits in pending like one that
+        // is not durable, so that no other block is asked for meanwhile
+        // (forgotten here, it stayed leased there, and the next round
+        // leased another: one server took every block of the registry).
+        let (durable, check_failed) = if reply.blocks.is_empty() {
+            (true, None)
+        } else {
+            match self.durable("lease", &now, registry) {
+                Ok(durable) => (durable, None),
+                Err(e) => (false, Some(e)),
+            }
+        };
         for b in reply.blocks {
             if !allowed.contains(&b.block) {
                 continue;
@@ -704,7 +716,7 @@ impl Holder {
                 self.activate(b.block, host);
             }
         }
-        Ok(())
+        check_failed.map_or(Ok(()), Err)
     }
 
     /// Gives an idle block back (if still idle when stopped).

@@ -53,6 +53,9 @@ struct FakeRegistry {
     /// Answers every durability check with "durable" (what a holder that
     /// trusted any COMMIT that returned did before 0.7.0).
     trust_commits: bool,
+    /// Refuses every durability check, as a registry refuses a lease role
+    /// without EXECUTE on `snowflake_lease_durable`.
+    durable_refused: bool,
 }
 
 /// `synchronous_standby_names`: none, `FIRST n (...)` or `ANY n (...)`.
@@ -304,6 +307,11 @@ impl Registry for FakeRegistry {
     fn durable(&mut self, _wait_ms: i64) -> Result<Durability, CallError> {
         if self.stalled {
             return Err(CallError::Unreachable("timeout".into()));
+        }
+        if self.durable_refused {
+            return Err(CallError::Refused(
+                "permission denied for function snowflake_lease_durable".into(),
+            ));
         }
         let flushed = self.standbys.iter().filter(|s| !s.stalled).count() as u32;
         let (mode, needed) = match self.sync {
@@ -970,4 +978,36 @@ fn synchronous_replication_required_refuses_a_registry_without_standbys() {
     assert!(b.holder.events.contains(&Event::DurabilityMode {
         mode: "local".into()
     }));
+}
+
+/// Found running a registry under Patroni (tests/fleet/test_patroni.py): a
+/// lease role granted the four functions docs/operations/fleet.md listed
+/// before 0.7.0, without `snowflake_lease_durable`. Each grant was
+/// committed, its durability check refused, and the grant forgotten by the
+/// holder (neither held nor pending), which asked for another block at
+/// once: one server leased all 64 blocks of the registry, used none, and
+/// reported "no free block". A grant whose check fails is kept pending
+/// like one that is not durable: no other block is asked for meanwhile.
+#[test]
+fn a_refused_durability_check_keeps_the_grant_pending_and_asks_for_no_more() {
+    let mut reg = FakeRegistry {
+        durable_refused: true,
+        ..FakeRegistry::default()
+    };
+    let mut a = Server::new("a", 0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 3_000, &[0, 1, 2, 3]);
+    assert!(a.host.used.is_empty(), "a used {:?}", a.host.used);
+    let leased = reg
+        .stored
+        .rows
+        .values()
+        .filter(|r| r.holder.as_deref() == Some("node-a") && r.expires + r.grace >= reg.now)
+        .count();
+    assert_eq!(leased, 1, "a holds {leased} blocks at the registry");
+    assert_eq!(a.holder.pending.len(), 1);
+    assert!(a
+        .holder
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Refused(t) if t.contains("snowflake_lease_durable"))));
 }
