@@ -103,6 +103,7 @@ DEB_PACKAGES=(
     libclang-dev clang pkg-config libssl-dev
     build-essential sudo faketime unzip strace
     debootstrap shellcheck
+    patroni etcd-server   # a registry under Patroni (tests/fleet/test_patroni.py)
 )
 # What building the extension and its packages needs (scripts/package.sh).
 BUILD_DEB_PACKAGES=(
@@ -318,6 +319,34 @@ _ensure_citus() {
     PG_CONFIG="$(pg_config_for 15)" bash "$dir/install.sh" >/dev/null || die "building Citus from $dir failed"
 }
 
+# Debian's etcd-server and patroni (tests/fleet/test_patroni.py starts its
+# own etcd and Patroni, on free ports, as the postgres OS user) come with
+# system services that the package's installation may start (etcd at once,
+# on 127.0.0.1:2379): stop and disable them, with systemd or the init
+# scripts, whichever this machine runs. The one left running is the
+# service's own, run as the etcd system user (never the tests' etcd).
+_stop_ha_services() {
+    local svc pids
+    for svc in etcd patroni; do
+        if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
+            systemctl disable --now "$svc.service" >/dev/null 2>&1 || true
+        elif [[ -x /etc/init.d/$svc ]]; then
+            "/etc/init.d/$svc" stop >/dev/null 2>&1 || true
+            if command -v update-rc.d >/dev/null 2>&1; then
+                update-rc.d "$svc" disable >/dev/null 2>&1 || true
+            fi
+        fi
+    done
+    if id etcd >/dev/null 2>&1; then
+        pids="$(pgrep -u etcd -x etcd || true)"
+        if [[ -n $pids ]]; then
+            log "stopping the etcd system service (pid $pids): the tests run their own"
+            # shellcheck disable=SC2086  # one pid a word
+            kill $pids 2>/dev/null || true
+        fi
+    fi
+}
+
 # Everything a test needs, installed before any test starts (a test never
 # installs anything): Debian's packages, the Python test environment, the
 # PostgreSQL trees, cargo-pgrx, Citus and the real clients
@@ -327,6 +356,7 @@ ensure_deps() {
     require_root
     log "checking dependencies"
     _ensure_debs "${DEB_PACKAGES[@]}"
+    _stop_ha_services
     [[ -x $PG_CONFIG ]] || die "pg_config not found at $PG_CONFIG"
     [[ -n $(compgen -G "/usr/lib/*/faketime/libfaketime.so.1") ]] \
         || die "libfaketime.so.1 not found after installing faketime"

@@ -122,7 +122,7 @@ SPREAD_MODULES = frozenset({
     "test_fencing", "test_citus", "test_leases", "test_several_servers",  # fleet/
     "test_durable_grants",  # fleet/
     "test_restarts", "test_standbys",  # durability/
-    "test_registry_client", "test_registry_limits",  # fleet/
+    "test_registry_client", "test_registry_limits", "test_patroni",  # fleet/
     "test_clocks",  # clocks/
     "test_public_ids", "test_backfill",  # sql_api/
 })

@@ -250,8 +250,10 @@ def test_a_registry_database_every_role_may_connect_to_is_warned_about_once(make
 
 
 LEASE_FUNCTIONS = ("snowflake_lease_hello(text)", "snowflake_lease_acquire(jsonb)",
-                   "snowflake_lease_renew(jsonb)", "snowflake_lease_release(jsonb)",
-                   "snowflake_lease_durable(jsonb)")
+                   "snowflake_lease_renew(jsonb)", "snowflake_lease_release(jsonb)")
+# From 0.7.0: holders check each grant durable (a registry before it has no
+# such function).
+DURABLE_FUNCTION = "snowflake_lease_durable(jsonb)"
 
 
 def lease_role(r, schema: str, usage: bool = True) -> str:
@@ -260,11 +262,11 @@ def lease_role(r, schema: str, usage: bool = True) -> str:
     r.sql("CREATE ROLE snowflake_lease LOGIN")
     if usage and schema != "public":
         r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease")
-    # snowflake_lease_durable from 0.7.0 (an update grants it to the roles
-    # that may renew).
-    present = [f"{schema}.{f}" for f in LEASE_FUNCTIONS
-               if r.scalar("SELECT to_regprocedure(%s) IS NOT NULL", f"{schema}.{f}")]
-    r.sql("GRANT EXECUTE ON FUNCTION " + ", ".join(present) + " TO snowflake_lease")
+    functions = list(LEASE_FUNCTIONS)
+    if r.scalar("SELECT to_regprocedure(%s) IS NOT NULL", f"{schema}.{DURABLE_FUNCTION}"):
+        functions.append(DURABLE_FUNCTION)
+    r.sql("GRANT EXECUTE ON FUNCTION "
+          + ", ".join(f"{schema}.{f}" for f in functions) + " TO snowflake_lease")
     return r.conninfo(user="snowflake_lease")
 
 
@@ -326,3 +328,28 @@ def test_a_lease_role_without_usage_on_the_internal_schema_is_told_so(make_clust
     with a.connect() as conn:
         assert len(ids(conn, 10)) == 10
     assert [row[1] for row in leases(r)] == [config(a)["node_id"]]
+
+
+def test_a_lease_role_without_the_durability_check_leases_one_block_and_says_why(make_cluster):
+    """On a 0.7.0 registry, a lease role granted the four functions of
+    earlier releases but not snowflake_lease_durable: every grant is
+    committed and its durability check refused. The holder uses none, asks
+    for no other block while one waits (0.7.0 at first leased every block of
+    the registry, one after the other, and reported "no free block"), and
+    its log names the refused function; once granted, it leases."""
+    r = registry_server(make_cluster)
+    schema = lease_schema(r)
+    r.sql("CREATE ROLE snowflake_lease LOGIN")
+    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease")
+    r.sql("GRANT EXECUTE ON FUNCTION " + ", ".join(f"{schema}.{f}" for f in LEASE_FUNCTIONS)
+          + " TO snowflake_lease")
+    a = holder(make_cluster, r, **{"snowflake_id.registry": r.conninfo(user="snowflake_lease")})
+    wait_until(lambda: "permission denied for function snowflake_lease_durable" in a.log(),
+               timeout=30, what="the refused durability check in the holder's log")
+    time.sleep(2.0)   # a few rounds (renewals every 600 ms)
+    assert len(leases(r)) == 1, leases(r)
+    assert config(a)["blocks_held"] == 0
+    r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.{DURABLE_FUNCTION} TO snowflake_lease")
+    with a.connect() as conn:
+        assert len(ids(conn, 10)) == 10
+    assert {row[1] for row in leases(r)} == {config(a)["node_id"]}
