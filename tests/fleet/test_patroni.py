@@ -479,6 +479,21 @@ class Registry:
                    what=f"{leader.name} streaming to a synchronous standby", interval=0.1)
         return time.monotonic()
 
+    def synchronous_leader(self) -> "Node | None":
+        """The node that accepts writes and streams to a synchronous standby,
+        as PostgreSQL sees it (Patroni's view may lag, or, in 3.0.2, stay
+        stale: test_leader_patroni_frozen)."""
+        for n in self.nodes:
+            try:
+                with n.connect() as conn:
+                    if conn.execute("SELECT NOT pg_is_in_recovery() AND EXISTS (SELECT 1"
+                                    " FROM pg_stat_replication WHERE sync_state = 'sync'"
+                                    " AND state = 'streaming')").fetchone()[0]:
+                        return n
+            except psycopg.Error:
+                continue
+        return None
+
     def other(self, node: Node) -> Node:
         return next(n for n in self.nodes if n is not node)
 
@@ -976,7 +991,7 @@ def test_leader_patroni_frozen(registry, make_cluster, request):
     finally:
         old.resume()
     woke_at = time.monotonic()
-    leader = wait_until(registry.healthy, timeout=90, interval=0.1,
+    leader = wait_until(registry.synchronous_leader, timeout=90, interval=0.1,
                         what="one leader with its synchronous standby")
     sync_at = time.monotonic()
     fleet.wait_all_making_ids(woke_at)
@@ -985,11 +1000,17 @@ def test_leader_patroni_frozen(registry, make_cluster, request):
     c_first = fleet.writers["C"].times[0]
     assert c_first > both[1], "C made IDs while two registries were writable"
     took_back = leader is old
+    extra = {"both_writable_s": round(both[1] - both[0], 2),
+             "woke_after_s": round(woke_at - fault_at, 2),
+             "leader_after": "the old one (took the key back)" if took_back else "the promoted one",
+             "synchronous_again_s": round(sync_at - fault_at, 2)}
     if took_back:
         assert "demoting self because I do not have the lock" in new.log_text(), tail(new.log)
-    fleet.finish(request, "leader's Patroni frozen", leader, fault_at, promoted_at,
-                 {"both_writable_s": round(both[1] - both[0], 2),
-                  "woke_after_s": round(woke_at - fault_at, 2),
-                  "leader_after": "the old one (took the key back)" if took_back else "the promoted one",
-                  "synchronous_again_s": round(sync_at - fault_at, 2)},
+        # 3.0.2 may then fail to write its /sync key at every loop (a stale
+        # etcd3 cache after a compare failed; fixed in 3.1.0): PostgreSQL
+        # still replicates synchronously ('*'), Patroni shows no synchronous
+        # standby (Registry.healthy() would wait for ever).
+        extra["patroni_sync_key_failures"] = \
+            old.log_text().count("Synchronous replication key updated by someone else")
+    fleet.finish(request, "leader's Patroni frozen", leader, fault_at, promoted_at, extra,
                  promoted=not took_back)
