@@ -29,6 +29,89 @@
 -- from the requests seen, one node per session in snowflake_lease_hello,
 -- and the column snowflake_lease_blocks.floor_ms below which a release
 -- never lowers a mark.
+-- The incarnation a proven promotion continues (snowflake_lease_begin).
+ALTER TABLE snowflake_lease_registry ADD COLUMN previous_incarnation text;
+
+-- The registry's failover candidates (0.7.0): one row, written by
+-- snowflake_lease_durable. `members` are the application names of the
+-- synchronous (or quorum) standbys that flushed every grant reported
+-- durable since they were added, and stay members until `valid_until`
+-- (about 30 s ahead, moved on while they keep up). A member that is gone
+-- or behind holds every durable report back until 15 s past valid_until
+-- (a margin for the standbys' clocks), and only then is dropped. So a
+-- standby promoted before the valid_until of the last row it has, and
+-- named in it, has every grant any holder used: its new incarnation
+-- needs no fence (snowflake_lease_promotion_proven). The standby knows
+-- its name from snowflake_id.registry_standby_name, which must be the
+-- application_name it streams with. Not dumped: a restored copy has no
+-- row, and fences.
+CREATE TABLE snowflake_lease_standbys (
+    members      text[] NOT NULL,
+    valid_until  timestamptz NOT NULL,
+    timeline     int NOT NULL,
+    updated_at   timestamptz NOT NULL
+);
+CREATE UNIQUE INDEX snowflake_lease_standbys_one_row ON snowflake_lease_standbys ((true));
+COMMENT ON TABLE snowflake_lease_standbys IS
+  'The registry''s synchronous standbys that have every grant reported durable until valid_until: one of them promoted before then starts a new incarnation without a fence.';
+REVOKE ALL ON snowflake_lease_standbys FROM PUBLIC;
+INSERT INTO snowflake_lease_standbys (members, valid_until, timeline, updated_at)
+SELECT '{}', '-infinity',
+       ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int, now();
+
+-- The failover candidates that have not flushed a position.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_standbys_behind(members text[], target pg_lsn)
+RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT coalesce(array_agg(m ORDER BY m), '{}')
+      FROM unnest(members) m
+     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication r WHERE r.application_name = m)
+        OR EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication r
+                    WHERE r.application_name = m AND (r.flush_lsn IS NULL OR r.flush_lsn < target))
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_behind(text[], pg_lsn) IS
+  'Used by the lease functions: the failover candidates that have not flushed a WAL position.';
+
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_behind(text[], pg_lsn) FROM PUBLIC;
+
+-- Whether a promoted server has every durable grant.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(old_tli int, tli int)
+RETURNS text
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    me text := coalesce(pg_catalog.current_setting('snowflake_id.registry_standby_name', true), '');
+    w @extschema@.snowflake_lease_standbys;
+    history text;
+    last text[];
+BEGIN
+    IF me = '' THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO w FROM @extschema@.snowflake_lease_standbys;
+    IF NOT FOUND OR w.timeline <> old_tli OR NOT me = ANY (w.members) OR now() >= w.valid_until THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        history := pg_catalog.pg_read_file(format('pg_wal/%s.history', lpad(upper(to_hex(tli)), 8, '0')));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE LOG 'snowflake_id registry: cannot read the history of timeline % (%): fencing', tli, SQLERRM;
+        RETURN NULL;
+    END;
+    -- Its last line: parent timeline, switch point, reason.
+    last := string_to_array((SELECT l FROM unnest(string_to_array(btrim(history, E'\n'), E'\n'))
+                                   WITH ORDINALITY AS h(l, n) ORDER BY n DESC LIMIT 1), E'\t');
+    IF cardinality(last) < 3 OR last[1] <> old_tli::text OR last[3] <> 'no recovery target specified' THEN
+        RETURN NULL;
+    END IF;
+    RETURN format('standby %s promoted at %s, a failover candidate until %s: it has every durable grant',
+                  me, last[2], w.valid_until);
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(int, int) IS
+  'Used by the lease functions: whether this promoted server was a synchronous standby with every grant reported durable (NULL: not shown; the new incarnation fences).';
+
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(int, int) FROM PUBLIC;
+
 -- Whether what this session committed is where a failover can reach it:
 -- on enough synchronous standbys to satisfy synchronous_standby_names
 -- (`FIRST n` or `ANY n`: n standbys whose sync_state is sync or quorum have
@@ -49,32 +132,108 @@ LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, 
 DECLARE
     wait_ms bigint := least(greatest(coalesce((req->>'wait_ms')::bigint, 0), 0), 5000);
     names text := pg_catalog.current_setting('synchronous_standby_names');
+    me text := coalesce(pg_catalog.current_setting('snowflake_id.registry_standby_name', true), '');
     target pg_lsn := pg_catalog.pg_current_wal_flush_lsn();
     deadline timestamptz := pg_catalog.clock_timestamp() + wait_ms * interval '1 millisecond';
-    needed int;
-    flushed int;
-    streaming int;
+    tli int := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int;
+    -- How long a failover candidate stays one without keeping up, and the
+    -- margin for the clocks of the registry's servers.
+    ttl interval := interval '30 seconds';
+    margin interval := interval '15 seconds';
+    mode text := 'synchronous';
+    needed int := 0;
+    flushed int := 0;
+    w @extschema@.snowflake_lease_standbys;
+    members text[];
+    behind text[];
+    keep text[];
+    durable boolean;
 BEGIN
     IF pg_catalog.btrim(names) = '' THEN
-        SELECT count(*) INTO streaming FROM pg_catalog.pg_stat_replication r WHERE r.state = 'streaming';
-        RETURN jsonb_build_object('durable', true,
-                                  'mode', CASE WHEN streaming > 0 THEN 'asynchronous' ELSE 'local' END,
-                                  'needed', 0, 'flushed', 0, 'lsn', target::text);
+        mode := CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication r WHERE r.state = 'streaming')
+                     THEN 'asynchronous' ELSE 'local' END;
+    ELSE
+        -- [FIRST] n (...) or ANY n (...); a plain list (or *) is FIRST 1.
+        needed := coalesce((pg_catalog.regexp_match(names, '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int, 1);
     END IF;
-    -- [FIRST] n (...) or ANY n (...); a plain list (or *) is FIRST 1.
-    needed := coalesce((pg_catalog.regexp_match(names, '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int, 1);
+    IF NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_registry g WHERE g.timeline = tli) THEN
+        -- Promoted, and no lease call began its incarnation yet.
+        RETURN jsonb_build_object('durable', false, 'mode', mode, 'needed', needed, 'flushed', 0,
+                                  'lsn', target::text, 'behind', '[]'::jsonb);
+    END IF;
+    -- The failover candidates must have it too (this server is none).
+    SELECT * INTO w FROM @extschema@.snowflake_lease_standbys;
+    members := array(SELECT m FROM unnest(coalesce(w.members, '{}')) m WHERE m <> me);
     LOOP
         SELECT count(*) INTO flushed FROM pg_catalog.pg_stat_replication r
          WHERE r.sync_state IN ('sync', 'quorum') AND r.flush_lsn >= target;
-        EXIT WHEN flushed >= needed OR pg_catalog.clock_timestamp() >= deadline;
+        behind := snowflake_id_internal.snowflake_lease_standbys_behind(members, target);
+        EXIT WHEN (flushed >= needed AND cardinality(behind) = 0) OR pg_catalog.clock_timestamp() >= deadline;
         PERFORM pg_catalog.pg_sleep(0.005);
     END LOOP;
-    RETURN jsonb_build_object('durable', flushed >= needed, 'mode', 'synchronous',
-                              'needed', needed, 'flushed', flushed, 'lsn', target::text);
+    durable := flushed >= needed;
+    -- Twice at most: first as read, then, when the row must change or a
+    -- candidate be dropped, again under the row's lock (a drop decided
+    -- from a row another session has just moved on would not be safe;
+    -- the row is only ever updated in place, so a session that waited for
+    -- the lock reads the row the other wrote). Nothing here waits for a
+    -- standby: this function's own writes commit locally.
+    FOR pass IN 1..2 LOOP
+        EXIT WHEN NOT durable;
+        IF pass = 2 THEN
+            PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
+            SELECT * INTO w FROM @extschema@.snowflake_lease_standbys FOR UPDATE;
+        ELSE
+            SELECT * INTO w FROM @extschema@.snowflake_lease_standbys;
+        END IF;
+        IF NOT FOUND THEN
+            -- Deleted by hand: made again, with no candidate; ask again.
+            PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
+            INSERT INTO @extschema@.snowflake_lease_standbys (members, valid_until, timeline, updated_at)
+            VALUES ('{}', '-infinity', tli, pg_catalog.now()) ON CONFLICT DO NOTHING;
+            durable := false;
+            EXIT;
+        END IF;
+        members := array(SELECT m FROM unnest(w.members) m WHERE m <> me);
+        behind := snowflake_id_internal.snowflake_lease_standbys_behind(members, target);
+        IF cardinality(behind) > 0 AND pg_catalog.now() <= w.valid_until + margin THEN
+            -- A candidate that may be promoted without a fence lacks it.
+            durable := false;
+            EXIT;
+        END IF;
+        -- Candidates: the members that kept up, and every synchronous
+        -- standby that has it (added: a row it receives names it, and it
+        -- has everything before that row).
+        keep := array(SELECT DISTINCT m FROM (
+                          SELECT m FROM unnest(members) m WHERE NOT m = ANY (behind)
+                          UNION ALL
+                          SELECT r.application_name FROM pg_catalog.pg_stat_replication r
+                           WHERE r.sync_state IN ('sync', 'quorum') AND r.flush_lsn >= target
+                             AND r.application_name <> me
+                             AND cardinality(snowflake_id_internal.snowflake_lease_standbys_behind(
+                                                 ARRAY[r.application_name::text], target)) = 0) c(m)
+                      ORDER BY m);
+        EXIT WHEN cardinality(behind) = 0 AND w.timeline = tli AND keep IS NOT DISTINCT FROM w.members
+                  AND w.valid_until >= pg_catalog.now() + ttl - interval '5 seconds';
+        IF pass = 2 THEN
+            -- Not waited for: a row that no candidate received changes
+            -- nothing they may conclude (each keeps the older row it has).
+            UPDATE @extschema@.snowflake_lease_standbys
+               SET members = keep, valid_until = pg_catalog.now() + ttl, timeline = tli,
+                   updated_at = pg_catalog.now();
+            IF cardinality(behind) > 0 THEN
+                RAISE LOG 'snowflake_id registry: standby % dropped from the failover candidates (a candidate until %, and behind since)',
+                    array_to_string(behind, ', '), w.valid_until;
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('durable', durable, 'mode', mode, 'needed', needed, 'flushed', flushed,
+                              'lsn', target::text, 'behind', to_jsonb(coalesce(behind, '{}')));
 END
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) IS
-  'Called by a holder''s lease worker after each grant: whether this session''s commits are flushed on enough synchronous standbys (synchronous_standby_names) that a failover keeps them.';
+  'Called by a holder''s lease worker after each grant: whether this session''s commits are flushed on enough synchronous standbys (synchronous_standby_names), and on every failover candidate (snowflake_lease_standbys), that a failover keeps them.';
+
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) FROM PUBLIC;
 -- The roles that may renew (the lease role) may check their grants too.
 DO $grant$
@@ -504,6 +663,7 @@ DECLARE
     lim record;
     r @extschema@.snowflake_lease_registry;
     cause text;
+    proven text;
     evidence boolean := false;
 BEGIN
     IF node IS NULL THEN
@@ -555,15 +715,23 @@ BEGIN
                                AND l.pid <> pg_catalog.pg_backend_pid());
     ELSIF r.timeline <> tli THEN
         cause := format('WAL timeline %s, was %s (promotion or point-in-time recovery)', tli, r.timeline);
-        evidence := true;
-    ELSIF seen > pg_current_wal_insert_lsn() THEN
+        proven := snowflake_id_internal.snowflake_lease_promotion_proven(r.timeline, tli);
+        evidence := proven IS NULL;
+        IF proven IS NOT NULL THEN
+            cause := cause || ': ' || proven;
+        END IF;
+    ELSIF seen > pg_current_wal_insert_lsn() AND known IS DISTINCT FROM r.previous_incarnation THEN
+        -- (A holder of the incarnation a proven promotion continued may
+        -- have seen a position of the old timeline past the promotion:
+        -- a grant that never became durable, which it did not use.)
         cause := format('a holder saw WAL position %s, above this server''s %s (the registry went back in time)',
                         seen, pg_current_wal_insert_lsn());
         evidence := true;
     ELSIF current_setting('fsync') = 'off' AND r.postmaster_start <> pg_postmaster_start_time() THEN
         cause := 'a restart with fsync off';
         evidence := true;
-    ELSIF known <> '' AND known <> r.incarnation AND (r.fenced_until IS NULL OR r.fenced_until < now())
+    ELSIF known <> '' AND known <> r.incarnation AND known IS DISTINCT FROM r.previous_incarnation
+          AND (r.fenced_until IS NULL OR r.fenced_until < now())
           AND now() < r.started_at + (lim.fence_lease_ms + lim.fence_grace_ms) * interval '1 millisecond' THEN
         -- A holder of an older incarnation soon after this one began
         -- unfenced: it may be using a grant this one forgot.
@@ -572,6 +740,7 @@ BEGIN
     END IF;
     IF cause IS NOT NULL THEN
         DELETE FROM @extschema@.snowflake_lease_registry;
+        r.previous_incarnation := CASE WHEN proven IS NOT NULL THEN r.incarnation END;
         r.incarnation := md5(gen_random_uuid()::text);
         r.timeline := tli;
         r.postmaster_start := pg_postmaster_start_time();
@@ -611,6 +780,7 @@ END
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) IS
   'Used by the lease functions: checks the caller holds the node''s lock and the request is within the fleet''s limits, and returns the registry''s incarnation and fence, starting a new one when grants may have been forgotten.';
+
 
 -- Leases up to `want` free blocks among `allowed` (block numbers of
 -- `block_size` ids each) to `node`: the least recently used first (the

@@ -135,6 +135,11 @@ pub struct Durability {
     /// The registry's WAL position checked.
     #[serde(default)]
     pub lsn: String,
+    /// Failover candidates (standbys a promotion of which needs no fence)
+    /// that have not flushed it yet: not durable until they have, or stop
+    /// being candidates.
+    #[serde(default)]
+    pub behind: Vec<String>,
 }
 
 pub const MODE_SYNCHRONOUS: &str = "synchronous";

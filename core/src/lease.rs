@@ -76,6 +76,26 @@
 //!   the one place where clock offsets matter, and only after the registry
 //!   lost data. The fence rests on the limits, not on what the registry
 //!   saw of requests, which it may have lost with the grants.
+//! - A promotion that provably kept every durable grant is not fenced
+//!   (0.7.0). The registry keeps *failover candidates*
+//!   (`snowflake_lease_standbys`, by application name): synchronous
+//!   standbys that flushed every grant reported durable since they were
+//!   added, each a candidate until `valid_until` (about 30 s ahead, moved
+//!   on while all keep up). A grant is reported durable only once every
+//!   candidate has flushed it too; a candidate that is gone or behind is
+//!   dropped only 15 s (a margin for the registry servers' clocks) after
+//!   the `valid_until` of the newest row, and until then nothing is
+//!   reported durable. A standby promoted from timeline T, named
+//!   (`snowflake_id.registry_standby_name`) in the last candidates' row it
+//!   received (written on T), before that row's `valid_until`, with a
+//!   timeline history that says a promotion ended recovery (not a
+//!   recovery target), therefore has every grant any holder used: had its
+//!   old primary reported one durable without it, it would have dropped
+//!   it first, after a `valid_until` at least as late as the one the
+//!   standby read, plus the margin. Its new incarnation continues the old
+//!   one (`previous_incarnation`: holders of it are not evidence).
+//!   Anything less (no name, an expired row, a point-in-time recovery, the
+//!   history unreadable) fences as above.
 //! - During the fence, holders that knew the older incarnation re-assert
 //!   their blocks with their marks and keep them.
 //! - Not covered: an old primary that goes on granting after a standby was

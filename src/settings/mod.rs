@@ -69,6 +69,11 @@ const MAX_DRIFT_LIMIT_MS: i32 = 3_600_000;
 static REGISTRY_DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `snowflake_id.registry_standby_name`: read by the registry's SQL
+/// (`leases.sql`, `current_setting`), on a registry server, whether or not
+/// the library is loaded there.
+static REGISTRY_STANDBY_NAME: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(None);
 static LEASE_TIME_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 /// `snowflake_id.max_blocks`: the most blocks this server leases.
 static MAX_BLOCKS: GucSetting<i32> = GucSetting::<i32>::new(8);
@@ -292,6 +297,17 @@ pub fn init(preloading: bool) {
         c"The registry worker records who held each worker id and how far its IDs went.",
         &REGISTRY_DATABASE,
         layout_context(),
+        GucFlags::default(),
+    );
+
+    GucRegistry::define_string_guc(
+        c"snowflake_id.registry_standby_name",
+        c"On a registry server: the application_name it streams with as a standby (empty: none).",
+        c"A promoted standby that the registry's synchronous_standby_names made a failover candidate \
+          under this name starts its new incarnation without a fence (snowflake_lease_standbys). \
+          Must equal the application_name in its primary_conninfo, and be unique.",
+        &REGISTRY_STANDBY_NAME,
+        GucContext::Sighup,
         GucFlags::default(),
     );
 

@@ -34,6 +34,7 @@ import signal
 import threading
 
 import psycopg
+import pytest
 
 from harness import wait_until
 from helpers import (Maker, apart_problems, can_make_id, config, hba_accept_tcp, hba_reject_tcp,
@@ -356,3 +357,126 @@ def test_lease_replication_synchronous_uses_nothing_from_a_registry_without_sync
     made = maker.stop()
     assert len(set(made)) == len(made)
     assert config(h)["lease_problem"] is None
+
+
+# ------------------------------------------------ promotion without a fence
+def named_standby(make_cluster, primary, name: str, registry_name: str | None):
+    """standby() whose snowflake_id.registry_standby_name is `registry_name`
+    (None: not set)."""
+    s = make_cluster(basebackup_from=primary, tcp=True, start=False, settings={"fsync": True})
+    with open(os.path.join(s.datadir, "postgresql.auto.conf"), "a") as f:
+        f.write(f"primary_conninfo = 'host={primary.dir} port={primary.port} user=postgres"
+                f" application_name={name}'\n")
+        if registry_name is not None:
+            f.write(f"snowflake_id.registry_standby_name = '{registry_name}'\n")
+    s.start()
+    return s
+
+
+def candidates(r) -> list[str]:
+    return r.scalar("SELECT members FROM snowflake_lease_standbys"
+                    " WHERE valid_until > now()") or []
+
+
+def registry_row(r) -> dict:
+    with r.connect() as conn:
+        cur = conn.execute("SELECT incarnation, previous_incarnation, cause,"
+                           " fenced_until IS NOT NULL AND fenced_until > now() AS fenced"
+                           " FROM snowflake_lease_registry")
+        names = [d.name for d in cur.description]
+        return dict(zip(names, cur.fetchone()))
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
+def test_a_switchover_to_the_synchronous_standby_is_not_fenced_when_it_can_show_it_has_every_grant(
+        make_cluster, named):
+    """A planned switchover: the registry P (the default limits: a fence
+    lasts 12 min) with its synchronous standby s1; holder A holds a block.
+    P stops cleanly, s1 is promoted, and a new holder B asks s1 for a
+    block. named: s1's snowflake_id.registry_standby_name is 's1', a
+    failover candidate of P's in the last row it received: its new
+    incarnation continues P's without a fence, B makes IDs within seconds
+    and A keeps its block. unnamed: the same switchover is fenced (0.7.0's
+    first build fenced every promotion: 36 s with 30 s leases, 12 min with
+    the defaults). No ID is made by both."""
+    p = make_cluster(tcp=True, settings={"fsync": True})
+    p.create_extension()
+    s = named_standby(make_cluster, p, "s1", "s1" if named else None)
+    require_synchronous(p, "FIRST 1 (s1)", "s1")
+    a = holder(make_cluster, following(p, s, tcp=False))
+    maker_a = Maker(a, statement_timeout="40s")
+    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
+    wait_until(lambda: candidates(p) == ["s1"], timeout=60, what="s1 a failover candidate of P")
+    before = registry_row(p)
+    p.stop(mode="fast")
+    s.promote()
+    b = holder(make_cluster, following(p, s, tcp=False))
+    maker_b = Maker(b, statement_timeout="40s")
+    if named:
+        wait_until(lambda: maker_b.made, timeout=60, what="B's IDs from the promoted s1")
+        row = registry_row(s)
+        assert not row["fenced"], row
+        assert row["previous_incarnation"] == before["incarnation"], (row, before)
+        assert "standby s1 promoted" in row["cause"] and "every durable grant" in row["cause"], row
+        # A went on with its block, renewed on s1.
+        made_a_before = len(maker_a.made)
+        wait_until(lambda: len(maker_a.made) > made_a_before + 100, timeout=60,
+                   what="A making IDs after the switchover")
+    else:
+        wait_until(lambda: registry_row(s)["incarnation"] != before["incarnation"], timeout=60,
+                   what="s1's new incarnation")
+        row = registry_row(s)
+        assert row["fenced"] and row["previous_incarnation"] is None, row
+        wait_until(lambda: "fenced until" in problem_of(b), timeout=60, what="B reporting the fence")
+        assert not maker_b.made
+    made_a, made_b = maker_a.stop(), maker_b.stop()
+    problems = (apart_problems("A", made_a, "B", made_b) + duplicate_problems("A", made_a)
+                + duplicate_problems("B", made_b))
+    assert not problems, "; ".join(problems)
+    print(f"\n[switchover, {'named' if named else 'unnamed'}] s1's incarnation: {row['cause']};"
+          f" A made {len(made_a)} IDs, B {len(made_b)}")
+
+
+def test_a_failover_candidate_that_falls_behind_holds_grants_back_then_is_dropped_and_fenced(
+        make_cluster):
+    """P with two quorum standbys, s1 and s2 (ANY 1), both failover
+    candidates (named). s1's WAL sender stops: a grant on s2 satisfies
+    ANY 1, but s1 is a candidate whose promotion would not fence, so the
+    holder does not use it and says which standby lacks it. About 45 s
+    after the last candidates' row (its valid_until plus the clocks'
+    margin) P drops s1 and grants count again. Then P dies and s1, whose
+    last row names it but has expired, is promoted: fenced."""
+    p = registry_primary(make_cluster)
+    s1 = named_standby(make_cluster, p, "s1", "s1")
+    named_standby(make_cluster, p, "s2", "s2")
+    require_synchronous(p, "ANY 1 (s1, s2)", "s1", "s2")
+    h = holder(make_cluster, following(p, s1, tcp=False))
+    maker = Maker(h, statement_timeout="40s")
+    wait_until(lambda: maker.made, timeout=60, what="the holder's first IDs")
+    wait_until(lambda: candidates(p) == ["s1", "s2"], timeout=60, what="s1 and s2 candidates")
+    stall = StalledStandby(p, "s1")
+    try:
+        seen: set[str] = set()
+
+        def held_back() -> bool:
+            seen.add(problem_of(h))
+            return any("not yet on s1 (failover candidates" in t for t in seen)
+        wait_until(held_back, timeout=60, what="the holder saying s1 lacks its grant")
+        wait_until(lambda: "standby s1 dropped from the failover candidates" in p.log(),
+                   timeout=120, what="P dropping s1")
+        wait_until(lambda: candidates(p) == ["s2"] and not problem_of(h), timeout=60,
+                   what="grants durable again, on s2")
+        made = len(maker.made)
+        wait_until(lambda: len(maker.made) > made + 100, timeout=60, what="IDs after s1 was dropped")
+        before = registry_row(p)
+        p.stop(mode="immediate")
+    finally:
+        stall.resume()
+    s1.promote()
+    # The holder's next lease call, on s1, begins the new timeline's incarnation.
+    wait_until(lambda: registry_row(s1)["incarnation"] != before["incarnation"], timeout=60,
+               what="s1's new incarnation")
+    row = registry_row(s1)
+    assert row["fenced"] and row["previous_incarnation"] is None, row
+    made = maker.stop()
+    assert len(set(made)) == len(made)

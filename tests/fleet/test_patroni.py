@@ -28,8 +28,12 @@ properties): how long the registry was not writable (failover_s), how long
 the holders that had blocks made no ID (their lease time is 6 s here), and
 how long a holder that needs a block waits: a fresh holder started once the
 old leader accepts no more writes, from the fault to its first ID
-(new_holder_wait_s). A promotion starts a new registry incarnation, fenced
-for the lease time plus grace (docs/design/fleet-fencing.md): no block is
+(new_holder_wait_s). A promotion starts a new registry incarnation: one
+that continues the old one without a fence when the promoted node shows it
+was a failover candidate with every durable grant (each node's
+snowflake_id.registry_standby_name is its member name, the application_name
+Patroni streams with; required after the switchover), else one fenced for
+the lease time plus grace (docs/design/fleet-fencing.md): no block is
 leased anew meanwhile.
 
 Patroni and etcd run as the postgres OS user, on free ports of 127.0.0.1,
@@ -323,8 +327,12 @@ class Node:
                 "authentication": {"superuser": {"username": "postgres"},
                                    "replication": {"username": "postgres"},
                                    "rewind": {"username": "postgres"}},
+                # registry_standby_name: Patroni streams as the member's
+                # name; a promoted failover candidate of that name is not
+                # fenced (snowflake_lease_standbys).
                 "parameters": {"unix_socket_directories": self.dir,
                                "max_connections": 100,
+                               "snowflake_id.registry_standby_name": name,
                                "log_line_prefix": f"%m [%p] {name} %q%u@%d "},
                 "pg_hba": hba,
             },
@@ -698,13 +706,14 @@ class Fleet:
                    timeout=timeout, what="every holder making IDs again")
 
     def finish(self, request, scenario: str, new: Node, fault_at: float, promoted_at: float,
-               extra: dict | None = None, promoted: bool = True) -> dict:
+               extra: dict | None = None, promoted: bool = True, proven: bool = False) -> dict:
         """Stops the writers, checks that no two holders made the same ID
         or used one worker id over overlapping milliseconds, and reports the
         waits (printed, and as the test's JUnit properties). The promoted
-        node `new` began a new incarnation, fenced for the lease time plus
-        grace (the known cost of a promotion today); promoted=False: `new`
-        leads on the timeline it had."""
+        node `new` began a new incarnation: one that continues the old one
+        unfenced, when it showed it was a failover candidate with every
+        durable grant (required when `proven`), or one fenced for the lease
+        time plus grace; promoted=False: `new` leads on the timeline it had."""
         after = time.monotonic()
         # Every holder makes IDs again after the fault, and for a while.
         self.wait_all_making_ids(after, timeout=30)
@@ -726,13 +735,20 @@ class Fleet:
         }
         logged = fences(new)
         with new.connect() as conn:
-            current = conn.execute("SELECT incarnation FROM snowflake_lease_registry").fetchone()[0]
+            current, previous, cause = conn.execute(
+                "SELECT incarnation, previous_incarnation, cause FROM snowflake_lease_registry"
+            ).fetchone()
         report["fence"] = logged.get(current)
+        report["proven"] = previous is not None
         report["incarnations_logged"] = len(logged)
         print(f"\n[patroni] {scenario}: " + ", ".join(f"{k}={v}" for k, v in report.items()))
         for k, v in report.items():
             request.node.user_properties.append((k, v))
-        if promoted:
+        if promoted and report["proven"]:
+            assert report["fence"] is None and f"standby {new.name} promoted" in cause \
+                and "every durable grant" in cause, (cause, logged)
+        elif promoted:
+            assert not proven, f"{new.name}'s promotion was not shown to keep every grant: {cause}"
             assert report["fence"] and "WAL timeline" in report["fence"][0] \
                 and abs(report["fence"][1] - FENCE_S) < 0.6, \
                 f"{new.name}'s incarnation is not one fenced for {FENCE_S} s after its promotion: {logged}"
@@ -875,7 +891,7 @@ def test_switchover(registry, make_cluster, request):
     watch.stop()
     fleet.finish(request, "switchover", new, fault_at, promoted_at,
                  {"old_leader_writable_until_s": round(watch.last_writable(old) - fault_at, 2),
-                  "synchronous_again_s": round(sync_at - fault_at, 2)})
+                  "synchronous_again_s": round(sync_at - fault_at, 2)}, proven=True)
 
 
 def test_leader_cut_off_from_etcd(registry, make_cluster, request):

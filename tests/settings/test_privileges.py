@@ -132,7 +132,7 @@ USER_FACING = {
     "relation": {
         "snowflake_workers", "snowflake_leases", "snowflake_worker_registry",
         "snowflake_lease_blocks", "snowflake_lease_registry", "snowflake_backfill_grants",
-        "snowflake_lease_limits",
+        "snowflake_lease_limits", "snowflake_lease_standbys",
     },
 }
 INTERNAL = "snowflake_id_internal"
@@ -158,7 +158,8 @@ SELECT CASE d.classid WHEN 'pg_proc'::regclass THEN 'function'
 # function called with a NULL constant is folded away before anything runs).
 SAMPLE = {"jsonb": "'{}'::jsonb", "text": "'x'::text",
           "timestamp with time zone": "now()", "bigint": "0::bigint",
-          "integer": "0", "numeric": "0::numeric"}
+          "integer": "0", "numeric": "0::numeric", "text[]": "ARRAY[]::text[]",
+          "pg_lsn": "'0/0'::pg_lsn"}
 
 
 def internal_calls(c) -> list[str]:
@@ -198,7 +199,8 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
             "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_check",
             "snowflake_lease_durable", "snowflake_lease_forget", "snowflake_lease_hello",
             "snowflake_lease_limits_changed", "snowflake_lease_limits_in_force",
-            "snowflake_lease_release", "snowflake_lease_renew", "snowflake_lease_session",
+            "snowflake_lease_promotion_proven", "snowflake_lease_release",
+            "snowflake_lease_renew", "snowflake_lease_session", "snowflake_lease_standbys_behind",
             "snowflake_lease_reply", "snowflake_registry_high_water",
             "snowflake_registry_merge"]), internal
         usage, create, owner = c.sql(
@@ -213,7 +215,7 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
                     dbname="other") == 0
     c.sql("CREATE EXTENSION snowflake_id", dbname="other")
     assert c.scalar(f"SELECT count(*) FROM pg_proc WHERE pronamespace = '{INTERNAL}'::regnamespace",
-                    dbname="other") == 19
+                    dbname="other") == 21
 
 
 def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(app_cluster):
@@ -226,7 +228,7 @@ def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(a
     column, an index and partition bounds, with the checks' errors."""
     c = app_cluster
     calls = internal_calls(c)
-    assert len(calls) == 19, calls
+    assert len(calls) == 21, calls
     c.sql("GRANT CREATE ON SCHEMA public TO app")
     explicit = "'2024-01-01+00', 1, 10, 12, 63"
     with c.connect(user="app") as app:

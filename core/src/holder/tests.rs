@@ -321,6 +321,7 @@ impl Registry for FakeRegistry {
             needed,
             flushed,
             lsn: format_lsn(self.lsn),
+            behind: Vec::new(),
         })
     }
 }

@@ -130,6 +130,18 @@ impl Worker {
 /// The problem text of a grant that is not durable: what is wrong and what
 /// to do.
 fn not_durable_text(display: &str, what: &str, d: &Durability, required: Replication) -> String {
+    // Candidates behind matter once synchronous_standby_names is satisfied
+    // (before that, the standbys it names are what to look at).
+    if !d.behind.is_empty()
+        && d.flushed >= d.needed
+        && (d.mode == "synchronous" || required == Replication::Auto)
+    {
+        return format!(
+            "a {what} from the registry {display} is committed there but not yet on {} (failover candidates that a promotion trusts to have every durable grant; WAL position {}): it is not used until they have it or, about 45 s after they fell behind, stop being candidates; check the registry's standbys (pg_stat_replication there)",
+            d.behind.join(", "),
+            d.lsn
+        );
+    }
     match (d.mode.as_str(), required) {
         ("synchronous", _) => format!(
             "a {what} from the registry {display} is committed there but not on its synchronous standbys ({} of {} flushed WAL position {}): it is not used, and this server keeps what it holds until it is; check the registry's standbys (pg_stat_replication there)",
