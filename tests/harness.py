@@ -48,7 +48,8 @@ def pg_config(flag: str) -> str:
 
 PG_BINDIR = pg_config("--bindir")
 PG_PKGLIBDIR = pg_config("--pkglibdir")
-PG_MAJOR = int(pg_config("--version").split()[1].split(".")[0])
+# "PostgreSQL 18.6", or "PostgreSQL 19rc1" for a release candidate.
+PG_MAJOR = int(re.match(r"\d+", pg_config("--version").split()[1]).group(0))
 
 
 def other_pg_bindir(major: int) -> "str | None":

