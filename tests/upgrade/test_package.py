@@ -34,7 +34,7 @@ import tarfile
 
 import pytest
 
-from harness import PG_CONFIG, PG_MAJOR, pg_config
+from harness import PG_CONFIG, PG_MAJOR
 from helpers import APT_GET
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
