@@ -65,9 +65,10 @@ RETURNS text[]
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT coalesce(array_agg(m ORDER BY m), '{}')
       FROM unnest(members) m
-     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication r WHERE r.application_name = m)
-        OR EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication r
-                    WHERE r.application_name = m AND (r.flush_lsn IS NULL OR r.flush_lsn < target))
+     WHERE (SELECT count(*) <> 1 OR bool_or(r.flush_lsn IS NULL OR r.flush_lsn < target)
+              FROM pg_catalog.pg_stat_replication r
+              JOIN pg_catalog.pg_stat_activity a ON a.pid = r.pid AND a.datid IS NULL
+             WHERE r.application_name = m)
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_behind(text[], pg_lsn) IS
   'Used by the lease functions: the failover candidates that have not flushed a WAL position.';
@@ -79,12 +80,18 @@ CREATE FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(old_tli i
 RETURNS text
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    me text := coalesce(pg_catalog.current_setting('snowflake_id.registry_standby_name', true), '');
+    -- From the configuration files only: a session could SET it (a
+    -- placeholder where the library is not loaded).
+    me text := coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f
+                          WHERE f.name = 'snowflake_id.registry_standby_name' AND f.error IS NULL
+                          ORDER BY f.seqno DESC LIMIT 1), '');
     w @extschema@.snowflake_lease_standbys;
     history text;
     last text[];
 BEGIN
-    IF me = '' THEN
+    IF me = '' OR pg_catalog.current_setting('fsync') = 'off' THEN
+        -- (With fsync off, a crash may have lost WAL this server reported
+        -- flushed, and kept an older row that names it.)
         RETURN NULL;
     END IF;
     SELECT * INTO w FROM @extschema@.snowflake_lease_standbys;
@@ -132,7 +139,11 @@ LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, 
 DECLARE
     wait_ms bigint := least(greatest(coalesce((req->>'wait_ms')::bigint, 0), 0), 5000);
     names text := pg_catalog.current_setting('synchronous_standby_names');
-    me text := coalesce(pg_catalog.current_setting('snowflake_id.registry_standby_name', true), '');
+    -- From the configuration files only: a session could SET it (a
+    -- placeholder where the library is not loaded).
+    me text := coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f
+                          WHERE f.name = 'snowflake_id.registry_standby_name' AND f.error IS NULL
+                          ORDER BY f.seqno DESC LIMIT 1), '');
     target pg_lsn := pg_catalog.pg_current_wal_flush_lsn();
     deadline timestamptz := pg_catalog.clock_timestamp() + wait_ms * interval '1 millisecond';
     tli int := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int;
@@ -178,17 +189,20 @@ BEGIN
     -- the row is only ever updated in place, so a session that waited for
     -- the lock reads the row the other wrote). Nothing here waits for a
     -- standby: this function's own writes commit locally.
+    -- The row locks below make this a transaction that writes: its commit
+    -- waits for no standby.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     FOR pass IN 1..2 LOOP
         EXIT WHEN NOT durable;
         IF pass = 2 THEN
-            PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
             SELECT * INTO w FROM @extschema@.snowflake_lease_standbys FOR UPDATE;
         ELSE
-            SELECT * INTO w FROM @extschema@.snowflake_lease_standbys;
+            -- FOR SHARE: waits for a session that is writing the row, so
+            -- that a candidate it adds (in WAL before this grant) is seen.
+            SELECT * INTO w FROM @extschema@.snowflake_lease_standbys FOR SHARE;
         END IF;
         IF NOT FOUND THEN
             -- Deleted by hand: made again, with no candidate; ask again.
-            PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
             INSERT INTO @extschema@.snowflake_lease_standbys (members, valid_until, timeline, updated_at)
             VALUES ('{}', '-infinity', tli, pg_catalog.now()) ON CONFLICT DO NOTHING;
             durable := false;
@@ -209,7 +223,7 @@ BEGIN
                           UNION ALL
                           SELECT r.application_name FROM pg_catalog.pg_stat_replication r
                            WHERE r.sync_state IN ('sync', 'quorum') AND r.flush_lsn >= target
-                             AND r.application_name <> me
+                             AND r.application_name <> me AND r.application_name <> ''
                              AND cardinality(snowflake_id_internal.snowflake_lease_standbys_behind(
                                                  ARRAY[r.application_name::text], target)) = 0) c(m)
                       ORDER BY m);
@@ -219,7 +233,10 @@ BEGIN
             -- Not waited for: a row that no candidate received changes
             -- nothing they may conclude (each keeps the older row it has).
             UPDATE @extschema@.snowflake_lease_standbys
-               SET members = keep, valid_until = pg_catalog.now() + ttl, timeline = tli,
+               SET members = keep, timeline = tli,
+                   -- Never earlier than a candidate may have read (a call
+                   -- whose transaction began long ago has an old now()).
+                   valid_until = greatest(valid_until, pg_catalog.now() + ttl),
                    updated_at = pg_catalog.now();
             IF cardinality(behind) > 0 THEN
                 RAISE LOG 'snowflake_id registry: standby % dropped from the failover candidates (a candidate until %, and behind since)',
