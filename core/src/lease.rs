@@ -95,7 +95,14 @@
 //!   standby read, plus the margin. Its new incarnation continues the old
 //!   one (`previous_incarnation`: holders of it are not evidence).
 //!   Anything less (no name, an expired row, a point-in-time recovery, the
-//!   history unreadable) fences as above.
+//!   history unreadable, `fsync` off) fences as above. The name is read
+//!   from the server's configuration files, never from a session; a name
+//!   stands for a candidate only while exactly one physical WAL sender uses
+//!   it. Not covered: two servers given one name (a `pg_basebackup` copy of
+//!   a candidate keeps its `postgresql.auto.conf`), and an old primary that
+//!   keeps running with a second candidate after the promotion of the
+//!   first (split brain), which drops the promoted one after the margin and
+//!   grants on.
 //! - During the fence, holders that knew the older incarnation re-assert
 //!   their blocks with their marks and keep them.
 //! - Not covered: an old primary that goes on granting after a standby was

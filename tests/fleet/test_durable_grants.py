@@ -375,8 +375,10 @@ def named_standby(make_cluster, primary, name: str, registry_name: str | None):
 
 
 def candidates(r) -> list[str]:
-    return r.scalar("SELECT members FROM snowflake_lease_standbys"
-                    " WHERE valid_until > now()") or []
+    """The registry's failover candidates, while its row is valid (a
+    session may be writing it: the row seen until it commits)."""
+    rows = r.sql("SELECT members FROM snowflake_lease_standbys WHERE valid_until > now()")
+    return rows[0][0] if rows else []
 
 
 def registry_row(r) -> dict:
