@@ -66,6 +66,20 @@ pub fn bad_worker_ids(detail: &str) -> ! {
     )
 }
 
+/// WARNING at load, before the ERROR that names the first problem: the
+/// other settings refused too (names and where they were set, no values).
+pub fn also_refused(settings: &[String]) {
+    let mut report = pgrx::pg_sys::panic::ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("snowflake_id also refuses {}", settings.join(", ")),
+        "snowflake_id",
+    );
+    report = report.set_hint(
+        "The error that follows names the first problem; fix these settings too before starting the server again.",
+    );
+    report.report(PgLogLevel::WARNING);
+}
+
 /// 22023: the configuration gives a `snowflake_id.*` setting a value
 /// PostgreSQL rejects (it would start on the default instead).
 pub fn bad_setting(name: &str, value: &str, origin: &str, accepted: &str) -> ! {

@@ -4,8 +4,8 @@
 //! `snowflake_core` (core/: the ID layout, the clock and sequence rules,
 //! worker-id ranges, lease rules and the lease holder, public IDs). Where
 //! things are:
-//! - `settings/`   the `snowflake_id.*` settings: registration, check hooks,
-//!   typed getters
+//! - `settings/`   the `snowflake_id.*` settings: the load phase (one
+//!   validated `Config`), check hooks, typed getters
 //! - `shmem/`      shared-memory structures and hooks (the locking rules and
 //!   lock order are at the top of `shmem/mod.rs`)
 //! - `claims/`     worker-id claims, one per backend, and the hot path
@@ -57,7 +57,7 @@ pub extern "C-unwind" fn _PG_init() {
     no_rust_backtraces();
     // SAFETY: reading a flag PostgreSQL sets while loading preload libraries.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
-    settings::init(preloading);
+    settings::load(preloading);
     if preloading {
         settings::warn_if_layout_ends_soon();
         shmem::init(durability::reservation::read_at_startup);

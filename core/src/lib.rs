@@ -7,6 +7,7 @@
 //!
 //! - `layout`     the bit layout of an ID
 //! - `backfill`   IDs for past times: the set-aside space, grants and lanes
+//! - `backfill_ids` which set-aside ids a server records at start
 //! - `generator`  the clock and sequence rules (injected clock)
 //! - `ranges`     worker-id range parsing
 //! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument
@@ -17,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backfill;
+pub mod backfill_ids;
 pub mod conninfo;
 pub mod generator;
 pub mod holder;

@@ -9,6 +9,7 @@ use crate::durability::{reservation, wal};
 use crate::settings;
 use crate::shmem::{self, Header};
 use snowflake_core::backfill::Space;
+use snowflake_core::backfill_ids;
 use std::sync::atomic::Ordering::*;
 
 /// Registers WAL replay of grants. Called from `_PG_init` while preloading.
@@ -76,7 +77,12 @@ pub fn raise_from_record(header: &Header, start_ms: i64, grants: i64, ids: &str)
         // Not a list this server can record (nor one it set aside).
         backfill.ids_changed.store(true, Release);
     } else if !ids.is_empty() && ids != backfill.recorded_ids.get() {
-        let (_, changed) = settings::backfill_ids_to_record(ids, true);
+        let (_, changed) = backfill_ids::to_record(
+            ids,
+            true,
+            settings::backfill_space().map(Space::ids),
+            settings::layout().max_worker_id(),
+        );
         if changed {
             // The raised counters are numbered across `ids` from now on:
             // the state file records them, and backfill waits for a

@@ -53,6 +53,8 @@
 
 use crate::settings;
 use pgrx::pg_sys;
+use snowflake_core::backfill::Space;
+use snowflake_core::backfill_ids;
 use snowflake_core::generator::GeneratorState;
 use snowflake_core::layout::Layout;
 use std::mem::size_of;
@@ -617,21 +619,21 @@ unsafe extern "C-unwind" fn shmem_startup() {
                     cell.store(grants, Relaxed);
                 }
             }
-            let (recorded_ids, changed) = settings::backfill_ids_to_record(
-                &startup.backfill_ids,
-                !startup.backfill_grants.is_empty(),
+            let recorded_ids = backfill_ids::at_start(
+                backfill_ids::AtStart {
+                    recorded: &startup.backfill_ids,
+                    had_grants: !startup.backfill_grants.is_empty(),
+                    had_state: startup.floor_ms > i64::MIN,
+                },
+                settings::backfill_space().map(Space::ids),
+                layout.max_worker_id(),
             );
-            let newly = !changed
-                && startup.floor_ms > i64::MIN
-                && settings::backfill_ids_new_since(&startup.backfill_ids);
-            (*backfill).recorded_ids.set(if newly {
-                &startup.backfill_ids
-            } else {
-                &recorded_ids
-            });
-            (*backfill).newly_set_aside.store(newly, Relaxed);
+            (*backfill).recorded_ids.set(&recorded_ids.ids);
+            (*backfill)
+                .newly_set_aside
+                .store(recorded_ids.newly_set_aside, Relaxed);
             (*backfill).floor_at_start_ms.store(floor_ms, Relaxed);
-            (*backfill).ids_changed.store(changed, Relaxed);
+            (*backfill).ids_changed.store(recorded_ids.changed, Relaxed);
             let fresh = GeneratorState::new(&layout).word(&layout);
             let limit = if mode == MODE_LOCAL {
                 i64::MAX
