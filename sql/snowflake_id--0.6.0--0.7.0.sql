@@ -291,7 +291,7 @@ UPDATE snowflake_lease_blocks SET floor_ms = high_water_ms WHERE holder_node IS 
 -- allowed): the fence never rests on what the registry saw of requests,
 -- which a failover may have lost with the grants.
 --
--- The defaults follow the holders' own settings (src/settings/mod.rs,
+-- The defaults follow the holders' own settings (src/settings/define.rs,
 -- core/src/lease.rs):
 --   max_lease_ms 600000 (10 min): the default snowflake_id.lease_time. Not
 --     its maximum (1 day): this is also how long every fenced failover

@@ -135,7 +135,7 @@ REVOKE ALL ON snowflake_lease_standbys FROM PUBLIC;
 -- allowed): the fence never rests on what the registry saw of requests,
 -- which a failover may have lost with the grants.
 --
--- The defaults follow the holders' own settings (src/settings/mod.rs,
+-- The defaults follow the holders' own settings (src/settings/define.rs,
 -- core/src/lease.rs):
 --   max_lease_ms 600000 (10 min): the default snowflake_id.lease_time. Not
 --     its maximum (1 day): this is also how long every fenced failover

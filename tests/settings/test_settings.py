@@ -185,3 +185,45 @@ def test_epoch_in_the_future_starts_but_makes_no_ids(make_cluster):
             conn.execute("SELECT snowflake_nextval()")
         assert ei.value.sqlstate == "55000"
         assert "the epoch (2999-01-01" in ei.value.diag.message_primary
+
+
+def test_every_problem_is_named_at_once(make_cluster):
+    """Several bad settings: the start is refused with the first one's
+    FATAL, after a WARNING naming the others and where each was set (no
+    values: one of them is a connection string with a password). Before
+    0.7.0 only the first was named, one start at a time."""
+    c = make_cluster(start=False)
+    c.configure(**{
+        "snowflake_id.max_drift": "soon",
+        "snowflake_id.registry": "host=/tmp password=hunter2",
+        "snowflake_id.worker_id": "0-3",
+    })
+    mark = c.log_mark()
+    with pytest.raises(ClusterError):
+        c.start(timeout=20)
+    log = c.log(since=mark)
+    assert "hunter2" not in log, log
+    warning = next(l for l in log.splitlines() if "also refuses" in l)
+    assert "snowflake_id.max_drift (file" in warning, log
+    assert "snowflake_id.worker_id (file" in warning, log
+    assert "harness.conf" in warning, log
+    # The first problem in the order of the checks: the registry's password.
+    fatal = next(l for l in log.splitlines() if "FATAL:" in l)
+    assert "snowflake_id.registry" in fatal and "password" in fatal, log
+    assert log.index(warning) < log.index(fatal), log
+    # Fixed one by one, each start names what is left, until it starts.
+    c.settings.pop("snowflake_id.registry")
+    c.configure()
+    mark = c.log_mark()
+    with pytest.raises(ClusterError):
+        c.start(timeout=20)
+    log = c.log(since=mark)
+    fatal = next(l for l in log.splitlines() if "FATAL:" in l)
+    assert 'invalid value for parameter "snowflake_id.max_drift"' in fatal, log
+    assert "also refuses snowflake_id.worker_id (" in log, log
+    c.settings.pop("snowflake_id.max_drift")
+    c.settings.pop("snowflake_id.worker_id")
+    c.configure()
+    c.start()
+    c.create_extension()
+    assert c.scalar("SELECT snowflake_nextval()") > 0
