@@ -47,6 +47,7 @@ use crate::durability::reservation;
 use crate::errors;
 use crate::settings;
 use crate::shmem::{self, Header, Holder, Slot};
+use snowflake_core::clock_behind::{self, Cause};
 use snowflake_core::generator::{GenError, GeneratorState};
 use snowflake_core::layout::Layout;
 use std::cell::{Cell, RefCell};
@@ -262,42 +263,32 @@ impl Claim {
         };
         let now_ms = crate::clock::unix_ms();
         let behind_ms = behind * layout.unit_ms;
-        let next_tick_ms = layout.tick_start_unix_ms(layout.tick_at(now_ms) + 1);
-        if behind <= 1
-            && layout.unit_ms > max_drift_ms
-            && next_tick_ms - now_ms > FLOOR_WAIT_MS
-            && self.fresh_floor.is_some()
-            && self.state.clock_backward == self.backward_at_issue
-        {
-            // Only the current tick is in the way (its IDs may have been
-            // made before a restart) and max_drift allows no lead: nothing
-            // is wrong with the clock, the tick is just not over.
-            errors::floor_in_this_tick(
+        let refused = clock_behind::Refused {
+            behind_ms,
+            behind_ticks: behind,
+            now_ms,
+            next_tick_ms: layout.tick_start_unix_ms(layout.tick_at(now_ms) + 1),
+            last_tick_ms: layout.tick_start_unix_ms(self.state.last_tick),
+            unit_ms: layout.unit_ms,
+            max_drift_ms,
+            fresh_floor_ms: self.fresh_floor,
+            clock_went_back: self.state.clock_backward != self.backward_at_issue,
+        };
+        match clock_behind::cause(&refused, FLOOR_WAIT_MS) {
+            Cause::FloorInThisTick { next_tick_ms } => errors::floor_in_this_tick(
                 next_tick_ms,
                 layout,
                 max_drift_ms,
                 settings::drift_can_cover(layout.unit_ms),
-            )
-        }
-        let own_lead_ms = layout.tick_start_unix_ms(self.state.last_tick) - now_ms;
-        if let Some(floor_ms) = self.fresh_floor {
-            if own_lead_ms > max_drift_ms {
-                if own_lead_ms - max_drift_ms <= FLOOR_WAIT_MS {
-                    // Wait until the clock is within max_drift of the floor.
-                    return crate::clock::wait_ms_uninterrupted(own_lead_ms - max_drift_ms);
-                }
+            ),
+            Cause::WaitForFloor { wait_ms } => crate::clock::wait_ms_uninterrupted(wait_ms),
+            Cause::BehindFloor { floor_ms } => {
                 errors::behind_floor(floor_ms, behind_ms, max_drift_ms)
             }
+            Cause::BorrowedLead => errors::borrowed_lead(behind_ms, max_drift_ms),
+            Cause::BehindServer => errors::behind_server(behind_ms, max_drift_ms),
+            Cause::Other => errors::generator(err, layout, max_drift_ms),
         }
-        if own_lead_ms > max_drift_ms && self.state.clock_backward == self.backward_at_issue {
-            // The clock did not go back since this worker's last ID: its
-            // lead comes from borrowed ticks under a larger max_drift.
-            errors::borrowed_lead(behind_ms, max_drift_ms)
-        }
-        if own_lead_ms <= max_drift_ms {
-            errors::behind_server(behind_ms, max_drift_ms)
-        }
-        errors::generator(err, layout, max_drift_ms)
     }
 }
 
