@@ -52,7 +52,7 @@ use file::{
 };
 use host::ShmHost;
 use problems::Problem;
-use registry::{call_error_text, PgRegistry};
+use registry::PgRegistry;
 
 use crate::clock;
 use crate::durability::reservation;
@@ -338,27 +338,6 @@ impl Worker {
             .target
             .as_ref()
             .map_or_else(String::new, |t| t.display.clone())
-    }
-
-    fn unreachable(&mut self, problem: String) {
-        let lease = &self.header.lease;
-        if lease.unreachable_since_ms.load(Relaxed) == 0 {
-            lease.unreachable_since_ms.store(clock::unix_ms(), Release);
-        }
-        // With several hosts in the connection string: the next attempt
-        // begins with the host of the session that ended, unless that host
-        // stalled (no answer within the call timeout: a frozen VM), then
-        // with the one after it (Connection::connect tries them all).
-        let stalled = self.client.as_ref().is_some_and(|c| c.client.stalled());
-        self.client = None;
-        if let Some(host) = self.host_index.take() {
-            self.next_host = if stalled { host + 1 } else { host };
-        }
-        self.unreachable = true;
-        let most = self.timing().renew_every_ms.max(1_000);
-        self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
-        self.next_connect_mono = self.mono_ms() + self.connect_backoff_ms;
-        self.set_problem(Problem::Other(problem));
     }
 
     /// Switches to `target` (`None`: this server's own worker_ids).
