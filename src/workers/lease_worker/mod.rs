@@ -32,7 +32,6 @@
 //! - Problems are logged once, when they start and when they end, and
 //!   retried every renewal interval.
 //!
-//!
 //! Files, one concern each (`impl Worker` is spread over them, one block
 //! per file): this one holds the worker's state and schedules (the main
 //! loop, `Worker::step`); `start` builds the worker at its start (identity,
