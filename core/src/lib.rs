@@ -13,6 +13,7 @@
 //! - `ranges`     worker-id range parsing
 //! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument
 //! - `holder`     the holder side of leases, a state machine over a registry client
+//! - `node`       a node's identity over restarts and copies: which saved leases a start uses
 //! - `public_id`  the keyed, reversible text form of IDs
 //! - `key_file`   reading and checking the public key file's contents
 //! - `conninfo`   reading libpq connection strings (secrets, problems)
@@ -27,6 +28,7 @@ pub mod holder;
 pub mod key_file;
 pub mod layout;
 pub mod lease;
+pub mod node;
 pub mod public_id;
 pub mod ranges;
 

@@ -1,11 +1,65 @@
-//! Citus discovery: the coordinator of the cluster this node belongs to,
-//! from the metadata in `snowflake_id.registry_database`.
+//! Citus: the coordinator of the cluster this node belongs to, read from
+//! the metadata in `snowflake_id.registry_database`, and the worker
+//! following it (a poll every second).
 
-use super::*;
+use super::host::set_all_limits;
+use super::problems::Problem;
+use super::target::conninfo_quote;
+use super::{Target, Worker};
+
+use crate::settings;
+use crate::shmem::{self, MODE_CITUS, MODE_LOCAL, NO_LEASE};
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+use std::sync::atomic::Ordering::{Relaxed, Release};
+
+/// How often a Citus node looks at the cluster's metadata.
+pub(super) const CITUS_POLL_MS: i64 = 1_000;
+
+impl Worker {
+    /// Reads the Citus metadata and follows it: leases from the cluster's
+    /// coordinator, or uses this server's own worker ids when it is in no
+    /// cluster.
+    pub(super) fn follow_citus(&mut self) {
+        self.next_citus_mono = self.mono_ms() + CITUS_POLL_MS;
+        // A node that has been part of a Citus cluster stays in Citus
+        // mode when the metadata it reads says "no cluster": that is
+        // what `stop_metadata_sync_to_node` leaves on a worker that
+        // stays in the cluster, and local mode there would use worker
+        // ids the coordinator leases to other nodes. It keeps leasing
+        // from the coordinator it knew; a node that really left
+        // removes citus from shared_preload_libraries.
+        let found = match (citus_target(), &self.file.target) {
+            (Ok(None), Some(known)) if known.mode == MODE_CITUS => Err(format!(
+                "Citus's metadata on this node lists no cluster any more (pg_dist_node is empty: stop_metadata_sync_to_node, or the node was removed), but this server was part of one: it keeps leasing worker ids from {} rather than using every worker id; if this node left the Citus cluster for good, remove citus from shared_preload_libraries and restart",
+                known.display
+            )),
+            (found, _) => found,
+        };
+        match found {
+            Ok(target) => {
+                if matches!(self.problem, Some(Problem::Citus(_))) {
+                    self.clear_problem();
+                }
+                self.set_target(target)
+            }
+            Err(problem) => {
+                // Which cluster this node is in is not known: no local
+                // mode (a registry already found stays in use).
+                if self.file.target.is_none() && self.header.lease.mode.load(Relaxed) == MODE_LOCAL
+                {
+                    set_all_limits(self.header, NO_LEASE);
+                    self.header.lease.mode.store(shmem::MODE_UNDECIDED, Release);
+                }
+                self.set_problem(Problem::Citus(problem))
+            }
+        }
+    }
+}
 
 /// The coordinator of the Citus cluster this node belongs to (from
 /// `pg_dist_node`), `None` when it belongs to none, or why it cannot tell.
-pub(super) fn citus_target() -> Result<Option<Target>, String> {
+fn citus_target() -> Result<Option<Target>, String> {
     let database = settings::registry_database().unwrap_or_default();
     let found = BackgroundWorker::transaction(|| {
         Spi::connect(

@@ -1,49 +1,34 @@
-//! The lease worker's connection to the registry: connect, introduce this
-//! node (its id, name and layout), take the node's lock, and end this
-//! worker's own earlier session if a network break left it behind.
+//! The lease worker's connection to the registry: connect, find the lease
+//! functions, introduce this node (its id, name and layout), take the
+//! node's lock, end this worker's own earlier session if a network break
+//! left it behind; and what a connection that failed or broke leaves (the
+//! backoff, the host to try next). Each step of `Worker::connect` returns
+//! the problem text on failure; `connect` reports it once, through
+//! `Worker::unreachable`.
 
-use super::*;
+use super::file::new_node_id;
+use super::host::ShmHost;
+use super::problems::Problem;
+use super::registry::{call_error_text, PgRegistry};
+use super::{Target, Worker};
 
-impl Worker {
-    /// Connects, finds the schema of the registry's lease functions and
-    /// introduces this node.
-    pub(super) fn connect(&mut self) {
-        let Some(target) = self.file.target.clone() else {
-            return;
-        };
-        // Names resolve in pg_catalog only: the session may be a
-        // superuser's, and other roles may create objects on the
-        // registry's default search_path. Grants are durable before the
-        // holder uses them, whatever the registry's default.
-        let options = "-c statement_timeout=10s -c lock_timeout=5s -c search_path=pg_catalog,pg_temp -c synchronous_commit=on";
-        let connected = Connection::connect(
-            &target.conninfo,
-            "snowflake_id lease",
-            options,
-            self.next_host,
-        );
-        let mut client = match connected {
-            Ok((client, host)) => {
-                self.host_index = Some(host);
-                client
-            }
-            Err(e) => {
-                self.unreachable(format!(
-                    "could not connect to {}: {}",
-                    target.display,
-                    call_error_text(&e)
-                ));
-                return;
-            }
-        };
-        // Where the lease functions are: the schema of the extension's
-        // member snowflake_lease_begin(jsonb), found through the
-        // extension's membership (pg_depend, deptype 'e'), not by name on
-        // a search_path. A 0.4.0 or 0.5.0 registry has it in the
-        // extension's schema, 0.6.0 and later in snowflake_id_internal;
-        // every call below names that schema.
-        let found = client.query(
-            "SELECT f.schema, f.usable, \
+use crate::clock;
+use crate::workers::registry_client::Connection;
+use snowflake_core::node::{NodeClaim, Refused};
+use std::sync::atomic::Ordering::{Relaxed, Release};
+
+/// Session settings of the registry connection. Names resolve in
+/// pg_catalog only: the session may be a superuser's, and other roles may
+/// create objects on the registry's default search_path. Grants are
+/// durable before the holder uses them, whatever the registry's default.
+const SESSION_OPTIONS: &str = "-c statement_timeout=10s -c lock_timeout=5s -c search_path=pg_catalog,pg_temp -c synchronous_commit=on";
+
+/// Where the lease functions are: the schema of the extension's member
+/// snowflake_lease_begin(jsonb), found through the extension's membership
+/// (pg_depend, deptype 'e'), not by name on a search_path. A 0.4.0 or
+/// 0.5.0 registry has it in the extension's schema, 0.6.0 and later in
+/// snowflake_id_internal; every call names that schema.
+const FIND_LEASE_SCHEMA: &str = "SELECT f.schema, f.usable, \
                     has_database_privilege('public', current_database(), 'CONNECT'), \
                     quote_ident(current_user), f.durable \
                FROM pg_extension e \
@@ -61,64 +46,94 @@ impl Worker {
                        AND p.proname = 'snowflake_lease_begin' AND p.pronargs = 1 \
                        AND p.proargtypes[0] = 'jsonb'::regtype \
                      LIMIT 1) f ON true \
-              WHERE e.extname = 'snowflake_id'",
-            &[],
-        );
-        let durable_check: bool;
-        let schema: String = match found.map(|rows| rows.into_iter().next()) {
-            Ok(Some(row)) => {
-                let column = |i: usize| row.get(i).cloned().flatten();
-                let (Some(schema), usable) = (column(0), column(1)) else {
-                    self.unreachable(format!(
-                        "the snowflake_id extension at {} predates this server's (0.4.0 fences leases): run ALTER EXTENSION snowflake_id UPDATE there",
-                        target.display
-                    ));
-                    return;
-                };
-                if usable.as_deref() != Some("t") {
-                    let role = column(3).unwrap_or_default();
-                    self.unreachable(format!(
-                        "the role {role} may not use schema {schema} at {}, which holds the lease functions: run GRANT USAGE ON SCHEMA {schema} TO {role} there (with EXECUTE on its snowflake_lease_* functions), or connect as a superuser",
-                        target.display
-                    ));
-                    return;
-                }
-                // 0.7.0 and later: grants are checked durable on the
-                // registry's standbys (snowflake_lease_durable).
-                durable_check = column(4).as_deref() == Some("t");
-                if column(2).as_deref() == Some("t") && !self.public_warned {
-                    self.public_warned = true;
-                    pgrx::warning!(
-                        "snowflake_id lease: every role may connect to the registry database at {}: any role that can log in there sees this server's lock keys in pg_locks and can take them, holding up its leases",
-                        target.display
-                    );
-                }
-                schema
-            }
-            Ok(None) => {
-                self.unreachable(format!(
-                    "{} has no snowflake_id extension: run CREATE EXTENSION snowflake_id in that database",
-                    target.display
-                ));
-                return;
-            }
-            Err(e) => {
-                self.unreachable(format!("{}: {}", target.display, call_error_text(&e)));
-                return;
-            }
+              WHERE e.extname = 'snowflake_id'";
+
+/// The registry's lease functions, as [`find_lease_schema`] found them.
+struct LeaseSchema {
+    /// Quoted.
+    schema: String,
+    /// 0.7.0 and later: grants are checked durable on the registry's
+    /// standbys (snowflake_lease_durable).
+    durable_check: bool,
+    /// Every role may connect to the registry's database.
+    public_connect: bool,
+}
+
+/// The connection: opening it, and what a failed or broken one leaves.
+impl Worker {
+    /// Connects, finds the schema of the registry's lease functions and
+    /// introduces this node. A failure makes the registry unreachable
+    /// until the next attempt.
+    pub(super) fn connect(&mut self) {
+        let Some(target) = self.file.target.clone() else {
+            return;
         };
-        // The node id's session lock: taken by a live session means a copy
-        // of this data directory (or its original) is running, unless that
-        // session is this worker's own earlier one, left behind by a broken
-        // connection.
-        let mut lingering = self.registry_session.take();
+        match self.open_session(&target) {
+            Ok(registry) => self.connected(registry),
+            Err(problem) => self.unreachable(problem),
+        }
+    }
+
+    /// The steps of [`Worker::connect`], in order.
+    fn open_session(&mut self, target: &Target) -> Result<PgRegistry, String> {
+        let mut client = self.open_connection(target)?;
+        let found = find_lease_schema(&mut client, target)?;
+        if found.public_connect && !self.public_warned {
+            self.public_warned = true;
+            pgrx::warning!(
+                "snowflake_id lease: every role may connect to the registry database at {}: any role that can log in there sees this server's lock keys in pg_locks and can take them, holding up its leases",
+                target.display
+            );
+        }
+        self.claim_node_id(&mut client, &found.schema, target)?;
+        self.registry_session = session_fingerprint(&mut client, target)?;
+        Ok(PgRegistry {
+            client,
+            schema: found.schema,
+            durable_check: found.durable_check,
+        })
+    }
+
+    /// Opens the connection, beginning with the host to try first; notes
+    /// which host it is on.
+    fn open_connection(&mut self, target: &Target) -> Result<Connection, String> {
+        let connected = Connection::connect(
+            &target.conninfo,
+            "snowflake_id lease",
+            SESSION_OPTIONS,
+            self.next_host,
+        );
+        match connected {
+            Ok((client, host)) => {
+                self.host_index = Some(host);
+                Ok(client)
+            }
+            Err(e) => Err(format!(
+                "could not connect to {}: {}",
+                target.display,
+                call_error_text(&e)
+            )),
+        }
+    }
+
+    /// Takes the node id's session lock. Taken by a live session means a
+    /// copy of this data directory (or its original) is running, unless
+    /// that session is this worker's own earlier one, left behind by a
+    /// broken connection: the rule is [`NodeClaim`].
+    fn claim_node_id(
+        &mut self,
+        client: &mut Connection,
+        schema: &str,
+        target: &Target,
+    ) -> Result<(), String> {
+        let lingering = self.registry_session.take();
         // Blocks leased in that session stay this server's in the next one
         // (the registry lets a session it cannot tie to the node's earlier
         // one take them only after their lease and grace ran out).
         self.holder.previous_session = lingering
             .map(|(pid, start)| format!("{pid}:{start}"))
             .unwrap_or_default();
-        let mut renamed = false;
+        let mut claim = NodeClaim::new(lingering.is_some());
         loop {
             let node = self.holder.id.node.clone();
             let hello = client.value(
@@ -126,58 +141,38 @@ impl Worker {
                 &[&node],
             );
             match hello {
-                Ok(Some(t)) if t == "t" => break,
-                Ok(_) if lingering.is_some_and(|old| self.end_lingering(&mut client, old)) => {
-                    lingering = None;
-                }
-                Ok(_) if !renamed => {
-                    lingering = None;
-                    renamed = true;
-                    let old = std::mem::replace(&mut self.holder.id.node, new_node_id());
-                    pgrx::log!(
-                        "snowflake_id lease: node id {old} is in use by another running server (this data directory is a copy of it, or it of this one): this server is now node {} and leases its own worker ids",
-                        self.holder.id.node
-                    );
-                    self.header.lease.node_id.set(&self.holder.id.node);
-                    let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
-                    self.holder.forget_all(&mut host);
-                    self.saved_provable = false;
-                    self.persist();
-                }
-                Ok(_) => {
-                    self.unreachable("the registry refused a fresh node id".into());
-                    return;
-                }
-                Err(e) => {
-                    self.unreachable(format!("{}: {}", target.display, call_error_text(&e)));
-                    return;
-                }
+                Ok(Some(t)) if t == "t" => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(format!("{}: {}", target.display, call_error_text(&e))),
+            }
+            let refused =
+                claim.refused(|| lingering.is_some_and(|old| self.end_lingering(client, old)));
+            match refused {
+                Refused::Retry => {}
+                Refused::Rename => self.rename_node(),
+                Refused::GiveUp => return Err("the registry refused a fresh node id".into()),
             }
         }
-        let session = client.query(
-            "SELECT pg_backend_pid()::text, \
-                    (SELECT (extract(epoch FROM backend_start) * 1000000)::int8::text \
-                       FROM pg_stat_activity WHERE pid = pg_backend_pid())",
-            &[],
+    }
+
+    /// Takes a new node id: the old one is another running server's, and
+    /// so is every block saved under it.
+    fn rename_node(&mut self) {
+        let old = std::mem::replace(&mut self.holder.id.node, new_node_id());
+        pgrx::log!(
+            "snowflake_id lease: node id {old} is in use by another running server (this data directory is a copy of it, or it of this one): this server is now node {} and leases its own worker ids",
+            self.holder.id.node
         );
-        match session {
-            Ok(rows) => {
-                self.registry_session = rows.into_iter().next().and_then(|row| {
-                    let pid = row.first().cloned().flatten()?.parse().ok()?;
-                    let start = row.get(1).cloned().flatten()?.parse().ok()?;
-                    Some((pid, start))
-                });
-            }
-            Err(e) => {
-                self.unreachable(format!("{}: {}", target.display, call_error_text(&e)));
-                return;
-            }
-        }
-        self.client = Some(PgRegistry {
-            client,
-            schema,
-            durable_check,
-        });
+        self.header.lease.node_id.set(&self.holder.id.node);
+        let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
+        self.holder.forget_all(&mut host);
+        self.saved_provable = false;
+        self.persist();
+    }
+
+    /// A session is open and introduced: the registry is reachable again.
+    fn connected(&mut self, registry: PgRegistry) {
+        self.client = Some(registry);
         self.connect_backoff_ms = 0;
         self.unreachable = false;
         self.header.lease.unreachable_since_ms.store(0, Release);
@@ -187,10 +182,34 @@ impl Worker {
         self.holder.reconnected();
     }
 
+    /// The registry did not answer or the connection broke: drops the
+    /// session, picks the host to try first and the pause before the next
+    /// attempt, and reports `problem`.
+    pub(super) fn unreachable(&mut self, problem: String) {
+        let lease = &self.header.lease;
+        if lease.unreachable_since_ms.load(Relaxed) == 0 {
+            lease.unreachable_since_ms.store(clock::unix_ms(), Release);
+        }
+        // With several hosts in the connection string: the next attempt
+        // begins with the host of the session that ended, unless that host
+        // stalled (no answer within the call timeout: a frozen VM), then
+        // with the one after it (Connection::connect tries them all).
+        let stalled = self.client.as_ref().is_some_and(|c| c.client.stalled());
+        self.client = None;
+        if let Some(host) = self.host_index.take() {
+            self.next_host = if stalled { host + 1 } else { host };
+        }
+        self.unreachable = true;
+        let most = self.timing().renew_every_ms.max(1_000);
+        self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
+        self.next_connect_mono = self.mono_ms() + self.connect_backoff_ms;
+        self.set_problem(Problem::Other(problem));
+    }
+
     /// Ends `old`, this worker's earlier registry session, if it is still
     /// there (same pid and start, so not a reused pid): true when it ended,
     /// and with it its hold on the node id and the blocks' locks.
-    pub(super) fn end_lingering(&mut self, client: &mut Connection, old: (i32, i64)) -> bool {
+    fn end_lingering(&mut self, client: &mut Connection, old: (i32, i64)) -> bool {
         let ended = client.value(
             "SELECT coalesce(bool_or(pg_terminate_backend(pid, 5000)), false) \
                FROM pg_stat_activity \
@@ -219,4 +238,56 @@ impl Worker {
             }
         }
     }
+}
+
+/// Finds the schema of the registry's lease functions (see
+/// [`FIND_LEASE_SCHEMA`]), and checks that this session may use it.
+fn find_lease_schema(client: &mut Connection, target: &Target) -> Result<LeaseSchema, String> {
+    let display = &target.display;
+    let rows = client
+        .query(FIND_LEASE_SCHEMA, &[])
+        .map_err(|e| format!("{display}: {}", call_error_text(&e)))?;
+    let Some(row) = rows.into_iter().next() else {
+        return Err(format!(
+            "{display} has no snowflake_id extension: run CREATE EXTENSION snowflake_id in that database"
+        ));
+    };
+    let column = |i: usize| row.get(i).cloned().flatten();
+    let (Some(schema), usable) = (column(0), column(1)) else {
+        return Err(format!(
+            "the snowflake_id extension at {display} predates this server's (0.4.0 fences leases): run ALTER EXTENSION snowflake_id UPDATE there"
+        ));
+    };
+    if usable.as_deref() != Some("t") {
+        let role = column(3).unwrap_or_default();
+        return Err(format!(
+            "the role {role} may not use schema {schema} at {display}, which holds the lease functions: run GRANT USAGE ON SCHEMA {schema} TO {role} there (with EXECUTE on its snowflake_lease_* functions), or connect as a superuser"
+        ));
+    }
+    Ok(LeaseSchema {
+        schema,
+        durable_check: column(4).as_deref() == Some("t"),
+        public_connect: column(2).as_deref() == Some("t"),
+    })
+}
+
+/// This session's backend pid and start on the registry (microseconds
+/// since 1970), kept to recognize it after a network break.
+fn session_fingerprint(
+    client: &mut Connection,
+    target: &Target,
+) -> Result<Option<(i32, i64)>, String> {
+    let rows = client
+        .query(
+            "SELECT pg_backend_pid()::text, \
+                    (SELECT (extract(epoch FROM backend_start) * 1000000)::int8::text \
+                       FROM pg_stat_activity WHERE pid = pg_backend_pid())",
+            &[],
+        )
+        .map_err(|e| format!("{}: {}", target.display, call_error_text(&e)))?;
+    Ok(rows.into_iter().next().and_then(|row| {
+        let pid = row.first().cloned().flatten()?.parse().ok()?;
+        let start = row.get(1).cloned().flatten()?.parse().ok()?;
+        Some((pid, start))
+    }))
 }

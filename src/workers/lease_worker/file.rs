@@ -3,7 +3,22 @@
 //! file APIs with a format version; and what proves a copy of the
 //! directory is one.
 
-use super::*;
+use super::Target;
+
+use crate::clock;
+use crate::durability::reservation;
+use crate::shmem::MODE_CITUS;
+use pgrx::pg_sys;
+use serde::{Deserialize, Serialize};
+use snowflake_core::holder::{self, Holder};
+use snowflake_core::node::SavedBlock;
+use std::ffi::CStr;
+use std::time::Instant;
+
+pub(super) const LEASE_FILE: &str = "snowflake_id.leases";
+const LEASE_FILE_C: &CStr = c"snowflake_id.leases";
+const LEASE_FILE_TMP: &CStr = c"snowflake_id.leases.tmp";
+const LEASE_FILE_VERSION: u32 = 2;
 
 /// `snowflake_id.leases`: this data directory's node id and its leases.
 #[derive(Serialize, Deserialize, Default)]
@@ -41,14 +56,6 @@ pub(super) struct LeaseFile {
     /// blocks confirmed yet.
     #[serde(default)]
     pub(super) from_backup: bool,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy)]
-pub(super) struct SavedBlock {
-    pub(super) block: u32,
-    pub(super) floor_ms: i64,
-    pub(super) high_ms: i64,
-    pub(super) deadline_unix_ms: i64,
 }
 
 /// What the lease file needs besides the holder's state.

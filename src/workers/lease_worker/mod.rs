@@ -32,11 +32,15 @@
 //! - Problems are logged once, when they start and when they end, and
 //!   retried every renewal interval.
 //!
-//! Files: this one schedules (the main loop, `Worker::step`, targets and
-//! the slots' limits); `connection` connects and introduces the node;
-//! `registry` makes the protocol's calls; `host` applies the holder's
-//! decisions to shared memory; `file` is the lease file; `citus` finds the
-//! coordinator; `problems` reports.
+//! Files, one concern each (`impl Worker` is spread over them, one block
+//! per file): this one holds the worker's state and schedules (the main
+//! loop, `Worker::step`); `start` builds the worker at its start (identity,
+//! the saved leases, by `snowflake_core::node`); `target` is where leases
+//! come from and switching it; `connection` connects and introduces the
+//! node; `registry` makes the protocol's calls; `host` is shared memory
+//! (the holder's decisions applied to the slots, the usage read, the
+//! lease state published); `file` is the lease file; `citus` finds and
+//! follows the coordinator; `problems` reports.
 
 mod citus;
 mod connection;
@@ -44,51 +48,29 @@ mod file;
 mod host;
 mod problems;
 mod registry;
+mod start;
+mod target;
 
-use citus::citus_target;
-use file::{
-    data_directory_id, new_node_id, read_lease_file, registry_key, save_lease_file, FileContext,
-    LeaseFile,
-};
+use file::FileContext;
 use host::ShmHost;
 use problems::Problem;
-use registry::{call_error_text, PgRegistry};
+use registry::PgRegistry;
 
 use crate::clock;
-use crate::durability::reservation;
 use crate::settings;
-use crate::shmem::{self, Header, MODE_CITUS, MODE_LOCAL, MODE_REGISTRY, NO_LEASE};
-use crate::workers::registry_client::{self, Connection};
+use crate::shmem::{self, Header};
+use crate::workers::registry_client;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
-use serde::{Deserialize, Serialize};
-use snowflake_core::generator::{floor_word, unpack};
-use snowflake_core::holder::{
-    self, AcquireRequest, CallError, Durability, Event, Holder, Identity, Now, Registry,
-    ReleaseReply, ReleaseRequest, RenewRequest, Replication, Reply,
-};
-use snowflake_core::layout::{format_unix_ms, Layout};
-use snowflake_core::lease::{self, Timing, Usage};
-use std::ffi::CStr;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::time::{Duration, Instant};
+use snowflake_core::holder::{CallError, Holder, Now, Registry};
+use snowflake_core::layout::Layout;
+use snowflake_core::lease::{self, Timing};
+use std::sync::atomic::Ordering::Release;
+use std::time::Duration;
 
 const NAME: &str = "snowflake_id lease";
-const LEASE_FILE: &str = "snowflake_id.leases";
-const LEASE_FILE_C: &CStr = c"snowflake_id.leases";
-const LEASE_FILE_TMP: &CStr = c"snowflake_id.leases.tmp";
-const LEASE_FILE_VERSION: u32 = 2;
-/// How often a Citus node looks at the cluster's metadata.
-const CITUS_POLL_MS: i64 = 1_000;
-/// Files whose presence when the server starts means it starts from a
-/// backup or as a standby: the lease file may be older than the leases.
-const RESTORE_FILES: [&str; 3] = ["backup_label", "recovery.signal", "standby.signal"];
-
-/// Set in the postmaster when it started with one of [`RESTORE_FILES`]
-/// (inherited by the lease worker, which forks from it).
-static STARTED_FROM_BACKUP: parking_lot::Mutex<bool> = parking_lot::const_mutex(false);
 
 /// Registers the worker. Called from `_PG_init` while preloading, in the
 /// postmaster, whose working directory is the data directory.
@@ -96,10 +78,7 @@ pub fn init() {
     if !settings::leases_enabled() {
         return;
     }
-    let restored = RESTORE_FILES
-        .iter()
-        .any(|f| std::path::Path::new(f).exists());
-    *STARTED_FROM_BACKUP.lock() = restored;
+    start::note_restore_files();
     BackgroundWorkerBuilder::new(NAME)
         .set_type(NAME)
         .set_library("snowflake_id")
@@ -196,125 +175,8 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
     header.lease.latch.store(std::ptr::null_mut(), Release);
 }
 
+/// The schedule: one step per wake-up, and how long to sleep after it.
 impl Worker {
-    fn new(header: &'static Header) -> Worker {
-        let layout = *settings::layout();
-        let data_directory = data_directory_id();
-        let mut file = read_lease_file();
-        let copied = file.data_directory.is_some() && file.data_directory != data_directory;
-        if copied {
-            // Detected without the registry, so also when it is down now:
-            // the original may be running and issuing from these blocks.
-            pgrx::log!(
-                "snowflake_id lease: \"{LEASE_FILE}\" was written in another data directory (this one is a copy of it): this server takes a new node id and leases its own worker ids, none of its original's"
-            );
-            file = LeaseFile::default();
-        }
-        let node_id = if file.node_id.is_empty() {
-            new_node_id()
-        } else {
-            file.node_id.clone()
-        };
-        header.lease.node_id.set(&node_id);
-        let block_size = lease::block_size(layout.max_worker_id());
-        let holder = Holder::new(Identity {
-            node: node_id,
-            name: node_name(),
-            layout: layout_text(&layout),
-            block_size,
-            max_worker_id: layout.max_worker_id(),
-        });
-        let started = Instant::now();
-        let mut worker = Worker {
-            header,
-            layout,
-            holder,
-            file: FileContext {
-                data_directory,
-                target: None,
-                started,
-                saved: String::new(),
-            },
-            client: None,
-            next_connect_mono: 0,
-            connect_backoff_ms: 0,
-            unreachable: false,
-            saved_provable: false,
-            next_citus_mono: 0,
-            problem: None,
-            registry_session: None,
-            host_index: None,
-            next_host: 0,
-            public_warned: false,
-        };
-        let target = if let Some(registry) = settings::registry() {
-            Some(Target {
-                display: redact(&registry),
-                conninfo: registry,
-                mode: MODE_REGISTRY,
-            })
-        } else {
-            file.citus_registry
-                .clone()
-                .map(|(conninfo, display)| Target {
-                    conninfo,
-                    display,
-                    mode: MODE_CITUS,
-                })
-        };
-        // Without a known target, a Citus node waits for its first look at
-        // the metadata (mode stays undecided: no IDs), never local mode.
-        if target.is_some() {
-            worker.set_target(target);
-        }
-        let from_backup = *STARTED_FROM_BACKUP.lock() || file.from_backup;
-        let same_registry = file.registry.is_some()
-            && file.registry
-                == worker
-                    .file
-                    .target
-                    .as_ref()
-                    .map(|t| registry_key(&t.conninfo));
-        if from_backup && !file.blocks.is_empty() {
-            pgrx::log!(
-                "snowflake_id lease: this server started from a backup or as a standby: the leases saved in \"{LEASE_FILE}\" are used only once the registry confirms them, above the registry's marks"
-            );
-        }
-        if !same_registry && !file.blocks.is_empty() {
-            pgrx::log!(
-                "snowflake_id lease: the leases saved in \"{LEASE_FILE}\" came from another registry than {}: they are not used",
-                worker.display()
-            );
-        }
-        if same_registry {
-            worker.saved_provable =
-                !from_backup && !file.unconfirmed && file.data_directory.is_some();
-            worker.holder.from_backup = from_backup;
-            worker.holder.incarnation = file.incarnation.clone();
-            worker.holder.lsn = holder::parse_lsn(&file.lsn).unwrap_or(0);
-            // Saved by the last life of this data directory. Their IDs
-            // start above everything that life issued (the durable
-            // reservation), and so does the mark recorded when one is
-            // given back: the floor it was leased with may be days older
-            // than its newest ID.
-            let now_wall = clock::unix_ms();
-            let now_mono = worker.mono_ms();
-            let restart_floor_ms = header.floor_ms.load(Acquire);
-            for saved in &file.blocks {
-                if saved.deadline_unix_ms > now_wall {
-                    worker.holder.add_saved(
-                        saved.block,
-                        saved.floor_ms.max(restart_floor_ms),
-                        saved.high_ms,
-                        now_mono + (saved.deadline_unix_ms - now_wall),
-                    );
-                }
-            }
-        }
-        worker.persist();
-        worker
-    }
-
     fn mono_ms(&self) -> i64 {
         self.file.started.elapsed().as_millis() as i64
     }
@@ -326,7 +188,7 @@ impl Worker {
     /// How long to sleep: until the next renewal, deadline or poll.
     fn wait_ms(&self) -> i64 {
         let now = self.mono_ms();
-        let mut wait = self.timing().renew_every_ms.min(CITUS_POLL_MS);
+        let mut wait = self.timing().renew_every_ms.min(citus::CITUS_POLL_MS);
         for h in &self.holder.held {
             wait = wait.min(h.deadline_mono_ms - now);
         }
@@ -340,99 +202,9 @@ impl Worker {
             .map_or_else(String::new, |t| t.display.clone())
     }
 
-    fn unreachable(&mut self, problem: String) {
-        let lease = &self.header.lease;
-        if lease.unreachable_since_ms.load(Relaxed) == 0 {
-            lease.unreachable_since_ms.store(clock::unix_ms(), Release);
-        }
-        // With several hosts in the connection string: the next attempt
-        // begins with the host of the session that ended, unless that host
-        // stalled (no answer within the call timeout: a frozen VM), then
-        // with the one after it (Connection::connect tries them all).
-        let stalled = self.client.as_ref().is_some_and(|c| c.client.stalled());
-        self.client = None;
-        if let Some(host) = self.host_index.take() {
-            self.next_host = if stalled { host + 1 } else { host };
-        }
-        self.unreachable = true;
-        let most = self.timing().renew_every_ms.max(1_000);
-        self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
-        self.next_connect_mono = self.mono_ms() + self.connect_backoff_ms;
-        self.set_problem(Problem::Other(problem));
-    }
-
-    /// Switches to `target` (`None`: this server's own worker_ids).
-    fn set_target(&mut self, target: Option<Target>) {
-        if self.file.target == target
-            && self.header.lease.mode.load(Relaxed) != shmem::MODE_UNDECIDED
-        {
-            return;
-        }
-        // Another registry: nothing held from the old one is used again.
-        let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
-        self.holder.forget_all(&mut host);
-        self.client = None;
-        self.registry_session = None;
-        self.host_index = None;
-        self.next_host = 0;
-        self.next_connect_mono = 0;
-        self.saved_provable = false;
-        let lease = &self.header.lease;
-        match &target {
-            Some(t) => {
-                lease.registry.set(&t.display);
-                if lease.mode.load(Relaxed) == MODE_LOCAL {
-                    set_all_limits(self.header, NO_LEASE);
-                }
-                lease.mode.store(t.mode, Release);
-                pgrx::log!("snowflake_id lease: leasing worker ids from {}", t.display);
-            }
-            None => {
-                lease.registry.set("");
-                set_all_limits(self.header, i64::MAX);
-                lease.mode.store(MODE_LOCAL, Release);
-            }
-        }
-        self.file.target = target;
-        self.persist();
-    }
-
     fn step(&mut self, citus: bool) {
         if citus && self.mono_ms() >= self.next_citus_mono {
-            self.next_citus_mono = self.mono_ms() + CITUS_POLL_MS;
-            // A node that has been part of a Citus cluster stays in Citus
-            // mode when the metadata it reads says "no cluster": that is
-            // what `stop_metadata_sync_to_node` leaves on a worker that
-            // stays in the cluster, and local mode there would use worker
-            // ids the coordinator leases to other nodes. It keeps leasing
-            // from the coordinator it knew; a node that really left
-            // removes citus from shared_preload_libraries.
-            let found = match (citus_target(), &self.file.target) {
-                (Ok(None), Some(known)) if known.mode == MODE_CITUS => Err(format!(
-                    "Citus's metadata on this node lists no cluster any more (pg_dist_node is empty: stop_metadata_sync_to_node, or the node was removed), but this server was part of one: it keeps leasing worker ids from {} rather than using every worker id; if this node left the Citus cluster for good, remove citus from shared_preload_libraries and restart",
-                    known.display
-                )),
-                (found, _) => found,
-            };
-            match found {
-                Ok(target) => {
-                    if matches!(self.problem, Some(Problem::Citus(_))) {
-                        self.clear_problem();
-                    }
-                    self.set_target(target)
-                }
-                Err(problem) => {
-                    // Which cluster this node is in is not known: no local
-                    // mode (a registry already found stays in use).
-                    if self.file.target.is_none()
-                        && self.header.lease.mode.load(Relaxed) == MODE_LOCAL
-                    {
-                        set_all_limits(self.header, NO_LEASE);
-                        self.header.lease.mode.store(shmem::MODE_UNDECIDED, Release);
-                    }
-                    self.set_problem(Problem::Citus(problem))
-                }
-            }
+            self.follow_citus();
         }
         if self.file.target.is_none() {
             return;
@@ -479,125 +251,7 @@ impl Worker {
         self.persist();
     }
 
-    /// How many ids of each held block this server may use, and how many
-    /// have sessions.
-    fn usage(&self) -> Vec<Usage> {
-        let (ranges, _) = settings::worker_ranges();
-        let slots = self.header.slots();
-        let max = self.layout.max_worker_id();
-        let size = self.holder.id.block_size;
-        let mut out = Vec::with_capacity(self.holder.held.len());
-        let _guard = self.header.lock(false);
-        for h in &self.holder.held {
-            let (first, last) = lease::block_ids(h.block, size, max);
-            let mut u = Usage {
-                block: h.block,
-                ids: 0,
-                busy: 0,
-            };
-            for id in (first..=last).filter(|id| ranges.contains(*id)) {
-                u.ids += 1;
-                if slots[id as usize].sessions.load(Relaxed) != 0 {
-                    u.busy += 1;
-                }
-            }
-            out.push(u);
-        }
-        out
-    }
-
-    /// Publishes what backends and `snowflake_config()` report.
-    fn publish(&self) {
-        let lease = &self.header.lease;
-        let active: Vec<_> = self.holder.held.iter().filter(|h| h.active).collect();
-        lease.blocks_held.store(active.len() as u32, Release);
-        let now_mono = self.mono_ms();
-        // With nothing held, the last deadline stays: messages say when
-        // the leases ran out.
-        if let Some(d) = active.iter().map(|h| h.deadline_mono_ms).min() {
-            lease
-                .deadline_ms
-                .store(clock::unix_ms() + (d - now_mono), Release);
-        }
-    }
-
     fn persist(&mut self) {
-        save_lease_file(&mut self.file, &self.holder);
+        file::save_lease_file(&mut self.file, &self.holder);
     }
-}
-
-fn set_all_limits(header: &Header, limit: i64) {
-    let _guard = header.lock(true);
-    for slot in header.slots() {
-        slot.set_lease(limit);
-    }
-    header.lease.changes.fetch_add(1, Relaxed);
-}
-
-/// This server's name in the registry: `cluster_name`, or host:port.
-fn node_name() -> String {
-    // SAFETY: reading PostgreSQL's GUC variables and the port number.
-    let (cluster, port) = unsafe {
-        let p = pg_sys::cluster_name;
-        let cluster = if p.is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr(p).to_string_lossy().into_owned()
-        };
-        (cluster, pg_sys::PostPortNumber)
-    };
-    if !cluster.is_empty() {
-        return cluster;
-    }
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let host = if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".into()
-    };
-    format!("{host}:{port}")
-}
-
-/// The layout as the registry compares it between servers.
-fn layout_text(layout: &Layout) -> String {
-    format!(
-        "{} total bits, {} worker bits, {} sequence bits, {} ms per tick, epoch {}",
-        layout.total_bits,
-        layout.worker_bits,
-        layout.sequence_bits,
-        layout.unit_ms,
-        format_unix_ms(layout.epoch_ms)
-    )
-}
-
-/// A connection string without its password, for messages: its hosts,
-/// ports and database as libpq reads them.
-fn redact(conninfo: &str) -> String {
-    match registry_client::parse_conninfo(conninfo) {
-        Ok(options) => {
-            let get = |key: &str| {
-                options
-                    .iter()
-                    .find(|(k, v)| k == key && !v.is_empty())
-                    .map(|(_, v)| v.clone())
-            };
-            format!(
-                "\"host={} port={} dbname={}\"",
-                get("host")
-                    .or_else(|| get("hostaddr"))
-                    .unwrap_or_else(|| "(default)".into()),
-                get("port").unwrap_or_else(|| "5432".into()),
-                get("dbname").unwrap_or_else(|| "(user name)".into())
-            )
-        }
-        Err(_) => "(an invalid connection string)".into(),
-    }
-}
-
-/// A value for a single-quoted libpq connection-string value.
-fn conninfo_quote(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('\'', "\\'")
 }

@@ -2,7 +2,10 @@
 //! log lines (each problem once, when it starts and when it ends) and the
 //! text `snowflake_config()` shows.
 
-use super::*;
+use super::Worker;
+
+use snowflake_core::holder::{Durability, Event, Replication};
+use snowflake_core::layout::format_unix_ms;
 
 /// What keeps the lease worker from leasing, by cause: the cause decides
 /// which later success clears it. Shown in the log and in
@@ -33,6 +36,7 @@ impl Problem {
     }
 }
 
+/// Reporting: the worker's current problem, and the holder's events.
 impl Worker {
     pub(super) fn set_problem(&mut self, problem: Problem) {
         if self.problem.as_ref() != Some(&problem) {

@@ -1,7 +1,14 @@
 //! The holder's `Registry`: the lease protocol's calls (one `jsonb`
 //! request each) over the registry client's session.
 
-use super::*;
+use crate::settings;
+use crate::workers::registry_client::Connection;
+use serde::{Deserialize, Serialize};
+use snowflake_core::holder::{
+    AcquireRequest, CallError, Durability, Registry, ReleaseReply, ReleaseRequest, RenewRequest,
+    Reply,
+};
+use snowflake_core::lease::Timing;
 
 /// SQLSTATEs of a call whose function or schema does not exist.
 const UNDEFINED_FUNCTION: &str = "42883";

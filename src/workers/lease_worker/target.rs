@@ -1,0 +1,87 @@
+//! Where leases come from: the registry of `snowflake_id.registry`,
+//! switching to another target (a registry, a Citus coordinator, or this
+//! server's own worker ids), and connection strings as messages show them.
+
+use super::host::{set_all_limits, ShmHost};
+use super::{Target, Worker};
+
+use crate::settings;
+use crate::shmem::{self, MODE_LOCAL, MODE_REGISTRY, NO_LEASE};
+use crate::workers::registry_client;
+use std::sync::atomic::Ordering::{Relaxed, Release};
+
+/// The registry set in `snowflake_id.registry`, if any.
+pub(super) fn configured_target() -> Option<Target> {
+    settings::registry().map(|registry| Target {
+        display: redact(&registry),
+        conninfo: registry,
+        mode: MODE_REGISTRY,
+    })
+}
+
+impl Worker {
+    /// Switches to `target` (`None`: this server's own worker_ids).
+    pub(super) fn set_target(&mut self, target: Option<Target>) {
+        if self.file.target == target
+            && self.header.lease.mode.load(Relaxed) != shmem::MODE_UNDECIDED
+        {
+            return;
+        }
+        // Another registry: nothing held from the old one is used again.
+        let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
+        self.holder.forget_all(&mut host);
+        self.client = None;
+        self.registry_session = None;
+        self.host_index = None;
+        self.next_host = 0;
+        self.next_connect_mono = 0;
+        self.saved_provable = false;
+        let lease = &self.header.lease;
+        match &target {
+            Some(t) => {
+                lease.registry.set(&t.display);
+                if lease.mode.load(Relaxed) == MODE_LOCAL {
+                    set_all_limits(self.header, NO_LEASE);
+                }
+                lease.mode.store(t.mode, Release);
+                pgrx::log!("snowflake_id lease: leasing worker ids from {}", t.display);
+            }
+            None => {
+                lease.registry.set("");
+                set_all_limits(self.header, i64::MAX);
+                lease.mode.store(MODE_LOCAL, Release);
+            }
+        }
+        self.file.target = target;
+        self.persist();
+    }
+}
+
+/// A connection string without its password, for messages: its hosts,
+/// ports and database as libpq reads them.
+fn redact(conninfo: &str) -> String {
+    match registry_client::parse_conninfo(conninfo) {
+        Ok(options) => {
+            let get = |key: &str| {
+                options
+                    .iter()
+                    .find(|(k, v)| k == key && !v.is_empty())
+                    .map(|(_, v)| v.clone())
+            };
+            format!(
+                "\"host={} port={} dbname={}\"",
+                get("host")
+                    .or_else(|| get("hostaddr"))
+                    .unwrap_or_else(|| "(default)".into()),
+                get("port").unwrap_or_else(|| "5432".into()),
+                get("dbname").unwrap_or_else(|| "(user name)".into())
+            )
+        }
+        Err(_) => "(an invalid connection string)".into(),
+    }
+}
+
+/// A value for a single-quoted libpq connection-string value.
+pub(super) fn conninfo_quote(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('\'', "\\'")
+}
