@@ -119,23 +119,6 @@ pub fn may_read_hidden_settings() -> bool {
     }
 }
 
-/// Makes this process resolve unqualified names in `pg_catalog` only:
-/// the background workers run SQL as the bootstrap superuser, so a
-/// function or operator another role created in a schema on the default
-/// `search_path` must never be what they call. Like autovacuum's.
-pub fn pin_search_path() {
-    // SAFETY: valid C strings; PostgreSQL copies them. Setting search_path
-    // needs no transaction (it only invalidates the cached path).
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        );
-    }
-}
-
 /// A string setting's candidate value in a check hook (`None`: NULL).
 ///
 /// # Safety

@@ -8,8 +8,29 @@
 //!   registry server (the holder state machine is `snowflake_core::holder`)
 //! - `registry_client` the lease worker's connection: libpq loaded at run
 //!   time, non-blocking, waiting on the latch, each call bounded
+//!
+//! [`pin_search_path`] is what every worker does first.
 
 pub mod lease_worker;
 pub mod registry_backfill;
 pub mod registry_client;
 pub mod registry_worker;
+
+use pgrx::pg_sys;
+
+/// Makes this process resolve unqualified names in `pg_catalog` only:
+/// the background workers run SQL as the bootstrap superuser, so a
+/// function or operator another role created in a schema on the default
+/// `search_path` must never be what they call. Like autovacuum's.
+pub fn pin_search_path() {
+    // SAFETY: valid C strings; PostgreSQL copies them. Setting search_path
+    // needs no transaction (it only invalidates the cached path).
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
+}

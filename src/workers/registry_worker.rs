@@ -139,7 +139,7 @@ fn database_exists(name: &str) -> bool {
 pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(None, None);
-    settings::pin_search_path();
+    crate::workers::pin_search_path();
     let mut backoff = FIRST_BACKOFF;
     let mut missing_reported = false;
     loop {
@@ -298,7 +298,7 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
         return;
     };
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
-    settings::pin_search_path();
+    crate::workers::pin_search_path();
     let Some(header) = shmem::header() else {
         return;
     };

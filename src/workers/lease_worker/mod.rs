@@ -142,7 +142,7 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
         None
     };
     BackgroundWorker::connect_worker_to_spi(database.as_deref(), None);
-    settings::pin_search_path();
+    crate::workers::pin_search_path();
     let Some(header) = shmem::header() else {
         return;
     };
