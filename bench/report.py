@@ -520,8 +520,8 @@ def insert_panels() -> list[dict]:
     loads = [(phase, title, case6_load_params(phase)) for phase, title in case6.PHASES]
     loads = [(phase, title, dict(kv.split("=", 1) for kv in p.split()))
              for phase, title, p in loads if p]
-    sizes = "; ".join(f"{phase}: {int(p['rows']):,} rows, shared_buffers {p['shared_buffers']}"
-                      for phase, _, p in loads)
+    sizes = "; ".join(f"{phase}: {int(p['rows']):,} rows in {p['shared_buffers']}"
+                      + " shared_buffers" * (i == 0) for i, (phase, _, p) in enumerate(loads))
     for metric, title, unit, better, ann in [
             ("rows_per_s", "batched load, rows/s", "rows per second", "higher",
              lambda k: ratio_ann(k, "rows_per_s_ratio_to_bigserial", "bigserial")),
@@ -543,8 +543,9 @@ def insert_panels() -> list[dict]:
         panels.append({
             "title": f"Case 6 — {title}",
             "subtitle": f"{sizes}; CHECKPOINT every {INSERT_CHECKPOINT_EVERY:,} rows; "
-                        f"median, min–max of {INSERT_REPS} reps; {better} is better",
-            "bars": bars, "unit": unit, "cap_outliers": False})
+                        f"{better} is better",
+            "bars": bars, "unit": f"{unit}; median, whiskers min–max over {INSERT_REPS} reps",
+            "cap_outliers": False})
     return [p for p in panels if p["bars"]]
 
 
