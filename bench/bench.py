@@ -14,7 +14,14 @@ environment variables (defaults in brackets: full run / BENCH_QUICK=1):
   BENCH_PGBENCH_REPS        repetitions of case 3                   [3 / 1]
   BENCH_CLIENTS             pgbench client counts                   [1,2,4,8,16 / 1,2,4]
   BENCH_CONNECTIONS         new connections in case 5               [200 / 40]
-  BENCH_CASES               which cases to run                      [1,2,3,4,5]
+  BENCH_CASES               which cases to run                      [1,2,3,4,5,6]
+  BENCH_INSERT_CLIENTS      pgbench client counts, case 6           [1,2]
+  BENCH_INSERT_ROWS         rows of case 6's load, index in buffers [1000000 / 100000]
+  BENCH_INSERT_ROWS_BIG     rows of case 6's small-buffers load     [3000000 / 300000]
+  BENCH_INSERT_SHARED_BUFFERS  shared_buffers of that load's server [16MB / 2MB]
+  BENCH_INSERT_BATCH        rows per INSERT statement, case 6 loads [1000]
+  BENCH_INSERT_CHECKPOINT_EVERY  a CHECKPOINT every N rows (0: none) [250000 / 25000]
+  BENCH_INSERT_REPS         repetitions of case 6's loads           [2 / 1]
   BENCH_OUT                 output directory                        [bench/out]
   BENCH_KEEP=1              keep the clusters' directories (logs) at the end
   BENCH_MAX_LOAD            wait (up to BENCH_MAX_LOAD_WAIT s, default 900) until
@@ -28,8 +35,10 @@ The servers (one with the default layout, one with snowflake_id.layout =
 /tmp/sfbenchXXXXXX and are stopped at the end, also on errors and signals
 (tests/harness.py's Cluster; servers of a killed run are stopped by the next).
 
-The cases are in bench/cases/ (one module each), the tables, goals, CSV and
-chart in bench/report.py.
+Case 6 starts a third server of its own (shared_buffers =
+BENCH_INSERT_SHARED_BUFFERS) for its last load. The cases are in
+bench/cases/ (one module each), the tables, goals, CSV and charts in
+bench/report.py.
 """
 
 from __future__ import annotations
@@ -90,7 +99,7 @@ def server_meta(conn) -> dict:
             "SELECT current_setting('server_version')").fetchone()[0].split()[0],
         "pg_settings": dict(conn.execute(
             "SELECT name, current_setting(name) FROM pg_settings WHERE name IN "
-            "('fsync', 'shared_buffers', "
+            "('fsync', 'shared_buffers', 'data_checksums', 'full_page_writes', "
             "'synchronous_commit', 'jit', 'autovacuum', 'snowflake_id.max_drift', "
             "'snowflake_id.layout')").fetchall()),
     }

@@ -13,8 +13,9 @@
 #                                   (matplotlib), each installed only when its
 #                                   requirements changed (a stamp of their hash)
 #   bench_build                     unless BENCH_SKIP_INSTALL=1:
-#                                     cargo pgrx install --release   (the system install)
+#                                     cargo pgrx install --release   (into PG_CONFIG's PostgreSQL)
 #                                     cargo pgrx package             (bench/out/pkg, same build)
+#                                   both with --features pgNN for PG_CONFIG's major version
 #                                   and exports BENCH_PKG=bench/out/pkg, the files the
 #                                   benchmark copies and measures. With BENCH_SKIP_INSTALL=1
 #                                   nothing is built: BENCH_PKG=<dir> if set, else the
@@ -53,18 +54,23 @@ bench_build() {
         fi
         return 0
     fi
-    # The build tools, Rust and cargo-pgrx for PG_CONFIG's major version only.
+    # The build tools, Rust and cargo-pgrx for PG_CONFIG's major version only,
+    # and the build for that version (its pgNN feature: 15 is the default).
+    local major
+    major="$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
     # shellcheck disable=SC2034  # read by lib.sh's ensure_build_deps
-    PG_VERSIONS=("$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')")
+    PG_VERSIONS=("$major")
     ensure_build_deps
-    log "building and installing the release build (BENCH_SKIP_INSTALL=1 skips this)"
-    (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG")
+    log "building and installing the release build for PostgreSQL $major (BENCH_SKIP_INSTALL=1 skips this)"
+    (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" \
+        --no-default-features --features "pg$major")
     # The same build again as a package directory: the benchmark copies the
     # library and SQL script from there, so a debug build that someone else
     # installs into the system directories meanwhile cannot get measured.
     log "cargo pgrx package --out-dir bench/out/pkg"
     rm -rf "$REPO_ROOT/bench/out/pkg"
     (cd "$REPO_ROOT" && cargo pgrx package --pg-config "$PG_CONFIG" \
+        --no-default-features --features "pg$major" \
         --out-dir "$REPO_ROOT/bench/out/pkg" >/dev/null)
     export BENCH_PKG="$REPO_ROOT/bench/out/pkg"
 }

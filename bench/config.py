@@ -31,7 +31,20 @@ CLIENTS = [int(c) for c in os.environ.get(
 CONNECTIONS = _env_int("BENCH_CONNECTIONS", 200, 40)
 MAX_LOAD = float(os.environ["BENCH_MAX_LOAD"]) if os.environ.get("BENCH_MAX_LOAD") else None
 MAX_LOAD_WAIT = _env_int("BENCH_MAX_LOAD_WAIT", 900, 900)
-CASES = {c.strip() for c in os.environ.get("BENCH_CASES", "1,2,3,4,5").split(",")}
+CASES = {c.strip() for c in os.environ.get("BENCH_CASES", "1,2,3,4,5,6").split(",")}
+# Case 6 (INSERT into logged tables): pgbench clients (-T BENCH_PGBENCH_SECONDS,
+# BENCH_PGBENCH_REPS reps), the rows of the two batched loads (the index
+# inside shared_buffers; then on a server whose shared_buffers it outgrows),
+# rows per INSERT statement, a CHECKPOINT every so many rows (0: none) and
+# the repetitions of the loads.
+INSERT_CLIENTS = [int(c) for c in os.environ.get("BENCH_INSERT_CLIENTS", "1,2").split(",")]
+INSERT_ROWS = _env_int("BENCH_INSERT_ROWS", 1_000_000, 100_000)
+INSERT_ROWS_BIG = _env_int("BENCH_INSERT_ROWS_BIG", 3_000_000, 300_000)
+INSERT_SHARED_BUFFERS = os.environ.get("BENCH_INSERT_SHARED_BUFFERS",
+                                       "2MB" if QUICK else "16MB")
+INSERT_BATCH = _env_int("BENCH_INSERT_BATCH", 1000, 1000)
+INSERT_CHECKPOINT_EVERY = _env_int("BENCH_INSERT_CHECKPOINT_EVERY", 250_000, 25_000)
+INSERT_REPS = _env_int("BENCH_INSERT_REPS", 2, 1)
 OUT = os.environ.get("BENCH_OUT", os.path.join(REPO, "bench", "out"))
 KEEP = os.environ.get("BENCH_KEEP", "") not in ("", "0")
 # `cargo pgrx package` output (run.sh makes it); unset: the installed files.

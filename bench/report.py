@@ -1,6 +1,7 @@
 """The report of a run: the tables of each case, the goals (PASS/MISS), and
 the files in BENCH_OUT: results.csv, results.txt (the printed tables),
-meta.json and chart.svg/chart.png (matplotlib, Agg backend)."""
+meta.json, chart.svg/chart.png (cases 1-3) and chart_insert.svg/.png
+(case 6), drawn by matplotlib (Agg backend)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import os
 import platform
 import subprocess
 
-from cases import case1, case2, case3, case4, case5
-from config import (BATCH_N, CASES, CLIENTS, CONNECTIONS, N, N_JS53, NCPU, PGB_REPS,
+from cases import case1, case2, case3, case4, case5, case6
+from config import (BATCH_N, CASES, CLIENTS, CONNECTIONS, INSERT_BATCH,
+                    INSERT_CHECKPOINT_EVERY, INSERT_CLIENTS, INSERT_REPS, INSERT_ROWS,
+                    INSERT_ROWS_BIG, INSERT_SHARED_BUFFERS, N, N_JS53, NCPU, PGB_REPS,
                     PGB_SECONDS, QUICK, RELEASE_SO, REPO, REPS, SERVER_SETTINGS)
 from measure import Metric, R
 from servers import PG_PKGLIBDIR, TREE, _conf_value
@@ -200,18 +203,85 @@ def report_case5() -> None:
     table(["µs", "snowflake_nextval()", "nextval('s1')  (reference)"], rows, {1, 2})
 
 
+def case6_ran() -> list[tuple]:
+    """The variants of case 6 that ran (uuidv7 needs 18, pgEdge its extension)."""
+    return [v for v in case6.VARIANTS
+            if R.get(case6.CASE, f"{v[0]} | clients={INSERT_CLIENTS[0]}", "rows_per_s")
+            or R.get(case6.CASE, f"{v[0]} | fits", "rows_per_s")]
+
+
+def case6_load_params(phase: str) -> str:
+    m = next((R.get(case6.CASE, f"{v[0]} | {phase}", "rows_per_s") for v in case6_ran()),
+             None)
+    return m.params if m else ""
+
+
+def report_case6() -> None:
+    C, ran = case6.CASE, case6_ran()
+    if not ran:
+        return
+    g = lambda label, m: R.get(C, label, m)  # noqa: E731
+    out()
+    out("Case 6 - INSERT into a logged table whose only column is the primary key, "
+        f"defaulting to each generator{load_note('6')}")
+    out(f"  a) pgbench -n -M prepared -T {PGB_SECONDS}: INSERT INTO t DEFAULT VALUES, one "
+        "row per transaction (synchronous_commit = off);")
+    out(f"     rows/s, median [min–max] over {PGB_REPS} reps; × bigserial: per rep, paired; "
+        "table truncated and a CHECKPOINT before each run")
+    rows = []
+    for label, *_ in ran:
+        row = [label]
+        row += [fmt_spread(g(f"{label} | clients={c}", "rows_per_s")) for c in INSERT_CLIENTS]
+        row += [fmt_spread(g(f"{label} | clients={c}", "rows_per_s_ratio_to_bigserial"))
+                for c in INSERT_CLIENTS]
+        sc = g(label, "scaling_1_to_2_clients")
+        rows.append(row + [fmt_spread(sc) if sc else "-"])
+    table(["key"] + [f"{c} cl rows/s" for c in INSERT_CLIENTS]
+          + [f"{c} cl × bigserial" for c in INSERT_CLIENTS] + ["2 cl / 1 cl"], rows,
+          set(range(1, 2 * len(INSERT_CLIENTS) + 2)))
+    for i, (phase, title) in enumerate(case6.PHASES):
+        params = case6_load_params(phase)
+        if not params:
+            continue
+        p = dict(kv.split("=", 1) for kv in params.split())
+        out(f"  {'bc'[i]}) {title}: {int(p['rows']):,} rows, shared_buffers {p['shared_buffers']}, "
+            f"INSERT … SELECT FROM generate_series of {int(p['batch']):,} rows per statement,")
+        out(f"     a CHECKPOINT every {int(p['checkpoint_every']):,} rows (and before the "
+            f"load); median [min–max] over {INSERT_REPS} reps; WAL includes the full-page "
+            "images after each checkpoint")
+        rows = []
+        for label, *_ in ran:
+            k = f"{label} | {phase}"
+            med = lambda m: fmt(g(k, m).s["median"]) if g(k, m) else "-"  # noqa: E731
+            rows.append([label, fmt_spread(g(k, "rows_per_s")),
+                         fmt_spread(g(k, "rows_per_s_ratio_to_bigserial")),
+                         med("pkey_mb"), med("pkey_bytes_per_row"),
+                         fmt_spread(g(k, "pkey_ratio_to_bigserial")),
+                         med("pkey_over_shared_buffers"), med("wal_bytes_per_row"),
+                         fmt_spread(g(k, "wal_ratio_to_uuidv7")), med("fpi_per_1k_rows"),
+                         med("idx_reads_per_1k_rows"), med("heap_bytes_per_row")])
+        table(["key", "rows/s", "× bigserial", "pkey MiB", "pkey B/row", "× bigserial",
+               "/ sh_buf", "WAL B/row", "× uuidv7", "FPI/1k rows", "idx reads/1k",
+               "heap B/row"], rows, set(range(1, 12)))
+    out("  FPI: full-page images written (pg_stat_wal.wal_fpi); idx reads: primary-key "
+        "blocks not found in shared_buffers")
+    out("  (pg_statio_user_indexes.idx_blks_read); / sh_buf: primary key size over "
+        "shared_buffers at the end of the load.")
+
+
 # --------------------------------------------------------------------- goals
 def goals(meta: dict) -> None:
     G: list[dict] = []
     c1, c2, c3 = case1.CASE, case2.CASE, case3.CASE
 
-    def add(name, basis, m: Metric | None, limit, better, unit, detail="", spread=None):
+    def add(name, basis, m: Metric | None, limit, better, unit, detail="", spread=None,
+            missing="case not run"):
         """m: the metric whose median is the measured figure; spread: the
         per-rep values behind it (default m's own): their min–max, and how
-        many of them meet the goal on their own."""
+        many of them meet the goal on their own; missing: why there is no m."""
         if m is None:
             G.append({"goal": name, "basis": basis, "status": "n/a", "measured": None,
-                      "unit": unit, "limit": limit, "detail": "case not run",
+                      "unit": unit, "limit": limit, "detail": missing,
                       "values": [], "reps_meeting": ""})
             return
         meets = (lambda x: x <= limit) if better == "le" else (lambda x: x >= limit)
@@ -259,6 +329,20 @@ def goals(meta: dict) -> None:
         R.get(c3, "SELECT snowflake_nextval()", "scaling_1_to_2_clients"), 1.8, "ge", "x")
     add("2 clients ≥ 1.8 × 1 client, INSERT snowflake key", "TPS",
         R.get(c3, "INSERT snowflake", "scaling_1_to_2_clients"), 1.8, "ge", "x")
+    c6, sf6, ran6 = case6.CASE, case6.SNOWFLAKE, case6_ran()
+    for c in INSERT_CLIENTS:
+        add(f"INSERT rows/s ≥ 0.95 × bigserial, pgbench {c} client{'s' * (c > 1)}", "wall",
+            R.get(c6, f"{sf6} | clients={c}", "rows_per_s_ratio_to_bigserial"), 0.95, "ge",
+            "x")
+    for phase, title in case6.PHASES:
+        add(f"INSERT rows/s ≥ 0.95 × bigserial, load, {title}", "wall",
+            R.get(c6, f"{sf6} | {phase}", "rows_per_s_ratio_to_bigserial"), 0.95, "ge", "x")
+        add(f"primary key ≤ 1.05 × bigserial's, {title}", "size",
+            R.get(c6, f"{sf6} | {phase}", "pkey_ratio_to_bigserial"), 1.05, "le", "x")
+        add(f"WAL per row ≤ uuidv7()'s, {title}", "WAL",
+            R.get(c6, f"{sf6} | {phase}", "wal_ratio_to_uuidv7"), 1.0, "le", "x",
+            missing="no uuidv7() on this PostgreSQL (18 and later)" if ran6
+            else "case not run")
     out()
     out("Goals: PASS/MISS by the median across reps; 'reps' = how many single reps meet "
         "the goal on their own")
@@ -319,7 +403,12 @@ def metadata() -> dict:
         "params": {"reps": REPS, "n": N, "n_js53": N_JS53, "batch_n": BATCH_N,
                    "pgbench_seconds": PGB_SECONDS, "pgbench_reps": PGB_REPS,
                    "clients": CLIENTS, "connections": CONNECTIONS,
-                   "cases": sorted(CASES)},
+                   "insert_clients": INSERT_CLIENTS, "insert_rows": INSERT_ROWS,
+                   "insert_rows_big": INSERT_ROWS_BIG,
+                   "insert_shared_buffers": INSERT_SHARED_BUFFERS,
+                   "insert_batch": INSERT_BATCH,
+                   "insert_checkpoint_every": INSERT_CHECKPOINT_EVERY,
+                   "insert_reps": INSERT_REPS, "cases": sorted(CASES)},
         "server_settings": {k: _conf_value(v) for k, v in SERVER_SETTINGS.items()},
     }
 
@@ -400,14 +489,74 @@ def chart_panels() -> list[dict]:
     return [p for p in panels if p["bars"]]
 
 
-def write_chart(path_svg: str, meta: dict) -> list[str]:
-    """chart.svg and chart.png: a horizontal bar chart per case (1, 2, 3),
-    median with min–max whiskers, drawn by matplotlib (Agg backend)."""
+def insert_panels() -> list[dict]:
+    """Case 6's chart (chart_insert.svg), one panel per figure: pgbench rows/s,
+    the loads' rows/s, primary-key bytes per row and WAL bytes per row."""
+    C, ran = case6.CASE, case6_ran()
+    if not ran:
+        return []
+
+    def bar(label, m, color, ann=""):
+        return (label, m.s["median"], m.s["min"], m.s["max"], color, ann)
+
+    def ratio_ann(k, metric, base):
+        r = R.get(C, k, metric)
+        return f"({r.s['median']:.2f}× {base})" if r else ""
+
+    panels = []
+    bars = []
+    for label, *_ in ran:
+        for ci, c in enumerate(INSERT_CLIENTS):
+            m = R.get(C, f"{label} | clients={c}", "rows_per_s")
+            if m is not None:
+                bars.append(bar(f"{label}, {c} cl", m, CLIENT_COLORS[ci % len(CLIENT_COLORS)],
+                                ratio_ann(f"{label} | clients={c}",
+                                          "rows_per_s_ratio_to_bigserial", "bigserial")))
+    panels.append({
+        "title": "Case 6 — INSERT rows/s into a logged table, pgbench, one row per transaction",
+        "subtitle": f"-M prepared -T {PGB_SECONDS}, synchronous_commit = off, {NCPU} CPUs; "
+                    f"median, whiskers min–max over {PGB_REPS} reps; higher is better",
+        "bars": bars, "unit": "rows per second", "cap_outliers": False})
+    loads = [(phase, title, case6_load_params(phase)) for phase, title in case6.PHASES]
+    loads = [(phase, title, dict(kv.split("=", 1) for kv in p.split()))
+             for phase, title, p in loads if p]
+    sizes = "; ".join(f"{phase}: {int(p['rows']):,} rows in {p['shared_buffers']}"
+                      + " shared_buffers" * (i == 0) for i, (phase, _, p) in enumerate(loads))
+    for metric, title, unit, better, ann in [
+            ("rows_per_s", "batched load, rows/s", "rows per second", "higher",
+             lambda k: ratio_ann(k, "rows_per_s_ratio_to_bigserial", "bigserial")),
+            ("pkey_bytes_per_row", "primary-key index bytes per row after the load",
+             "bytes per row", "lower",
+             lambda k: f"({fmt(R.get(C, k, 'pkey_mb').s['median'])} MiB, "
+                       f"{fmt(R.get(C, k, 'pkey_over_shared_buffers').s['median'])}× "
+                       "shared_buffers)"),
+            ("wal_bytes_per_row", "WAL bytes per row, checkpoints' full-page images included",
+             "bytes per row", "lower",
+             lambda k: f"({fmt(R.get(C, k, 'fpi_per_1k_rows').s['median'])} FPI per 1k rows)")]:
+        bars = []
+        for label, *_ in ran:
+            for pi, (phase, _, _) in enumerate(loads):
+                k = f"{label} | {phase}"
+                m = R.get(C, k, metric)
+                if m is not None:
+                    bars.append(bar(f"{label}, {phase}", m, CLIENT_COLORS[pi], ann(k)))
+        panels.append({
+            "title": f"Case 6 — {title}",
+            "subtitle": f"{sizes}; CHECKPOINT every {INSERT_CHECKPOINT_EVERY:,} rows; "
+                        f"{better} is better",
+            "bars": bars, "unit": f"{unit}; median, whiskers min–max over {INSERT_REPS} reps",
+            "cap_outliers": False})
+    return [p for p in panels if p["bars"]]
+
+
+def write_chart(path_svg: str, meta: dict, panels: list[dict]) -> list[str]:
+    """path_svg and the same as .png: a horizontal bar chart per panel
+    (chart_panels(), insert_panels()), median with min–max whiskers, drawn by
+    matplotlib (Agg backend)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = chart_panels()
     if not panels:
         return []
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "snowflake_id",
@@ -460,11 +609,13 @@ def write_chart(path_svg: str, meta: dict) -> list[str]:
 def report(meta: dict, out_dir: str) -> None:
     """Prints the tables and goals, and writes the files into out_dir."""
     header(meta)
-    for r in (report_case1, report_case2, report_case3, report_case4, report_case5):
+    for r in (report_case1, report_case2, report_case3, report_case4, report_case5,
+              report_case6):
         r()
     goals(meta)
     write_csv(os.path.join(out_dir, "results.csv"))
-    charts = write_chart(os.path.join(out_dir, "chart.svg"), meta)
+    charts = write_chart(os.path.join(out_dir, "chart.svg"), meta, chart_panels())
+    charts += write_chart(os.path.join(out_dir, "chart_insert.svg"), meta, insert_panels())
     with open(os.path.join(out_dir, "results.txt"), "w") as f:
         f.write("\n".join(OUTPUT).lstrip("\n") + "\n")
     with open(os.path.join(out_dir, "meta.json"), "w") as f:

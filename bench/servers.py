@@ -17,11 +17,14 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 from harness import (AS_ROOT, PG_BINDIR, PG_PKGLIBDIR, Cluster,  # noqa: E402
                      _conf_value, pg_config, pg_ids, stop_orphans)
 
-__all__ = ["AS_ROOT", "PG_BINDIR", "PG_PKGLIBDIR", "PG_SHAREDIR", "TREE", "Server",
+__all__ = ["AS_ROOT", "PGEDGE", "PG_BINDIR", "PG_PKGLIBDIR", "PG_SHAREDIR", "TREE", "Server",
            "_conf_value", "build_pg_tree", "make_tree_dir", "pg_ids", "stop_orphans"]
 
 PG_SHAREDIR = pg_config("--sharedir")
 TREE: dict = {}  # postgres, so, source: set by build_pg_tree()
+# pgEdge's snowflake extension, when this PostgreSQL has it (case 6 adds its
+# snowflake.nextval() then): the servers get the snowflake.node it needs.
+PGEDGE = os.path.exists(os.path.join(PG_SHAREDIR, "extension", "snowflake.control"))
 
 
 def build_pg_tree(root: str, pkg: str | None) -> dict:
@@ -84,8 +87,9 @@ class Server(Cluster):
         self.name = name
         # The harness's test defaults (fsync off, 120 connections...) are
         # replaced by the benchmark's settings: fsync stays on.
+        pgedge = {"snowflake.node": 1} if PGEDGE else {}
         super().__init__(preload=True, settings={"fsync": True, **SERVER_SETTINGS,
-                                                 **settings},
+                                                 **pgedge, **settings},
                          dir_prefix=DIR_PREFIX, postgres=TREE["postgres"])
 
     def start(self, env: dict | None = None, timeout: int = 60, **kw) -> "Server":

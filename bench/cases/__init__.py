@@ -3,9 +3,10 @@ report and the chart read) and run(conns, srv), which measures and adds the
 figures to measure.R. conns: {"main": connection to the classic server,
 "js53": to the js53 server (case 1 only)}; srv: the classic server.
 
-They run in the order of ORDER: case 3 (pgbench, most load) last."""
+They run in the order of ORDER: case 3 (pgbench, most load) and case 6
+(pgbench, then loads that write several GB of WAL and data) last."""
 
-from cases import case1, case2, case3, case4, case5
+from cases import case1, case2, case3, case4, case5, case6
 
-CASES = {"1": case1, "2": case2, "3": case3, "4": case4, "5": case5}
-ORDER = ["1", "2", "4", "5", "3"]
+CASES = {"1": case1, "2": case2, "3": case3, "4": case4, "5": case5, "6": case6}
+ORDER = ["1", "2", "4", "5", "3", "6"]
