@@ -1,0 +1,102 @@
+//! Errors of backfill (`snowflake_at()`) and of its setting
+//! `snowflake_id.backfill_worker_ids`.
+
+use super::raise;
+use pgrx::PgSqlErrorCode;
+
+/// 22023: `snowflake_id.backfill_worker_ids` does not parse for this layout.
+pub fn bad_backfill_ids(detail: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "invalid value for parameter \"snowflake_id.backfill_worker_ids\"".into(),
+        Some(detail.into()),
+        Some("Write the set-aside worker ids as a list of ids and ranges, e.g. 1023 or 1020-1023, and restart the server.".into()),
+    )
+}
+
+/// 22023 at start: ids set aside for backfill are also live ids.
+pub fn backfill_ids_overlap(backfill: &str, live: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("snowflake_id.backfill_worker_ids ({backfill}) and snowflake_id.worker_ids ({live}) overlap"),
+        Some("A backfill ID could then equal a live ID of the same time.".into()),
+        Some("Take the set-aside ids out of snowflake_id.worker_ids (or leave it empty: every id but the set-aside ones), and restart the server.".into()),
+    )
+}
+
+/// 55000: no worker ids are set aside for backfill.
+pub fn backfill_off() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "no worker ids are set aside for backfill IDs".into(),
+        Some("snowflake_at() makes IDs for past times from worker ids that live IDs never use, so that they cannot equal any other ID.".into()),
+        Some("Set snowflake_id.backfill_worker_ids to worker ids no server uses for live IDs and no other server sets aside (e.g. the highest: '1023' under the classic layout), and restart the server.".into()),
+    )
+}
+
+/// 55000: backfill while this server's worker ids are leased.
+pub fn backfill_with_leases() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "snowflake_at() cannot make IDs while this server leases its worker ids".into(),
+        Some("The registry may lease the ids set aside here to another server of the fleet, whose live IDs could then equal backfill IDs.".into()),
+        Some("Make backfill IDs on a server that uses hand-set snowflake_id.worker_ids (no snowflake_id.registry, no Citus), with snowflake_id.backfill_worker_ids that no server of the fleet uses.".into()),
+    )
+}
+
+/// 55000: backfill on a hot standby.
+pub fn backfill_on_standby() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "snowflake_at() cannot make IDs during recovery".into(),
+        Some("Backfill grants are made durable in WAL, which a standby cannot write; its primary hands out the same grants.".into()),
+        Some("Call snowflake_at() on the primary.".into()),
+    )
+}
+
+/// 55000: the set-aside ids no longer continue the ones grants were made
+/// for.
+pub fn backfill_ids_changed(recorded: &str, configured: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "snowflake_id.backfill_worker_ids ({}) does not start with the ids backfill IDs were made from ({recorded})",
+            if configured.is_empty() { "empty" } else { configured }
+        ),
+        Some("Backfill grants are numbered across the set-aside ids in order; with other ids, a new grant could repeat an old one's worker id and sequence.".into()),
+        Some(format!("Set snowflake_id.backfill_worker_ids back to {recorded} (ids may be added at the end) and restart the server.")),
+    )
+}
+
+/// 22008: a time no backfill ID can have.
+pub fn backfill_time(problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
+        format!("no backfill ID can be made for this time: {problem}"),
+        None,
+        Some("Backfill times must be within the layout's time range (snowflake_layout()), after any layout change of this server, and no further ahead of the clock than snowflake_id.max_drift.".into()),
+    )
+}
+
+/// 54000: every grant of a bucket is handed out.
+pub fn backfill_bucket_full(start: &str, end: &str, grants: u32) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("the backfill space for times from {start} to {end} is used up"),
+        Some(format!("All {grants} grants of that stretch of time were handed out: each backend takes one per stretch for each run of increasing times, and a new one when a time repeats or goes back.")),
+        Some("Add worker ids that no server ever used for live IDs at the end of snowflake_id.backfill_worker_ids and restart the server; order the rows by time when backfilling (ORDER BY the time column) to use fewer grants.".into()),
+    )
+}
+
+/// 55000: backfill without the registry tables read.
+pub fn backfill_needs_registry(database: Option<&str>) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        match database {
+            None => "snowflake_at() needs the registry worker, and snowflake_id.registry_database is empty".into(),
+            Some(db) => format!("the snowflake_id registry worker has not read the registry tables of database \"{db}\" yet"),
+        },
+        Some("Backfill reads snowflake_worker_registry (whether the set-aside worker ids made live IDs) and snowflake_backfill_grants (grants carried by pg_upgrade or a restore) before its first ID.".into()),
+        Some("Set snowflake_id.registry_database to a database with CREATE EXTENSION snowflake_id (default postgres) and restart; run ALTER EXTENSION snowflake_id UPDATE there if it is older than 0.6.0; the log's snowflake_id registry lines say more.".into()),
+    )
+}

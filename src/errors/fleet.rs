@@ -1,0 +1,105 @@
+//! Errors of a fleet that leases worker ids from a registry (or Citus): no
+//! lease, an unknown Citus cluster, a standby. The registry's address and
+//! the lease worker's problem are shown only to roles that may read them.
+
+use super::raise;
+use pgrx::PgSqlErrorCode;
+use snowflake_core::layout::format_unix_ms;
+
+/// What replaces the registry's address, and the lease worker's last
+/// problem (which may name it), for a role that may not read it.
+const REGISTRY_HIDDEN: &str =
+    "(address hidden: shown to superusers and members of pg_read_all_settings)";
+
+/// 55000: leases are in use and this server holds no usable worker id: the
+/// registry is unreachable (for `unreachable_ms`), or no block was leased
+/// within `waited_ms`. `shown`: whether the role may read the registry's
+/// address (`settings::may_read_hidden_settings`); else neither it nor the
+/// problem is in the error.
+pub fn no_lease(
+    registry: &str,
+    unreachable_ms: Option<i64>,
+    deadline_ms: i64,
+    problem: &str,
+    waited_ms: i64,
+    shown: bool,
+) -> ! {
+    let registry = if !shown {
+        REGISTRY_HIDDEN.to_string()
+    } else if registry.is_empty() {
+        "(not known yet)".to_string()
+    } else {
+        registry.to_string()
+    };
+    let (message, mut detail) = match unreachable_ms {
+        Some(ms) => (
+            format!(
+                "no worker id is leased: the registry {registry} has been unreachable for {} s",
+                ms / 1000
+            ),
+            if deadline_ms > 0 {
+                format!(
+                    "This server's leases ran out at {}.",
+                    format_unix_ms(deadline_ms)
+                )
+            } else {
+                "This server holds no lease from it.".to_string()
+            },
+        ),
+        None => (
+            format!(
+                "no worker id is leased from the registry {registry} after waiting {waited_ms} ms"
+            ),
+            "Every block this server may lease is held by other servers, or the lease worker has not leased one yet.".to_string(),
+        ),
+    };
+    if !problem.is_empty() {
+        if shown {
+            detail.push_str(&format!(" Last problem: {problem}"));
+        } else {
+            detail.push_str(" The lease worker's last problem is in this server's log and in this error as a superuser or a member of pg_read_all_settings sees it.");
+        }
+    }
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        message,
+        Some(detail),
+        Some("Check that the registry server is running and reachable from this server with the connection string in snowflake_id.registry (or the Citus coordinator), and look for \"snowflake_id lease\" in this server's log. IDs resume by themselves once a lease is granted.".into()),
+    )
+}
+
+/// 55000: Citus is preloaded and the lease worker cannot tell which
+/// cluster this server belongs to (see `lease_worker`): no IDs rather
+/// than every worker id unchecked. `citus_here`: this session's database,
+/// when it has the citus extension. `shown`: as for [`no_lease`] (the
+/// problem may name the coordinator).
+pub fn fleet_unknown(problem: &str, citus_here: Option<String>, shown: bool) -> ! {
+    let hint = match citus_here {
+        Some(db) => format!(
+            "This database ({db}) has the citus extension: set snowflake_id.registry_database = '{}' in postgresql.conf and reload, or set snowflake_id.registry.",
+            db.replace('\'', "''")
+        ),
+        None => "Set snowflake_id.registry_database to the database where CREATE EXTENSION citus ran and reload, or set snowflake_id.registry to the fleet's registry.".into(),
+    };
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "no worker id can be leased: this server cannot tell which Citus cluster it belongs to"
+            .into(),
+        Some(if shown {
+            problem.to_string()
+        } else {
+            "The reason may name servers of the fleet: it is in this server's log, and in this error as a superuser or a member of pg_read_all_settings sees it.".to_string()
+        }),
+        Some(hint),
+    )
+}
+
+/// 55000: a hot standby of a fleet that leases worker ids makes no IDs.
+pub fn no_lease_on_standby() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "a standby makes no IDs when worker ids are leased from a registry".into(),
+        Some("Leases are taken by the lease worker, which starts when the server is promoted.".into()),
+        Some("Make IDs on the primary, or promote this server. To make IDs on a hot standby, give it its own snowflake_id.worker_ids and no snowflake_id.registry.".into()),
+    )
+}

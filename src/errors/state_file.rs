@@ -1,0 +1,38 @@
+//! Errors about the data directory's `snowflake_id.state` file: it cannot
+//! be read or written, cannot be understood, or is of a newer format.
+
+use super::raise;
+use pgrx::PgSqlErrorCode;
+
+/// 54000-class problems writing the state file.
+pub fn state_file(action: &str, path: &str, err: std::io::Error) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_IO_ERROR,
+        format!("could not {action} snowflake_id state file \"{path}\": {err}"),
+        Some("The state file records how far ahead IDs are reserved, so that no ID repeats after a restart.".into()),
+        Some("Check the permissions and free space of the data directory.".into()),
+    )
+}
+
+/// XX001: the state file exists but cannot be understood.
+pub fn state_file_unreadable(path: &str, problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!("snowflake_id state file \"{path}\" is unreadable: {problem}"),
+        Some("It records how far IDs were reserved and the layout that made them; without it IDs made before this start could be repeated.".into()),
+        Some("Restore the file from a backup of the data directory. Only if you know the clock has not gone back since the last ID was made, move the file away to start from the current time.".into()),
+    )
+}
+
+/// XX001: the state file was written by a newer build of snowflake_id, in a
+/// format this build does not know.
+pub fn state_file_too_new(path: &str, version: u32, known: u32) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!(
+            "snowflake_id state file \"{path}\" has format version {version}, newer than this build reads (up to {known})"
+        ),
+        Some("It was written by a newer snowflake_id; reading it with this build could misread how far IDs were reserved.".into()),
+        Some("Install the newer snowflake_id build that wrote it, or restore the file from a backup made with this build.".into()),
+    )
+}
