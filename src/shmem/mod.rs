@@ -148,12 +148,17 @@ impl<const N: usize> ShmText<N> {
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        let bytes = &text.as_bytes()[..end];
+        self.set_bytes(&text.as_bytes()[..end]);
+    }
+
+    /// Stores `bytes` as they are, NUL-padded (cut to `N` bytes).
+    pub fn set_bytes(&self, bytes: &[u8]) {
         for (i, byte) in self.0.iter().enumerate() {
             byte.store(bytes.get(i).copied().unwrap_or(0), Relaxed);
         }
     }
 
+    /// The bytes up to the first NUL, as text (invalid UTF-8 replaced).
     pub fn get(&self) -> String {
         let bytes: Vec<u8> = self
             .0
@@ -184,7 +189,7 @@ pub struct Slot {
     /// Claims that found no free id and shared this one.
     pub shared_claims: AtomicU64,
     /// The holder's application_name, NUL-padded (NAMEDATALEN bytes).
-    pub application_name: [AtomicU8; APPLICATION_NAME_LEN],
+    pub application_name: ShmText<APPLICATION_NAME_LEN>,
     // Generator fields: see the locking rules.
     /// The position of the last ID (`generator::pack`), -1 before any.
     pub position: AtomicI64,
@@ -256,19 +261,11 @@ impl Slot {
     }
 
     pub fn set_application_name(&self, name: &[u8]) {
-        for (i, byte) in self.application_name.iter().enumerate() {
-            byte.store(name.get(i).copied().unwrap_or(0), Relaxed);
-        }
+        self.application_name.set_bytes(name);
     }
 
     pub fn application_name(&self) -> String {
-        let bytes: Vec<u8> = self
-            .application_name
-            .iter()
-            .map(|b| b.load(Relaxed))
-            .take_while(|&b| b != 0)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
+        self.application_name.get()
     }
 }
 
