@@ -255,11 +255,6 @@ pub fn key_tag(key: &Key) -> u8 {
     (derive(key, b"tag", 0, 0).0 & 31) as u8
 }
 
-/// A tag as the character it shows as.
-pub fn tag_char(tag: u8) -> char {
-    ALPHABET[(tag & 31) as usize] as char
-}
-
 /// One key's permutation of `[0, 2^width)`.
 #[derive(Clone)]
 pub struct KeyCipher {

@@ -59,7 +59,8 @@ use snowflake_core::generator::GeneratorState;
 use snowflake_core::layout::Layout;
 use std::mem::size_of;
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::*,
+    AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
+    Ordering::*,
 };
 
 /// Bytes kept of a holder's application_name (PostgreSQL's NAMEDATALEN).
@@ -101,14 +102,60 @@ pub struct Header {
     pub lease: LeaseState,
 }
 
-/// Where this server's worker ids come from.
-pub const MODE_LOCAL: u8 = 0;
-/// Not known yet: the lease worker is reading Citus's metadata.
-pub const MODE_UNDECIDED: u8 = 1;
-/// Leased from `snowflake_id.registry`.
-pub const MODE_REGISTRY: u8 = 2;
-/// Leased from the Citus coordinator.
-pub const MODE_CITUS: u8 = 3;
+/// Where this server's worker ids come from, as [`LeaseState::mode`] holds
+/// it (one byte: [`LeaseState::mode`] and [`LeaseState::set_mode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LeaseMode {
+    /// Its own `snowflake_id.worker_ids`: no leases.
+    Local = 0,
+    /// Not known yet: the lease worker is reading Citus's metadata.
+    Undecided = 1,
+    /// Leased from `snowflake_id.registry`.
+    Registry = 2,
+    /// Leased from the Citus coordinator.
+    Citus = 3,
+}
+
+impl LeaseMode {
+    /// The mode as `snowflake_config()` reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseMode::Local => "local",
+            LeaseMode::Undecided => "starting",
+            LeaseMode::Registry => "registry",
+            LeaseMode::Citus => "citus",
+        }
+    }
+}
+
+impl From<LeaseMode> for u8 {
+    fn from(mode: LeaseMode) -> u8 {
+        mode as u8
+    }
+}
+
+impl TryFrom<u8> for LeaseMode {
+    /// The byte that is no mode.
+    type Error = u8;
+
+    fn try_from(byte: u8) -> Result<Self, u8> {
+        match byte {
+            0 => Ok(LeaseMode::Local),
+            1 => Ok(LeaseMode::Undecided),
+            2 => Ok(LeaseMode::Registry),
+            3 => Ok(LeaseMode::Citus),
+            other => Err(other),
+        }
+    }
+}
+
+// The modes as bytes, for the code that still stores and compares the byte
+// itself (the lease worker, the claims); other code uses `LeaseMode`.
+pub const MODE_LOCAL: u8 = LeaseMode::Local as u8;
+pub const MODE_UNDECIDED: u8 = LeaseMode::Undecided as u8;
+pub const MODE_REGISTRY: u8 = LeaseMode::Registry as u8;
+pub const MODE_CITUS: u8 = LeaseMode::Citus as u8;
 
 /// A slot's `limit_tick` when it may not be used (no lease).
 pub const NO_LEASE: i64 = -1;
@@ -138,6 +185,19 @@ pub struct LeaseState {
     pub problem: ShmText<1024>,
 }
 
+impl LeaseState {
+    /// The mode in force. Only modes are ever stored; a byte that is none
+    /// would read as `Undecided`, under which no worker id is used.
+    #[inline]
+    pub fn mode(&self, order: Ordering) -> LeaseMode {
+        LeaseMode::try_from(self.mode.load(order)).unwrap_or(LeaseMode::Undecided)
+    }
+
+    pub fn set_mode(&self, mode: LeaseMode, order: Ordering) {
+        self.mode.store(mode.into(), order);
+    }
+}
+
 /// A short text in shared memory: NUL-padded bytes, each an atomic, so a
 /// reader sees at worst a mix of an old and a new value.
 #[repr(C)]
@@ -150,12 +210,17 @@ impl<const N: usize> ShmText<N> {
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        let bytes = &text.as_bytes()[..end];
+        self.set_bytes(&text.as_bytes()[..end]);
+    }
+
+    /// Stores `bytes` as they are, NUL-padded (cut to `N` bytes).
+    pub fn set_bytes(&self, bytes: &[u8]) {
         for (i, byte) in self.0.iter().enumerate() {
             byte.store(bytes.get(i).copied().unwrap_or(0), Relaxed);
         }
     }
 
+    /// The bytes up to the first NUL, as text (invalid UTF-8 replaced).
     pub fn get(&self) -> String {
         let bytes: Vec<u8> = self
             .0
@@ -186,7 +251,7 @@ pub struct Slot {
     /// Claims that found no free id and shared this one.
     pub shared_claims: AtomicU64,
     /// The holder's application_name, NUL-padded (NAMEDATALEN bytes).
-    pub application_name: [AtomicU8; APPLICATION_NAME_LEN],
+    pub application_name: ShmText<APPLICATION_NAME_LEN>,
     // Generator fields: see the locking rules.
     /// The position of the last ID (`generator::pack`), -1 before any.
     pub position: AtomicI64,
@@ -258,19 +323,11 @@ impl Slot {
     }
 
     pub fn set_application_name(&self, name: &[u8]) {
-        for (i, byte) in self.application_name.iter().enumerate() {
-            byte.store(name.get(i).copied().unwrap_or(0), Relaxed);
-        }
+        self.application_name.set_bytes(name);
     }
 
     pub fn application_name(&self) -> String {
-        let bytes: Vec<u8> = self
-            .application_name
-            .iter()
-            .map(|b| b.load(Relaxed))
-            .take_while(|&b| b != 0)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
+        self.application_name.get()
     }
 }
 
@@ -598,11 +655,11 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 lease: std::mem::zeroed(),
             });
             let mode = if settings::leases_enabled() {
-                MODE_UNDECIDED
+                LeaseMode::Undecided
             } else {
-                MODE_LOCAL
+                LeaseMode::Local
             };
-            (*header).lease.mode.store(mode, Relaxed);
+            (*header).lease.set_mode(mode, Relaxed);
             // All-zero bytes are a valid value for every (atomic) field.
             let first = header.add(1) as *mut Slot;
             std::ptr::write_bytes(first, 0, nslots as usize);
@@ -635,10 +692,9 @@ unsafe extern "C-unwind" fn shmem_startup() {
             (*backfill).floor_at_start_ms.store(floor_ms, Relaxed);
             (*backfill).ids_changed.store(recorded_ids.changed, Relaxed);
             let fresh = GeneratorState::new(&layout).word(&layout);
-            let limit = if mode == MODE_LOCAL {
-                i64::MAX
-            } else {
-                NO_LEASE
+            let limit = match mode {
+                LeaseMode::Local => i64::MAX,
+                LeaseMode::Undecided | LeaseMode::Registry | LeaseMode::Citus => NO_LEASE,
             };
             for i in 0..nslots as usize {
                 (*first.add(i)).position.store(fresh, Relaxed);
@@ -667,6 +723,29 @@ mod tests {
     fn zeroed_slot() -> Slot {
         // SAFETY: every field is an atomic integer, for which zero is valid.
         unsafe { std::mem::zeroed() }
+    }
+
+    #[test]
+    fn lease_modes_round_trip_through_their_byte() {
+        for mode in [
+            LeaseMode::Local,
+            LeaseMode::Undecided,
+            LeaseMode::Registry,
+            LeaseMode::Citus,
+        ] {
+            assert_eq!(LeaseMode::try_from(u8::from(mode)), Ok(mode));
+        }
+        assert_eq!(LeaseMode::try_from(4), Err(4));
+        // SAFETY: every field is an atomic or a pointer, for which zero is
+        // valid.
+        let lease: LeaseState = unsafe { std::mem::zeroed() };
+        assert_eq!(lease.mode(Relaxed), LeaseMode::Local);
+        lease.set_mode(LeaseMode::Citus, Relaxed);
+        assert_eq!(lease.mode(Relaxed), LeaseMode::Citus);
+        assert_eq!(lease.mode.load(Relaxed), MODE_CITUS);
+        lease.mode.store(200, Relaxed);
+        assert_eq!(lease.mode(Relaxed), LeaseMode::Undecided);
+        assert_eq!(LeaseMode::Undecided.name(), "starting");
     }
 
     #[test]

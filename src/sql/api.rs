@@ -8,6 +8,7 @@
 use crate::claims;
 use crate::errors;
 use crate::settings;
+use crate::shmem::LeaseMode;
 use pgrx::prelude::*;
 use snowflake_core::layout::{Layout, PartError};
 use std::sync::atomic::Ordering::Relaxed;
@@ -247,13 +248,11 @@ fn snowflake_config() -> TableIterator<
     };
     let (text, total, held) = claims::range_usage();
     let lease = &header.lease;
-    let mode = match lease.mode.load(Relaxed) {
-        crate::shmem::MODE_LOCAL => "local",
-        crate::shmem::MODE_REGISTRY => "registry",
-        crate::shmem::MODE_CITUS => "citus",
-        _ => "starting",
+    let mode = lease.mode(Relaxed);
+    let leased = match mode {
+        LeaseMode::Local => false,
+        LeaseMode::Undecided | LeaseMode::Registry | LeaseMode::Citus => true,
     };
-    let leased = mode != "local";
     let at = |unix_ms: i64| {
         (unix_ms > 0)
             .then(|| TimestampWithTimeZone::try_from((unix_ms - PG_EPOCH_UNIX_MS) * 1000).ok())
@@ -284,7 +283,7 @@ fn snowflake_config() -> TableIterator<
         Some(total.saturating_sub(held) as i64),
         claims::my_worker_id().map(|w| w as i32),
         settings::max_drift_ms(),
-        mode.to_string(),
+        mode.name().to_string(),
         (!registry.is_empty()).then_some(registry),
         leased.then(|| lease.blocks_held.load(Relaxed) as i32),
         at(lease.deadline_ms.load(Relaxed)),

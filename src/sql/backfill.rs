@@ -10,7 +10,7 @@ use crate::durability::backfill::grant;
 use crate::durability::reservation;
 use crate::errors;
 use crate::settings;
-use crate::shmem;
+use crate::shmem::{self, LeaseMode};
 use pgrx::prelude::*;
 use snowflake_core::backfill::{tick_for, Lanes, Space};
 use snowflake_core::layout::format_unix_ms;
@@ -41,8 +41,11 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         errors::layout_changed(&header.recorded_layout.differences(settings::layout()));
     }
     claims::wait_for_registry(header);
-    if header.lease.mode.load(Acquire) != shmem::MODE_LOCAL {
-        errors::backfill_with_leases();
+    match header.lease.mode(Acquire) {
+        LeaseMode::Local => {}
+        LeaseMode::Undecided | LeaseMode::Registry | LeaseMode::Citus => {
+            errors::backfill_with_leases();
+        }
     }
     let backfill = header.backfill();
     if !backfill.history_read.load(Acquire) {

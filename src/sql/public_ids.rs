@@ -17,11 +17,16 @@ use pgrx::prelude::*;
 use snowflake_core::layout::PartError;
 use snowflake_core::public_id::{self, Codec, Token};
 
-/// This process's codec: `settings::public_key_stamp()` when it was built
-/// from the key file, and the codec for the keys in force (`None` when no key
-/// file is named). `None` until first used, and after a failed read.
-#[allow(clippy::type_complexity)]
-static CODEC: Mutex<Option<((u64, i64), Option<Codec>)>> = const_mutex(None);
+/// This process's codec, as built from the key file.
+struct CachedCodec {
+    /// `settings::public_key_stamp()` when it was built.
+    stamp: (u64, i64),
+    /// The codec for the keys in force (`None` when no key file is named).
+    codec: Option<Codec>,
+}
+
+/// This process's codec: `None` until first used, and after a failed read.
+static CODEC: Mutex<Option<CachedCodec>> = const_mutex(None);
 
 /// Runs `f` with the codec of the keys in force. The key file is read
 /// again only after this process reloaded its configuration or the
@@ -31,12 +36,15 @@ static CODEC: Mutex<Option<((u64, i64), Option<Codec>)>> = const_mutex(None);
 fn with_codec<R>(function: &str, f: impl FnOnce(&Codec) -> R) -> R {
     let stamp = settings::public_key_stamp();
     let mut cached = CODEC.lock();
-    if cached.as_ref().map(|(built, _)| *built) != Some(stamp) {
+    if cached.as_ref().map(|built| built.stamp) != Some(stamp) {
         *cached = None;
         match settings::public_keys() {
             Ok(keys) => {
                 let width = settings::layout().total_bits;
-                *cached = Some((stamp, keys.map(|keys| Codec::new(&keys, width))));
+                *cached = Some(CachedCodec {
+                    stamp,
+                    codec: keys.map(|keys| Codec::new(&keys, width)),
+                });
             }
             Err((path, err)) => {
                 drop(cached);
@@ -45,9 +53,9 @@ fn with_codec<R>(function: &str, f: impl FnOnce(&Codec) -> R) -> R {
             }
         }
     }
-    match cached.as_ref() {
-        Some((_, Some(codec))) => f(codec),
-        _ => {
+    match cached.as_ref().and_then(|built| built.codec.as_ref()) {
+        Some(codec) => f(codec),
+        None => {
             drop(cached);
             errors::no_public_key(function)
         }

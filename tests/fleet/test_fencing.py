@@ -28,9 +28,7 @@ from harness import run_pg, wait_until
 from helpers import Maker, assert_apart, config, hba_accept_tcp, hba_reject_tcp, ids, unix_conninfo
 from helpers import lease_schema, needs_citus, run_client
 from helpers import worker_of as worker_bits
-from test_leases import GRACE_S, LEASE, LEASE_S, lease_limits, leases, registry_server
-
-REFUSED = (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.QueryCanceled)
+from fleet_helpers import GRACE_S, LEASE, LEASE_S, lease_limits, leases, registry_server
 
 
 # ------------------------------------------------------------------ helpers

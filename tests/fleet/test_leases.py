@@ -25,48 +25,11 @@ import pytest
 from harness import wait_until
 from helpers import can_make_id, config, ids, lease_schema, ms_of
 from helpers import LIBFAKETIME, FakeClock, server_skew
-
-LEASE = "6s"
-LEASE_S = 6.0
-GRACE_S = 1.2  # lease::Timing: max(lease / 5, 1 s)
-
-
-def registry_server(make_cluster, **settings):
-    # fsync on: with fsync off, a restart may have lost grants, and the
-    # registry fences after each one (tests/fleet/test_fencing.py).
-    r = make_cluster(settings={"fsync": True, **settings})
-    r.create_extension()
-    return r
-
-
-def lease_limits(r) -> None:
-    """The registry's limits for LEASE (0.7.0, snowflake_lease_set_limits):
-    a fence after a failover that lost grants lasts the limits' lease time
-    plus grace, 6 s + 1.2 s, rather than the defaults' 10 min + 2 min. Marks
-    are the holder's clock + 6 s + the default max_drift (60 s): 70 s
-    leaves 4 s for its clock."""
-    if r.scalar("SELECT to_regproc('snowflake_lease_set_limits') IS NOT NULL"):
-        r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
-              " max_ahead_ms => 70000)")
-
-
-def holder(make_cluster, registry, start=True, env=None, **settings):
-    s = {"snowflake_id.registry": registry.conninfo(),
-         "snowflake_id.lease_time": LEASE, **settings}
-    c = make_cluster(settings=s, start=False)
-    if start:
-        c.start(env=env)
-        c.create_extension()
-    return c
+from fleet_helpers import LEASE, LEASE_S, holder, leases, registry_server
 
 
 def worker_of(c, id_: int) -> int:
     return c.scalar("SELECT snowflake_worker_id(%s)", id_)
-
-
-def leases(r) -> list[tuple]:
-    return r.sql("SELECT block, holder_node, holder_name, live, floor, expires_at"
-                 " FROM snowflake_leases WHERE leased ORDER BY block")
 
 
 def test_two_servers_lease_disjoint_blocks_without_configuration(make_cluster):

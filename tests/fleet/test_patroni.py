@@ -65,8 +65,8 @@ import psycopg
 import pytest
 
 from harness import AS_ROOT, DIR_PREFIX, PG_BINDIR, free_port, pg_ids, run_pg, wait_until
-from test_fencing import REFUSED, assert_apart
-from test_leases import GRACE_S, LEASE, LEASE_S, ids
+from helpers import assert_apart, ids
+from fleet_helpers import GRACE_S, LEASE, LEASE_S, REFUSED
 
 PATRONI = shutil.which("patroni")
 PATRONICTL = shutil.which("patronictl")

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from harness import AS_ROOT, PG_MAJOR, other_pg_bindir, pg_config, pg_ids, wait_until
-from helpers import can_make_id, lease_schema, old_release
-from test_leases import LEASE, LEASE_S, config, holder, ids, leases, registry_server
+from helpers import can_make_id, config, ids, lease_schema, old_release
+from fleet_helpers import LEASE, LEASE_S, holder, leases, registry_server
 
 
 def server_pids(c) -> list[int]:

@@ -34,8 +34,8 @@ import psycopg
 import pytest
 
 from harness import wait_until
-from helpers import can_make_id, lease_schema, old_release, run_client
-from test_leases import config, holder, ids, registry_server
+from helpers import can_make_id, config, ids, lease_schema, old_release, run_client
+from fleet_helpers import holder, registry_server
 
 OLD = os.environ.get("SNOWFLAKE_LIMITS_REGISTRY")   # e.g. "0.6.0": the registry's version
 
