@@ -1,6 +1,7 @@
-//! Shared memory: the structures, the startup hooks and the lock guard. No
-//! policy lives here: the reservation (state file, WAL, floor) is in
-//! `reservation`, the claims in `claims`.
+//! Shared memory: the structures and the lock guard; `startup` holds the
+//! hooks that create it. No policy lives here: the reservation (state file,
+//! WAL, floor) is in `reservation`, the claims in `claims`, the start-up
+//! decisions in the load phase (`settings`) and `snowflake_core`.
 //!
 //! Layout: a [`Header`] followed by `2^worker_bits` [`Slot`]s, one
 //! [`Holder`] per backend (`MaxBackends`) and the [`Backfill`] grants, sized
@@ -51,13 +52,13 @@
 //! be needed, take `lock` first, then `reserve_lock`. `AddinShmemInitLock`
 //! is taken only in the startup hook, before either exists.
 
-use crate::settings;
+mod startup;
+
+pub use startup::init;
+
 use pgrx::pg_sys;
-use snowflake_core::backfill::Space;
-use snowflake_core::backfill_ids;
 use snowflake_core::generator::GeneratorState;
 use snowflake_core::layout::Layout;
-use std::mem::size_of;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
     Ordering::*,
@@ -536,183 +537,6 @@ impl Drop for LockGuard {
             }
         }
     }
-}
-
-/// What the reservation knows when shared memory is first created: the
-/// floor (Unix ms; `i64::MIN` when nothing was recorded) and the recorded
-/// layout.
-pub type StartupState = fn(&Layout) -> Startup;
-
-/// This process's hook chain: written once by `init` in `_PG_init`, read
-/// when PostgreSQL calls the hooks (per-process state: a parking_lot lock,
-/// never held across a call into PostgreSQL).
-struct Hooks {
-    startup_state: Option<StartupState>,
-    prev_request: pg_sys::shmem_request_hook_type,
-    prev_startup: pg_sys::shmem_startup_hook_type,
-}
-
-static HOOKS: parking_lot::Mutex<Hooks> = parking_lot::const_mutex(Hooks {
-    startup_state: None,
-    prev_request: None,
-    prev_startup: None,
-});
-
-/// Installs the shared-memory hooks. `startup_state` is called once, when
-/// the memory is created. Called from `_PG_init` only while preloading.
-pub fn init(startup_state: StartupState) {
-    let mut hooks = HOOKS.lock();
-    hooks.startup_state = Some(startup_state);
-    // SAFETY: hooks are process-global pointers that PostgreSQL expects
-    // extensions to chain in _PG_init; this runs once, in the postmaster.
-    unsafe {
-        hooks.prev_request = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(shmem_request);
-        hooks.prev_startup = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(shmem_startup);
-    }
-}
-
-fn shmem_size() -> usize {
-    let nslots = settings::layout().max_worker_id() as usize + 1;
-    size_of::<Header>()
-        + nslots * size_of::<Slot>()
-        + nholders() as usize * size_of::<Holder>()
-        + size_of::<Backfill>()
-}
-
-/// Backends that can hold a worker id (set before the shmem hooks run).
-fn nholders() -> u32 {
-    // SAFETY: MaxBackends is set before shared memory is requested.
-    u32::try_from(unsafe { pg_sys::MaxBackends }).unwrap_or(0)
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn shmem_request() {
-    // SAFETY: chaining the previous hook, then requesting space and locks
-    // during the shmem request phase, as PostgreSQL requires.
-    let prev = HOOKS.lock().prev_request;
-    unsafe {
-        if let Some(prev) = prev {
-            prev();
-        }
-        pg_sys::RequestAddinShmemSpace(shmem_size());
-        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 2);
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn shmem_startup() {
-    // SAFETY: chaining the previous hook, as PostgreSQL requires.
-    let prev = HOOKS.lock().prev_startup;
-    unsafe {
-        if let Some(prev) = prev {
-            prev();
-        }
-    }
-    let layout = *settings::layout();
-    let nslots = layout.max_worker_id() + 1;
-    let mut found = false;
-    // SAFETY: ShmemInitStruct under AddinShmemInitLock is the documented way
-    // to create or attach an add-in's shared memory; the size matches the
-    // request.
-    let base = unsafe {
-        pg_sys::LWLockAcquire(addin_shmem_init_lock(), pg_sys::LWLockMode::LW_EXCLUSIVE);
-        pg_sys::ShmemInitStruct(TRANCHE.as_ptr(), shmem_size(), &mut found)
-    };
-    let header = base as *mut Header;
-    if !found {
-        let startup_state = HOOKS.lock().startup_state;
-        let startup = match startup_state {
-            Some(read) => read(&layout),
-            None => Startup {
-                floor_ms: i64::MIN,
-                layout,
-                backfill_after_ms: i64::MIN,
-                backfill_ids: String::new(),
-                backfill_grants: Vec::new(),
-            },
-        };
-        let (floor_ms, recorded) = (startup.floor_ms, startup.layout);
-        // SAFETY: we hold AddinShmemInitLock and nobody else can see the
-        // memory yet; the tranche was requested with two locks.
-        unsafe {
-            let locks = pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr());
-            header.write(Header {
-                lock: &mut (*locks).lock,
-                reserve_lock: &mut (*locks.add(1)).lock,
-                nslots,
-                nholders: nholders(),
-                release_counter: AtomicU64::new(0),
-                changes: AtomicU64::new(0),
-                reserved_until_ms: AtomicI64::new(floor_ms),
-                floor_ms: AtomicI64::new(floor_ms),
-                newest_tick: AtomicI64::new(-1),
-                registry_pending: AtomicBool::new(settings::registry_worker_enabled()),
-                layout_changed: AtomicBool::new(recorded != layout),
-                recorded_layout: recorded,
-                // All zeros, then set below.
-                lease: std::mem::zeroed(),
-            });
-            let mode = if settings::leases_enabled() {
-                LeaseMode::Undecided
-            } else {
-                LeaseMode::Local
-            };
-            (*header).lease.set_mode(mode, Relaxed);
-            // All-zero bytes are a valid value for every (atomic) field.
-            let first = header.add(1) as *mut Slot;
-            std::ptr::write_bytes(first, 0, nslots as usize);
-            let holders = first.add(nslots as usize) as *mut Holder;
-            std::ptr::write_bytes(holders, 0, nholders() as usize);
-            let backfill = holders.add(nholders() as usize) as *mut Backfill;
-            std::ptr::write_bytes(backfill, 0, 1);
-            (*backfill)
-                .after_ms
-                .store(startup.backfill_after_ms, Relaxed);
-            for &(bucket, grants) in &startup.backfill_grants {
-                if let Some(cell) = (*backfill).grants.get(bucket as usize) {
-                    (*backfill).used.store(true, Relaxed);
-                    cell.store(grants, Relaxed);
-                }
-            }
-            let recorded_ids = backfill_ids::at_start(
-                backfill_ids::AtStart {
-                    recorded: &startup.backfill_ids,
-                    had_grants: !startup.backfill_grants.is_empty(),
-                    had_state: startup.floor_ms > i64::MIN,
-                },
-                settings::backfill_space().map(Space::ids),
-                layout.max_worker_id(),
-            );
-            (*backfill).recorded_ids.set(&recorded_ids.ids);
-            (*backfill)
-                .newly_set_aside
-                .store(recorded_ids.newly_set_aside, Relaxed);
-            (*backfill).floor_at_start_ms.store(floor_ms, Relaxed);
-            (*backfill).ids_changed.store(recorded_ids.changed, Relaxed);
-            let fresh = GeneratorState::new(&layout).word(&layout);
-            let limit = match mode {
-                LeaseMode::Local => i64::MAX,
-                LeaseMode::Undecided | LeaseMode::Registry | LeaseMode::Citus => NO_LEASE,
-            };
-            for i in 0..nslots as usize {
-                (*first.add(i)).position.store(fresh, Relaxed);
-                (*first.add(i)).limit_tick.store(limit, Relaxed);
-            }
-        }
-    }
-    // SAFETY: releasing the lock taken above.
-    unsafe { pg_sys::LWLockRelease(addin_shmem_init_lock()) };
-    HEADER.store(header, Release);
-}
-
-/// PostgreSQL's `AddinShmemInitLock` (`&MainLWLockArray[21].lock`, a C macro
-/// bindgen does not translate).
-unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
-    // SAFETY: MainLWLockArray holds the individual LWLocks; index 21 is
-    // AddinShmemInitLock in every supported major version.
-    unsafe { &raw mut (*pg_sys::MainLWLockArray.add(21)).lock }
 }
 
 #[cfg(test)]
