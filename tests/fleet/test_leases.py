@@ -322,7 +322,7 @@ def test_copied_data_directory_takes_a_new_node_id_and_its_own_blocks(make_clust
 def _lease_worker_pid(c) -> int:
     with open(os.path.join(c.datadir, "postmaster.pid")) as f:
         postmaster = f.readline().strip()
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", postmaster],
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", postmaster],
                          capture_output=True, text=True).stdout
     (pid,) = [int(line.split()[0]) for line in out.splitlines() if "snowflake_id lease" in line]
     return pid
