@@ -188,6 +188,8 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
         state,
         fresh_floor: (floor > before).then_some(floor_ms),
         epoch: slot.lease_epoch.load(Relaxed),
+        held: 0,
+        id_base: 0,
     })
 }
 
