@@ -84,6 +84,20 @@ struct Claim {
     id_base: i64,
 }
 
+/// A backend's own state in a plain static. PostgreSQL runs a backend's
+/// SQL on one thread (pgrx refuses calls from any other), and only SQL
+/// functions and the backend's exit callback reach these; a
+/// `thread_local!` would cost a call to `__tls_get_addr` on every access
+/// (PostgreSQL loads the library with dlopen: general-dynamic TLS).
+struct BackendLocal<T>(T);
+
+// SAFETY: only the backend's main thread runs the code that uses it (see
+// above); nothing in the extension starts threads that touch it.
+unsafe impl<T> Sync for BackendLocal<T> {}
+
+/// This backend's claim.
+static CLAIM: BackendLocal<RefCell<Option<Claim>>> = BackendLocal(RefCell::new(None));
+
 /// Sequence numbers a claim takes ahead when it is alone on its worker id
 /// (see `Claim::held`): the IDs of a tick then cost one compare-and-swap per
 /// this many, not one each. A session that starts sharing the id meanwhile
@@ -92,7 +106,6 @@ struct Claim {
 const AHEAD: u32 = 63;
 
 thread_local! {
-    static CLAIM: RefCell<Option<Claim>> = const { RefCell::new(None) };
     /// The slot this backend holds, kept apart from `CLAIM` so that the exit
     /// callback can release it even while `CLAIM` is borrowed: a FATAL error
     /// (e.g. pg_terminate_backend while a claim waits for a lease) exits
@@ -157,8 +170,15 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
     let header = require_shared(function);
     let layout = settings::layout();
     let max_drift_ms = settings::max_drift_ms();
-    let made =
-        CLAIM.with_borrow_mut(|held| make_ids(held, header, layout, max_drift_ms, 0, n, &mut emit));
+    let made = make_ids(
+        &mut CLAIM.0.borrow_mut(),
+        header,
+        layout,
+        max_drift_ms,
+        0,
+        n,
+        &mut emit,
+    );
     if made < n {
         resume_after_interrupt(header, layout, max_drift_ms, made, n, emit);
     }
@@ -180,11 +200,15 @@ fn resume_after_interrupt(
 ) {
     while made < n {
         crate::clock::handle_interrupts();
-        // Another closure than `generate`'s, so that each `with_borrow_mut`
-        // is called once and inlined.
-        made = CLAIM.with_borrow_mut(|held| {
-            make_ids(held, header, layout, max_drift_ms, made, n, &mut emit)
-        });
+        made = make_ids(
+            &mut CLAIM.0.borrow_mut(),
+            header,
+            layout,
+            max_drift_ms,
+            made,
+            n,
+            &mut emit,
+        );
     }
 }
 
@@ -373,5 +397,5 @@ impl Claim {
 
 /// The worker id this backend holds, if any.
 pub fn my_worker_id() -> Option<u32> {
-    CLAIM.with_borrow(|claim| claim.as_ref().map(|c| c.worker_id))
+    CLAIM.0.borrow().as_ref().map(|c| c.worker_id)
 }
