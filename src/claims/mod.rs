@@ -82,6 +82,8 @@ struct Claim {
     /// The ID of `state.last_tick` with sequence number 0 (valid while
     /// `held` is not 0).
     id_base: i64,
+    /// The layout (a postmaster setting), for [`next_held_id`].
+    layout: &'static Layout,
 }
 
 /// A backend's own state in a plain static. PostgreSQL runs a backend's
@@ -177,11 +179,72 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
         max_drift_ms,
         0,
         n,
+        None,
         &mut emit,
     );
     if made < n {
         resume_after_interrupt(header, layout, max_drift_ms, made, n, emit);
     }
+}
+
+/// One ID for `snowflake_nextval()` from the sequence numbers this
+/// backend's claim already holds in its worker id's position
+/// (`Claim::held`): no compare-and-swap, no lock, no reservation to extend
+/// (the tick is the last ID's), and nothing that can raise an error or
+/// panic (no PostgreSQL call but reading a setting's variable, no
+/// allocation, no arithmetic that can overflow), so its caller needs no
+/// error guard. `Err` when the claim holds none for the clock's reading
+/// (or there is no claim yet): then the word and the clock reading it
+/// made, in that order, for [`generate_one`] (`None`: read them again).
+#[inline(always)]
+pub fn next_held_id() -> Result<i64, Option<(i64, i64)>> {
+    let Ok(mut held) = CLAIM.0.try_borrow_mut() else {
+        return Err(None);
+    };
+    let Some(claim) = held.as_mut() else {
+        return Err(None);
+    };
+    // The lease bound as `make_ids` reads it: the limit, then the epoch.
+    let (limit, epoch) = claim.slot.lease_view();
+    let word = claim.slot.load();
+    let Some(now_ms) = crate::clock::try_unix_ms() else {
+        return Err(None);
+    };
+    if claim.state.last_tick <= limit && epoch == claim.epoch {
+        let layout = claim.layout;
+        if let Some(sequence) = claim.state.next_held(
+            layout.tick_at(now_ms),
+            claim.held,
+            layout.whole_ticks(settings::max_drift_ms()),
+        ) {
+            claim.publish_count();
+            return Ok(claim.id_base | i64::from(sequence));
+        }
+    }
+    Err(Some((word, now_ms)))
+}
+
+/// [`generate`] of one ID, starting from what [`next_held_id`] read.
+#[inline(always)]
+pub fn generate_one(function: &str, seen: Option<(i64, i64)>) -> i64 {
+    let header = require_shared(function);
+    let layout = settings::layout();
+    let max_drift_ms = settings::max_drift_ms();
+    let mut id = 0;
+    let made = make_ids(
+        &mut CLAIM.0.borrow_mut(),
+        header,
+        layout,
+        max_drift_ms,
+        0,
+        1,
+        seen,
+        &mut |v| id = v,
+    );
+    if made < 1 {
+        resume_after_interrupt(header, layout, max_drift_ms, made, 1, |v| id = v);
+    }
+    id
 }
 
 /// A cancel, timeout or terminate came while the generator waited for the
@@ -207,6 +270,7 @@ fn resume_after_interrupt(
             max_drift_ms,
             made,
             n,
+            None,
             &mut emit,
         );
     }
@@ -216,6 +280,7 @@ fn resume_after_interrupt(
 /// `made`th to the `n`th, until all are made or a wait for the clock is
 /// interrupted (the interrupt not handled yet). Returns how many are made
 /// then (`n` unless interrupted), every one covered by the reservation.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn make_ids(
     held: &mut Option<Claim>,
@@ -224,6 +289,7 @@ fn make_ids(
     max_drift_ms: i64,
     made: usize,
     n: usize,
+    mut seen: Option<(i64, i64)>,
     emit: &mut impl FnMut(i64),
 ) -> usize {
     let mut i = made;
@@ -245,9 +311,14 @@ fn make_ids(
     let mut through_word = false;
     while i < n {
         // The word, then the clock (see `next_ahead`), read once for both
-        // paths.
-        let word = claim.slot.load();
-        let now_ms = clock.now_ms();
+        // paths (or by `next_held_id` just before).
+        let (word, now_ms) = match seen.take() {
+            Some(seen) => seen,
+            None => {
+                let word = claim.slot.load();
+                (word, clock.now_ms())
+            }
+        };
         if claim.state.last_tick <= limit && current {
             if let Some(sequence) = claim.state.next_held(
                 layout.tick_at(now_ms),

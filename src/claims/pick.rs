@@ -190,6 +190,7 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
         epoch: slot.lease_epoch.load(Relaxed),
         held: 0,
         id_base: 0,
+        layout,
     })
 }
 
