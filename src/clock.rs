@@ -9,6 +9,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Current Unix time in milliseconds (negative before 1970).
 #[inline]
 pub fn unix_ms() -> i64 {
+    match try_unix_ms() {
+        Some(ms) => ms,
+        None => system_unix_ms(),
+    }
+}
+
+/// [`unix_ms`], or `None` should clock_gettime fail: for a caller that
+/// must not panic (`claims::next_held_id` runs without an error guard).
+#[inline]
+pub fn try_unix_ms() -> Option<i64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -17,9 +27,9 @@ pub fn unix_ms() -> i64 {
     // directly rather than through SystemTime: this is the hot path, and
     // SystemTime adds a call and 128-bit arithmetic per ID.
     if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } == 0 {
-        ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+        Some(ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000)
     } else {
-        system_unix_ms()
+        None
     }
 }
 

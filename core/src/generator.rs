@@ -28,7 +28,10 @@
 //! another generator moved the word first, it starts over from the new
 //! word. The word only ever grows, so IDs on one worker id never repeat and
 //! each generator's IDs strictly increase, under any interleaving. A
-//! generator alone on a worker id is merely uncontended.
+//! generator alone on a worker id is merely uncontended; it may also take
+//! sequence numbers of the tick ahead in the same compare-and-swap
+//! ([`GeneratorState::next_ahead`]) and make those IDs without touching the
+//! word ([`GeneratorState::next_held`]): nobody else issues below the word.
 
 use crate::layout::Layout;
 use std::fmt;
@@ -343,6 +346,37 @@ impl GeneratorState {
         clock: &mut impl Clock,
         position: &impl SharedPosition,
     ) -> Result<i64, GenError> {
+        self.next_ahead(layout, worker_id, max_drift_ms, clock, position, None, 0)
+            .map(|(id, _)| id)
+    }
+
+    /// [`Self::next_shared`], with two more inputs:
+    ///
+    /// - `seen`: a word and then a clock reading (Unix ms), read in that
+    ///   order just before, for the first attempt (the caller read them
+    ///   for [`Self::next_held`]); `None` reads both.
+    /// - `ahead`: the compare-and-swap that publishes the ID's position
+    ///   also takes up to `ahead` more sequence numbers of its tick (never
+    ///   the last of the tick, so that only an issued ID uses a tick's
+    ///   sequence up). Returns the ID and `held`, the last sequence number
+    ///   the word now holds for this generator: the positions from the
+    ///   ID's to `(last_tick, held)` are this generator's alone, since
+    ///   every other generator issues only above a word it read and moved
+    ///   by compare-and-swap, and the word only grows. [`Self::next_held`]
+    ///   issues them without touching the word. With `ahead` 0, `held` is
+    ///   the ID's own sequence number: nothing is held.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub fn next_ahead(
+        &mut self,
+        layout: &Layout,
+        worker_id: u32,
+        max_drift_ms: i64,
+        clock: &mut impl Clock,
+        position: &impl SharedPosition,
+        mut seen: Option<(i64, i64)>,
+        ahead: u32,
+    ) -> Result<(i64, u32), GenError> {
         let max_drift = layout.whole_ticks(max_drift_ms);
         loop {
             // The word first, then the clock: whoever moved the word to
@@ -352,23 +386,23 @@ impl GeneratorState {
             // preempted between the two reads would compare the others'
             // fresh positions with its stale clock and fail as if the clock
             // had gone back.
-            let current = position.load();
-            let now_ms = clock.now_ms();
+            let (current, now_ms) = match seen.take() {
+                Some(seen) => seen,
+                None => {
+                    let current = position.load();
+                    (current, clock.now_ms())
+                }
+            };
+            let now = layout.tick_at(now_ms);
             let mut newest = i64::MIN;
-            let (step, next) = self.attempt(
-                layout,
-                worker_id,
-                current,
-                layout.tick_at(now_ms),
-                max_drift,
-                || {
-                    newest = clock.server_newest_tick();
-                    newest
-                },
-            );
+            let (step, next) = self.attempt(layout, worker_id, current, now, max_drift, || {
+                newest = clock.server_newest_tick();
+                newest
+            });
             match step {
                 Ok(Step::Issue(id)) => {
-                    if !position.compare_exchange(current, next.word(layout)) {
+                    let held = next.held_after(layout, ahead);
+                    if !position.compare_exchange(current, pack(layout, next.last_tick, held)) {
                         continue;
                     }
                     if next.last_tick != current >> layout.sequence_bits && next.last_tick > newest
@@ -376,7 +410,7 @@ impl GeneratorState {
                         clock.publish_newest_tick(next.last_tick);
                     }
                     *self = next;
-                    return Ok(id);
+                    return Ok((id, held));
                 }
                 Ok(Step::WaitUntil(tick)) => {
                     // Keep the clock observation; the position is re-read.
@@ -392,6 +426,49 @@ impl GeneratorState {
                 }
             }
         }
+    }
+
+    /// The last sequence number of `last_tick` to take with the ID just
+    /// made (see [`Self::next_ahead`]): up to `ahead` more, below the
+    /// tick's last.
+    #[inline(always)]
+    fn held_after(&self, layout: &Layout, ahead: u32) -> u32 {
+        let below_last = layout.max_sequence().saturating_sub(1);
+        if self.sequence < below_last {
+            self.sequence.saturating_add(ahead).min(below_last)
+        } else {
+            self.sequence
+        }
+    }
+
+    /// The next ID's sequence number without the shared word, when this
+    /// generator already holds it: `held` (what [`Self::next_ahead`]
+    /// returned) is above the last sequence number, and the clock (`now`,
+    /// in ticks) is at the last ID's tick or behind it within `max_drift`
+    /// ticks (a tick borrowed ahead of the clock), and not behind the last
+    /// reading. Then [`Self::step`] would make exactly this ID in the same
+    /// tick: no server-wide tick to read (no new tick, nothing used up:
+    /// `held` is below the tick's last sequence number, and the clock did
+    /// not go back), a drift within the bound and not above the largest
+    /// recorded (it is at most the drift of the last ID, whose clock
+    /// reading was not later), and a position the word already holds for
+    /// this generator. `None`: go through the word ([`Self::next_ahead`]).
+    ///
+    /// `held` is valid only for the state [`Self::next_ahead`] returned it
+    /// with, as this method advances it: after anything else changes the
+    /// state (an error, a wait, a floor), pass 0.
+    #[inline(always)]
+    pub fn next_held(&mut self, now: i64, held: u32, max_drift: i64) -> Option<u32> {
+        // No arithmetic that can overflow or panic: `claims` calls this
+        // without an error guard.
+        let drift = self.last_tick.saturating_sub(now);
+        if drift < 0 || drift > max_drift || now < self.last_seen || self.sequence >= held {
+            return None;
+        }
+        self.sequence += 1;
+        self.ids_issued += 1;
+        self.last_seen = now;
+        Some(self.sequence)
     }
 }
 
@@ -864,6 +941,203 @@ pub(crate) mod tests {
             floor_word(&l, i64::MAX / 2),
             pack(&l, l.max_ticks(), l.max_sequence())
         );
+    }
+
+    /// `next_ahead` with sequence numbers taken ahead, then `next_held`
+    /// while the clock stays in the tick, as `claims` runs them.
+    #[allow(clippy::too_many_arguments)]
+    fn next_fast(
+        g: &mut GeneratorState,
+        held: &mut u32,
+        l: &Layout,
+        worker: u32,
+        max_drift_ms: i64,
+        c: &mut impl Clock,
+        position: &impl SharedPosition,
+        ahead: u32,
+    ) -> Result<i64, GenError> {
+        let word = position.load();
+        let now_ms = c.now_ms();
+        if let Some(sequence) = g.next_held(l.tick_at(now_ms), *held, l.whole_ticks(max_drift_ms)) {
+            return Ok(l.compose_unchecked(g.last_tick, worker, sequence));
+        }
+        let made = g.next_ahead(
+            l,
+            worker,
+            max_drift_ms,
+            c,
+            position,
+            Some((word, now_ms)),
+            ahead,
+        );
+        *held = made.map_or(0, |(_, h)| h);
+        made.map(|(id, _)| id)
+    }
+
+    #[test]
+    fn held_ids_are_the_ids_the_word_would_have_made() {
+        // Alone on a worker id, taking sequence numbers ahead changes no ID
+        // and no counter: only how often the word is written.
+        // 40 IDs per ms: within a js53 tick; 97: js53 borrows ticks ahead
+        // (and, with 5 ms of drift allowed, waits).
+        for (name, per_ms) in [("classic", 40), ("js53", 40), ("classic", 97), ("js53", 97)] {
+            let l = layout(name);
+            let mut plain = GeneratorState::new(&l);
+            let mut fast = GeneratorState::new(&l);
+            let mut held = 0;
+            let position = std::cell::Cell::new(-1);
+            let mut c1 = FakeClock { ms: NOW, slept: 0 };
+            let mut c2 = FakeClock { ms: NOW, slept: 0 };
+            let mut writes = 0;
+            for i in 0..5000 {
+                if i % per_ms == 0 {
+                    c1.ms += 1;
+                    c2.ms += 1;
+                }
+                let a = plain.next_id(&l, 2, 5, &mut c1).unwrap();
+                let before = position.get();
+                let b = next_fast(&mut fast, &mut held, &l, 2, 5, &mut c2, &position, 7).unwrap();
+                writes += u32::from(position.get() != before);
+                assert_eq!(a, b, "{name}, ID {i}");
+                assert_eq!(plain, fast, "{name}, ID {i}");
+                assert_eq!(c1.ms, c2.ms);
+                // The word holds at least the last ID, never a tick's last
+                // sequence number that was not issued.
+                assert!(position.get() >= plain.word(&l));
+                let (_, s) = unpack(&l, position.get());
+                assert!(s < l.max_sequence() || plain.sequence == l.max_sequence());
+            }
+            assert!(writes < 5000 / 4, "{name}: {writes} writes of the word");
+        }
+    }
+
+    #[test]
+    fn a_sharer_continues_above_the_ids_another_generator_holds() {
+        let l = layout("js53"); // 64 IDs per ms
+        let position = std::cell::Cell::new(-1);
+        let mut a = GeneratorState::new(&l);
+        let mut b = GeneratorState::new(&l);
+        let (mut held_a, mut held_b) = (0, 0);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let first = next_fast(&mut a, &mut held_a, &l, 1, 2, &mut c, &position, 10).unwrap();
+        assert_eq!(l.decode(first).unwrap().sequence, 0);
+        assert_eq!(held_a, 10);
+        // b starts sharing: its IDs go on above a's held ones, in the tick.
+        let x = next_fast(&mut b, &mut held_b, &l, 1, 2, &mut c, &position, 0).unwrap();
+        assert_eq!(l.decode(x).unwrap().sequence, 11);
+        assert_eq!(held_b, 11, "with nothing ahead, nothing is held");
+        // Both go on; every ID differs, each generator's increase.
+        let mut ids = vec![first, x];
+        let (mut last_a, mut last_b) = (first, x);
+        for i in 0..300 {
+            if i % 50 == 49 {
+                c.ms += 1;
+            }
+            let id = next_fast(&mut a, &mut held_a, &l, 1, 2, &mut c, &position, 10).unwrap();
+            assert!(id > last_a);
+            last_a = id;
+            ids.push(id);
+            let id = next_fast(&mut b, &mut held_b, &l, 1, 2, &mut c, &position, 0).unwrap();
+            assert!(id > last_b);
+            last_b = id;
+            ids.push(id);
+        }
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "an ID twice");
+    }
+
+    #[test]
+    fn nothing_is_held_after_an_error_or_in_another_tick() {
+        let l = layout("classic");
+        let position = std::cell::Cell::new(-1);
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        let (_, held) = g
+            .next_ahead(&l, 1, 10, &mut c, &position, None, 20)
+            .unwrap();
+        assert_eq!(held, 20);
+        // Another tick: through the word (a new tick, or the clock back).
+        assert_eq!(g.next_held(l.tick_at(NOW + 1), held, 10), None);
+        assert_eq!(g.next_held(l.tick_at(NOW - 1), held, 10), None);
+        // The held ones, then no more.
+        for s in 1..=20 {
+            assert_eq!(g.next_held(l.tick_at(NOW), held, 10), Some(s));
+        }
+        assert_eq!(g.next_held(l.tick_at(NOW), held, 10), None);
+        assert_eq!(g.ids_issued, 21);
+        // An error leaves the word's position in the state: a stale `held`
+        // must not be used (callers pass 0), and 0 holds nothing.
+        c.ms -= 60_000;
+        assert!(g
+            .next_ahead(&l, 1, 10, &mut c, &position, None, 20)
+            .is_err());
+        assert_eq!(g.next_held(g.last_tick, 0, 10), None);
+    }
+
+    #[test]
+    fn held_ids_in_a_borrowed_tick_keep_to_the_drift_bound() {
+        let l = layout("js53"); // 64 IDs per ms
+        let position = std::cell::Cell::new(-1);
+        let mut g = GeneratorState::new(&l);
+        let mut c = FakeClock { ms: NOW, slept: 0 };
+        // Use up the clock's tick: the next ID borrows the next one.
+        for _ in 0..64 {
+            g.next_ahead(&l, 1, 10, &mut c, &position, None, 0).unwrap();
+        }
+        let (_, held) = g
+            .next_ahead(&l, 1, 10, &mut c, &position, None, 20)
+            .unwrap();
+        let now = l.tick_at(NOW);
+        assert_eq!(
+            (g.last_tick, g.sequence, held, g.max_drift),
+            (now + 1, 0, 20, 1)
+        );
+        // One tick ahead: within a bound of 1, not of 0.
+        assert_eq!(g.next_held(now, held, 0), None);
+        assert_eq!(g.next_held(now, held, 1), Some(1));
+        // The clock reached the borrowed tick: no drift; then it went back.
+        assert_eq!(g.next_held(now + 1, held, 0), Some(2));
+        assert_eq!(g.next_held(now, held, 1), None, "the clock went back");
+        assert_eq!((g.ids_issued, g.max_drift, g.clock_backward), (67, 1, 0));
+    }
+
+    #[test]
+    fn threads_holding_ids_ahead_never_repeat_an_id() {
+        let l = layout("js53"); // 64 IDs per ms: plenty of contention
+        let position = Atomic(std::sync::atomic::AtomicI64::new(-1));
+        let per_thread = 20_000;
+        let all: Vec<Vec<i64>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4u32)
+                .map(|t| {
+                    let (l, position) = (&l, &position);
+                    scope.spawn(move || {
+                        let mut g = GeneratorState::new(l);
+                        let mut held = 0;
+                        let mut c = SystemClock;
+                        (0..per_thread)
+                            .map(|i| {
+                                // Some threads hold ahead, some not, some
+                                // switch (a sharer arriving and leaving).
+                                let ahead = if (t + i / 1000) % 2 == 0 { 13 } else { 0 };
+                                next_fast(&mut g, &mut held, l, 9, 50, &mut c, position, ahead)
+                                    .unwrap()
+                            })
+                            .collect::<Vec<i64>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut every = std::collections::HashSet::new();
+        for ids in &all {
+            assert!(ids.windows(2).all(|w| w[0] < w[1]), "each thread increases");
+            for &id in ids {
+                assert!(every.insert(id), "id {id} twice");
+            }
+        }
+        assert_eq!(every.len(), 4 * per_thread as usize);
     }
 
     /// A real atomic shared by real threads on the real clock.

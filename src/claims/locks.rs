@@ -99,13 +99,11 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
     // Publish the newest state when we can. If CLAIM is still borrowed (a
     // FATAL error inside `generate`), the slot already covers every ID a
     // client received: `generate` publishes before it returns.
-    let _ = CLAIM.try_with(|claim| {
-        if let Ok(mut claim) = claim.try_borrow_mut() {
-            if let Some(mut claim) = claim.take() {
-                claim.publish();
-            }
+    if let Ok(mut claim) = CLAIM.0.try_borrow_mut() {
+        if let Some(mut claim) = claim.take() {
+            claim.publish();
         }
-    });
+    }
     release_slot(header, worker_id, slot);
 }
 

@@ -2,7 +2,10 @@
 //! and keeps it until it exits. Several backends may share one worker id:
 //! its generator position is one word in shared memory advanced by
 //! compare-and-swap (see `generator` and `shmem`), so a backend alone on an
-//! id is merely uncontended.
+//! id is merely uncontended. A backend alone on its id takes up to [`AHEAD`]
+//! sequence numbers of the tick ahead with each compare-and-swap and makes
+//! those IDs without touching the word (`GeneratorState::next_held`); a
+//! session that starts sharing the id meanwhile continues above them.
 //!
 //! Which id a claim takes: the free id (no session holds it) released
 //! longest ago, so a freshly released id is reused last; when no id of the
@@ -48,9 +51,10 @@ use crate::errors;
 use crate::settings;
 use crate::shmem::{self, Header, Holder, Slot};
 use snowflake_core::clock_behind::{self, Cause};
-use snowflake_core::generator::{GenError, GeneratorState};
+use snowflake_core::generator::{Clock, GenError, GeneratorState, SharedPosition};
 use snowflake_core::layout::Layout;
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// This backend's claim.
 struct Claim {
@@ -70,10 +74,41 @@ struct Claim {
     backward_at_issue: u64,
     /// The slot's `lease_epoch` when claimed.
     epoch: u64,
+    /// The last sequence number of `state.last_tick` that the slot's
+    /// position holds for this claim beyond its last ID (see
+    /// `GeneratorState::next_ahead`): the IDs up to it are made without
+    /// touching the position. 0: none (reset whenever the generator's state
+    /// changes otherwise).
+    held: u32,
+    /// The ID of `state.last_tick` with sequence number 0 (valid while
+    /// `held` is not 0).
+    id_base: i64,
+    /// The layout (a postmaster setting), for [`next_held_id`].
+    layout: &'static Layout,
 }
 
+/// A backend's own state in a plain static. PostgreSQL runs a backend's
+/// SQL on one thread (pgrx refuses calls from any other), and only SQL
+/// functions and the backend's exit callback reach these; a
+/// `thread_local!` would cost a call to `__tls_get_addr` on every access
+/// (PostgreSQL loads the library with dlopen: general-dynamic TLS).
+struct BackendLocal<T>(T);
+
+// SAFETY: only the backend's main thread runs the code that uses it (see
+// above); nothing in the extension starts threads that touch it.
+unsafe impl<T> Sync for BackendLocal<T> {}
+
+/// This backend's claim.
+static CLAIM: BackendLocal<RefCell<Option<Claim>>> = BackendLocal(RefCell::new(None));
+
+/// Sequence numbers a claim takes ahead when it is alone on its worker id
+/// (see `Claim::held`): the IDs of a tick then cost one compare-and-swap per
+/// this many, not one each. A session that starts sharing the id meanwhile
+/// continues above them in the same tick (they are at most 1/64 of a
+/// classic tick's sequence), and a claim takes none while the id is shared.
+const AHEAD: u32 = 63;
+
 thread_local! {
-    static CLAIM: RefCell<Option<Claim>> = const { RefCell::new(None) };
     /// The slot this backend holds, kept apart from `CLAIM` so that the exit
     /// callback can release it even while `CLAIM` is borrowed: a FATAL error
     /// (e.g. pg_terminate_backend while a claim waits for a lease) exits
@@ -90,6 +125,18 @@ impl Claim {
     fn publish(&mut self) {
         self.slot
             .publish_counters(&self.state, &mut self.published, self.holder);
+    }
+
+    /// [`Claim::publish`] after held IDs only: they changed nothing but the
+    /// count.
+    #[inline(always)]
+    fn publish_count(&mut self) {
+        if let Some(holder) = self.holder {
+            holder.ids_issued.store(self.state.ids_issued, Relaxed);
+            self.published.ids_issued = self.state.ids_issued;
+        } else {
+            self.publish();
+        }
     }
 }
 
@@ -126,11 +173,79 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
     let header = require_shared(function);
     let layout = settings::layout();
     let max_drift_ms = settings::max_drift_ms();
-    let made =
-        CLAIM.with_borrow_mut(|held| make_ids(held, header, layout, max_drift_ms, 0, n, &mut emit));
+    let made = make_ids(
+        &mut CLAIM.0.borrow_mut(),
+        header,
+        layout,
+        max_drift_ms,
+        0,
+        n,
+        None,
+        &mut emit,
+    );
     if made < n {
         resume_after_interrupt(header, layout, max_drift_ms, made, n, emit);
     }
+}
+
+/// One ID for `snowflake_nextval()` from the sequence numbers this
+/// backend's claim already holds in its worker id's position
+/// (`Claim::held`): no compare-and-swap, no lock, no reservation to extend
+/// (the tick is the last ID's), and nothing that can raise an error or
+/// panic (no PostgreSQL call but reading a setting's variable, no
+/// allocation, no arithmetic that can overflow), so its caller needs no
+/// error guard. `Err` when the claim holds none for the clock's reading
+/// (or there is no claim yet): then the word and the clock reading it
+/// made, in that order, for [`generate_one`] (`None`: read them again).
+#[inline(always)]
+pub fn next_held_id() -> Result<i64, Option<(i64, i64)>> {
+    let Ok(mut held) = CLAIM.0.try_borrow_mut() else {
+        return Err(None);
+    };
+    let Some(claim) = held.as_mut() else {
+        return Err(None);
+    };
+    // The lease bound as `make_ids` reads it: the limit, then the epoch.
+    let (limit, epoch) = claim.slot.lease_view();
+    let word = claim.slot.load();
+    let Some(now_ms) = crate::clock::try_unix_ms() else {
+        return Err(None);
+    };
+    if claim.state.last_tick <= limit && epoch == claim.epoch {
+        let layout = claim.layout;
+        if let Some(sequence) = claim.state.next_held(
+            layout.tick_at(now_ms),
+            claim.held,
+            layout.whole_ticks(settings::max_drift_ms()),
+        ) {
+            claim.publish_count();
+            return Ok(claim.id_base | i64::from(sequence));
+        }
+    }
+    Err(Some((word, now_ms)))
+}
+
+/// [`generate`] of one ID, starting from what [`next_held_id`] read.
+#[inline(always)]
+pub fn generate_one(function: &str, seen: Option<(i64, i64)>) -> i64 {
+    let header = require_shared(function);
+    let layout = settings::layout();
+    let max_drift_ms = settings::max_drift_ms();
+    let mut id = 0;
+    let made = make_ids(
+        &mut CLAIM.0.borrow_mut(),
+        header,
+        layout,
+        max_drift_ms,
+        0,
+        1,
+        seen,
+        &mut |v| id = v,
+    );
+    if made < 1 {
+        resume_after_interrupt(header, layout, max_drift_ms, made, 1, |v| id = v);
+    }
+    id
 }
 
 /// A cancel, timeout or terminate came while the generator waited for the
@@ -149,11 +264,16 @@ fn resume_after_interrupt(
 ) {
     while made < n {
         crate::clock::handle_interrupts();
-        // Another closure than `generate`'s, so that each `with_borrow_mut`
-        // is called once and inlined.
-        made = CLAIM.with_borrow_mut(|held| {
-            make_ids(held, header, layout, max_drift_ms, made, n, &mut emit)
-        });
+        made = make_ids(
+            &mut CLAIM.0.borrow_mut(),
+            header,
+            layout,
+            max_drift_ms,
+            made,
+            n,
+            None,
+            &mut emit,
+        );
     }
 }
 
@@ -161,6 +281,7 @@ fn resume_after_interrupt(
 /// `made`th to the `n`th, until all are made or a wait for the clock is
 /// interrupted (the interrupt not handled yet). Returns how many are made
 /// then (`n` unless interrupted), every one covered by the reservation.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn make_ids(
     held: &mut Option<Claim>,
@@ -169,6 +290,7 @@ fn make_ids(
     max_drift_ms: i64,
     made: usize,
     n: usize,
+    mut seen: Option<(i64, i64)>,
     emit: &mut impl FnMut(i64),
 ) -> usize {
     let mut i = made;
@@ -184,14 +306,49 @@ fn make_ids(
     // none from a claim the lease worker has since re-leased.
     let (mut limit, epoch) = claim.slot.lease_view();
     let mut current = epoch == claim.epoch;
+    // Whether an ID went through the position (a new tick, or the tick's
+    // held sequence numbers used up): only then can the counters other than
+    // the count, and the reservation, need anything.
+    let mut through_word = false;
     while i < n {
-        match claim.state.next_shared(
+        // The word, then the clock (see `next_ahead`), read once for both
+        // paths (or by `next_held_id` just before).
+        let (word, now_ms) = match seen.take() {
+            Some(seen) => seen,
+            None => {
+                let word = claim.slot.load();
+                (word, clock.now_ms())
+            }
+        };
+        if claim.state.last_tick <= limit && current {
+            if let Some(sequence) = claim.state.next_held(
+                layout.tick_at(now_ms),
+                claim.held,
+                layout.whole_ticks(max_drift_ms),
+            ) {
+                emit(claim.id_base | i64::from(sequence));
+                i += 1;
+                continue;
+            }
+        }
+        through_word = true;
+        // Take sequence numbers ahead only while alone on the id.
+        let ahead = if claim.slot.sessions.load(Relaxed) <= 1 {
+            AHEAD
+        } else {
+            0
+        };
+        let made = claim.state.next_ahead(
             layout,
             claim.worker_id,
             max_drift_ms,
             &mut clock,
             claim.slot,
-        ) {
+            Some((word, now_ms)),
+            ahead,
+        );
+        claim.held = 0;
+        match made {
             Ok(_) if claim.state.last_tick > limit || !current => {
                 claim = move_to_another_id(header, held);
                 let (new_limit, epoch) = claim.slot.lease_view();
@@ -199,7 +356,9 @@ fn make_ids(
                 current = epoch == claim.epoch;
                 continue;
             }
-            Ok(id) => {
+            Ok((id, held_to)) => {
+                claim.held = held_to;
+                claim.id_base = id - i64::from(claim.state.sequence);
                 emit(id);
                 i += 1;
             }
@@ -216,13 +375,19 @@ fn make_ids(
         claim.fresh_floor = None;
     }
     if i > made {
-        claim.backward_at_issue = claim.state.clock_backward;
-        claim.publish();
-        reservation::reserve(
-            header,
-            layout.tick_start_unix_ms(claim.state.last_tick),
-            layout,
-        );
+        if through_word {
+            claim.backward_at_issue = claim.state.clock_backward;
+            claim.publish();
+            reservation::reserve(
+                header,
+                layout.tick_start_unix_ms(claim.state.last_tick),
+                layout,
+            );
+        } else {
+            // Only held IDs, of a tick already reserved, with no counter
+            // but the count changed.
+            claim.publish_count();
+        }
     }
     i
 }
@@ -294,5 +459,5 @@ impl Claim {
 
 /// The worker id this backend holds, if any.
 pub fn my_worker_id() -> Option<u32> {
-    CLAIM.with_borrow(|claim| claim.as_ref().map(|c| c.worker_id))
+    CLAIM.0.borrow().as_ref().map(|c| c.worker_id)
 }

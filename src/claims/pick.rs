@@ -4,7 +4,7 @@
 
 use crate::errors;
 use crate::settings;
-use crate::shmem::{self, Header, Slot};
+use crate::shmem::{self, Header, LeaseMode, Slot};
 use pgrx::pg_sys;
 use snowflake_core::generator::{floor_word, unpack, GeneratorState};
 use snowflake_core::layout::Layout;
@@ -58,7 +58,7 @@ fn wait_for_lease(header: &Header, waited_ms: &mut i64) {
         unsafe { pg_sys::SetLatch(latch) };
     }
     let unreachable_since = lease.unreachable_since_ms.load(Acquire);
-    let decided = lease.mode.load(Acquire) != shmem::MODE_UNDECIDED;
+    let decided = lease.mode(Acquire) != LeaseMode::Undecided;
     // Known unreachable with nothing held: fail soon, not after 30 s (but
     // not at once either: the worker may be reconnecting this moment).
     let give_up = *waited_ms >= LEASE_WAIT_MS
@@ -119,7 +119,7 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
     let _guard = header.lock(true);
     let (worker_id, shared) = match pick_worker(slots, &ranges, layout) {
         Some(pick) => pick,
-        None if header.lease.mode.load(Acquire) != shmem::MODE_LOCAL => return None,
+        None if header.lease.mode(Acquire) != LeaseMode::Local => return None,
         None => {
             let held = ranges
                 .iter()
@@ -188,6 +188,9 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
         state,
         fresh_floor: (floor > before).then_some(floor_ms),
         epoch: slot.lease_epoch.load(Relaxed),
+        held: 0,
+        id_base: 0,
+        layout,
     })
 }
 

@@ -15,7 +15,9 @@
 //! - A slot's `position` (tick and sequence of the worker id's last ID, one
 //!   word, see `generator::pack`) is shared by every session holding the
 //!   id: read relaxed and advanced only by compare-and-swap, so it only
-//!   grows; a claim raises it to the floor with `fetch_max`. Its counters
+//!   grows (a session alone on the id may take sequence numbers of the
+//!   tick ahead of its last ID with it, see `claims`); a claim raises it to
+//!   the floor with `fetch_max`. Its counters
 //!   (`ids_issued` ..) are sums of what each holder publishes (`fetch_add`,
 //!   `fetch_max` for `max_drift`), no lock. Others read them only to report.
 //! - A [`Holder`] entry's `pid` and `worker_id` change under `Header::lock`
@@ -151,10 +153,8 @@ impl TryFrom<u8> for LeaseMode {
     }
 }
 
-// The modes as bytes, for the code that still stores and compares the byte
-// itself (the lease worker, the claims); other code uses `LeaseMode`.
-pub const MODE_LOCAL: u8 = LeaseMode::Local as u8;
-pub const MODE_UNDECIDED: u8 = LeaseMode::Undecided as u8;
+// The modes a lease file's target records, as the byte the file keeps
+// (`lease_worker::file`); shared memory is read and written as `LeaseMode`.
 pub const MODE_REGISTRY: u8 = LeaseMode::Registry as u8;
 pub const MODE_CITUS: u8 = LeaseMode::Citus as u8;
 
@@ -254,7 +254,8 @@ pub struct Slot {
     /// The holder's application_name, NUL-padded (NAMEDATALEN bytes).
     pub application_name: ShmText<APPLICATION_NAME_LEN>,
     // Generator fields: see the locking rules.
-    /// The position of the last ID (`generator::pack`), -1 before any.
+    /// The position of the last ID (`generator::pack`), or up to
+    /// `claims::AHEAD` sequence numbers of its tick beyond it; -1 before any.
     pub position: AtomicI64,
     pub ids_issued: AtomicU64,
     pub sequence_exhausted: AtomicU64,

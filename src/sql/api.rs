@@ -38,13 +38,62 @@ pub(crate) fn to_unix_ms(ts: TimestampWithTimeZone, layout: &Layout) -> i64 {
 /// whatever `n` the caller asks for.
 const CHUNK: usize = 4096;
 
-/// A new ID from this backend's worker id.
-#[pg_extern(volatile, parallel_unsafe)]
-fn snowflake_nextval() -> i64 {
-    let mut id = 0;
-    claims::generate("snowflake_nextval", 1, |v| id = v);
-    id
+/// A new ID from this backend's worker id: `snowflake_nextval()`.
+///
+/// A version-1 function of its own rather than `#[pg_extern]`'s wrapper:
+/// most calls take an ID the claim already holds
+/// ([`claims::next_held_id`]), which can neither raise an error nor panic,
+/// so they run without pgrx's guard (catch_unwind, its thread check, the
+/// memory context switch); everything else goes through
+/// [`nextval_shared`], guarded. This frame holds nothing to drop while it
+/// calls that (the fast path's borrow of the claim has ended), so an ERROR
+/// re-thrown from there may longjmp over it, as over pgrx's own wrappers.
+/// The symbol and the SQL declaration are the ones `#[pg_extern]` made,
+/// which every install and upgrade script names.
+///
+/// # Safety
+///
+/// Called by PostgreSQL's fmgr with a valid `fcinfo`, as declared below.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn snowflake_nextval_wrapper(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    let id = match claims::next_held_id() {
+        Ok(id) => id,
+        Err(Some((word, now_ms))) => nextval_shared(word, now_ms, true),
+        Err(None) => nextval_shared(0, 0, false),
+    };
+    // SAFETY: fmgr passes a valid fcinfo (see above).
+    unsafe { (*fcinfo).isnull = false };
+    pg_sys::Datum::from(id)
 }
+
+/// fmgr's version-1 record for [`snowflake_nextval_wrapper`].
+#[unsafe(no_mangle)]
+pub extern "C" fn pg_finfo_snowflake_nextval_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// `snowflake_nextval()` through the position (a new tick, no ID held, no
+/// claim yet), under pgrx's guard: a Rust panic or a PostgreSQL ERROR in
+/// here reaches PostgreSQL as an ERROR. `seen`: `word` and `now_ms` are
+/// what [`claims::next_held_id`] read.
+#[cold]
+#[inline(never)]
+#[pg_guard]
+extern "C-unwind" fn nextval_shared(word: i64, now_ms: i64, seen: bool) -> i64 {
+    claims::generate_one("snowflake_nextval", seen.then_some((word, now_ms)))
+}
+
+extension_sql!(
+    r#"CREATE  FUNCTION "snowflake_nextval"() RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_nextval_wrapper';
+"#,
+    name = "snowflake_nextval",
+);
 
 /// `n` new IDs at once (1 to 1,000,000), in increasing order.
 ///

@@ -193,3 +193,42 @@ def test_sharers_of_one_id_interleave_without_repeating(make_cluster):
     finally:
         for conn in conns:
             conn.close()
+
+
+def test_a_sharer_arriving_while_the_first_session_holds_ids_ahead(make_cluster):
+    """A session alone on its worker id takes sequence numbers ahead in the
+    id's position (63 beyond each ID it makes through the position) and
+    makes those IDs without touching it; a session that starts sharing the
+    id meanwhile continues above them in the same tick, takes none ahead,
+    and the first goes on with the ones it holds, then above the sharer's.
+    One-minute ticks, so that the test's IDs fall in one or two."""
+    c = make_cluster(settings={"snowflake_id.worker_ids": "5",
+                               "snowflake_id.time_unit_ms": 60_000},
+                     create_extension=True)
+    with c.connect() as a, c.connect() as b:
+        nextval = "SELECT snowflake_nextval()"
+        ids_a = [a.execute(nextval).fetchone()[0] for _ in range(3)]
+        ids_b = []
+        for _ in range(100):
+            ids_b.append(b.execute(nextval).fetchone()[0])
+            ids_a.append(a.execute(nextval).fetchone()[0])
+        every = ids_a + ids_b
+        assert len(set(every)) == len(every) == 203
+        assert {worker_of(i) for i in every} == {5}
+        assert_strictly_increasing(ids_a, "a")
+        assert_strictly_increasing(ids_b, "b")
+
+        def tick(i):
+            return i >> 22
+
+        def seq(i):
+            return i & 4095
+
+        if tick(ids_b[0]) == tick(ids_a[0]) == tick(ids_a[3]):
+            # b's first ID is above a's first and the 63 a held with it;
+            # a's next ones are those it held, below b's.
+            assert seq(ids_b[0]) == seq(ids_a[0]) + 64, (ids_a[:4], ids_b[0])
+            assert [seq(i) - seq(ids_a[0]) for i in ids_a[:4]] == [0, 1, 2, 3]
+            assert ids_a[3] < ids_b[0]
+        assert c.sql("SELECT sessions, ids_issued FROM snowflake_workers "
+                     "WHERE worker_id = 5") == [(2, 203)]

@@ -8,7 +8,7 @@ use super::target::conninfo_quote;
 use super::{Target, Worker};
 
 use crate::settings;
-use crate::shmem::{self, MODE_CITUS, MODE_LOCAL, NO_LEASE};
+use crate::shmem::{LeaseMode, MODE_CITUS, NO_LEASE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -46,10 +46,10 @@ impl Worker {
             Err(problem) => {
                 // Which cluster this node is in is not known: no local
                 // mode (a registry already found stays in use).
-                if self.file.target.is_none() && self.header.lease.mode.load(Relaxed) == MODE_LOCAL
+                if self.file.target.is_none() && self.header.lease.mode(Relaxed) == LeaseMode::Local
                 {
                     set_all_limits(self.header, NO_LEASE);
-                    self.header.lease.mode.store(shmem::MODE_UNDECIDED, Release);
+                    self.header.lease.set_mode(LeaseMode::Undecided, Release);
                 }
                 self.set_problem(Problem::Citus(problem))
             }

@@ -6,7 +6,7 @@ use super::host::{set_all_limits, ShmHost};
 use super::{Target, Worker};
 
 use crate::settings;
-use crate::shmem::{self, MODE_LOCAL, MODE_REGISTRY, NO_LEASE};
+use crate::shmem::{LeaseMode, MODE_REGISTRY, NO_LEASE};
 use crate::workers::registry_client;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 
@@ -22,9 +22,7 @@ pub(super) fn configured_target() -> Option<Target> {
 impl Worker {
     /// Switches to `target` (`None`: this server's own worker_ids).
     pub(super) fn set_target(&mut self, target: Option<Target>) {
-        if self.file.target == target
-            && self.header.lease.mode.load(Relaxed) != shmem::MODE_UNDECIDED
-        {
+        if self.file.target == target && self.header.lease.mode(Relaxed) != LeaseMode::Undecided {
             return;
         }
         // Another registry: nothing held from the old one is used again.
@@ -40,16 +38,19 @@ impl Worker {
         match &target {
             Some(t) => {
                 lease.registry.set(&t.display);
-                if lease.mode.load(Relaxed) == MODE_LOCAL {
+                if lease.mode(Relaxed) == LeaseMode::Local {
                     set_all_limits(self.header, NO_LEASE);
                 }
-                lease.mode.store(t.mode, Release);
+                lease.set_mode(
+                    LeaseMode::try_from(t.mode).unwrap_or(LeaseMode::Undecided),
+                    Release,
+                );
                 pgrx::log!("snowflake_id lease: leasing worker ids from {}", t.display);
             }
             None => {
                 lease.registry.set("");
                 set_all_limits(self.header, i64::MAX);
-                lease.mode.store(MODE_LOCAL, Release);
+                lease.set_mode(LeaseMode::Local, Release);
             }
         }
         self.file.target = target;
