@@ -24,11 +24,14 @@
 //! never poisoned when a PostgreSQL error unwinds through it), never
 //! `static mut`. Three exceptions, each for a reason: values written once
 //! while loading and then borrowed for the life of the process are
-//! `OnceLock`s (the layout, libpq's symbols); a flag a signal handler sets is
-//! an atomic (a lock is not async-signal-safe); and the claim of the hot
-//! path stays in a `thread_local!` `RefCell` (no atomic instruction per ID,
-//! and a FATAL exit that skips unwinding leaves it borrowed, which the exit
-//! callback sees with `try_with`, where a held lock would deadlock it).
+//! `OnceLock`s (the configuration the load phase decided, libpq's symbols);
+//! a flag a signal handler sets is an atomic (a lock is not
+//! async-signal-safe); and the claim of the hot path stays in a `RefCell`
+//! in a plain static (`claims::BackendLocal`: a backend runs its SQL on one
+//! thread; no atomic instruction per ID, no `__tls_get_addr` call as a
+//! `thread_local!` costs in a dlopen'd library, and a FATAL exit that skips
+//! unwinding leaves it borrowed, which the exit callback sees with
+//! `try_borrow_mut`, where a held lock would deadlock it).
 //! Shared memory uses PostgreSQL's LWLocks, spinlocks and atomics only
 //! (`shmem/`); the address of shared memory, set when this process
 //! attaches and read for every ID, is an `AtomicPtr`.
