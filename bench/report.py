@@ -113,7 +113,7 @@ def report_case1() -> None:
     out("  drift after: how far the newest snowflake ran ahead of the wall clock "
         "after the rep (each rep starts at 0;")
     out("  ticks are borrowed when the sequence of a tick is used up, up to "
-        "snowflake_id.max_drift = 1000 ms, then it waits).")
+        "snowflake_id.max_drift (the server line above), then it waits).")
 
 
 def report_case2() -> None:
