@@ -1130,14 +1130,20 @@ pub(crate) mod tests {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
+        assert_unique_and_increasing(&all, 4 * per_thread as usize);
+    }
+
+    /// Each thread's IDs strictly increase, no ID is made twice, and
+    /// `total` were made.
+    fn assert_unique_and_increasing(all: &[Vec<i64>], total: usize) {
         let mut every = std::collections::HashSet::new();
-        for ids in &all {
+        for ids in all {
             assert!(ids.windows(2).all(|w| w[0] < w[1]), "each thread increases");
             for &id in ids {
                 assert!(every.insert(id), "id {id} twice");
             }
         }
-        assert_eq!(every.len(), 4 * per_thread as usize);
+        assert_eq!(every.len(), total);
     }
 
     /// A real atomic shared by real threads on the real clock.
@@ -1191,15 +1197,8 @@ pub(crate) mod tests {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        let mut every = std::collections::HashSet::new();
-        for ids in &all {
-            assert!(ids.windows(2).all(|w| w[0] < w[1]), "each thread increases");
-            for &id in ids {
-                assert!(every.insert(id), "id {id} twice");
-            }
-        }
-        assert_eq!(every.len(), 4 * per_thread);
-        let max = *every.iter().max().unwrap();
+        assert_unique_and_increasing(&all, 4 * per_thread);
+        let max = *all.iter().flatten().max().unwrap();
         let p = l.decode(max).unwrap();
         assert_eq!(position.load(), pack(&l, p.ticks, p.sequence));
     }
