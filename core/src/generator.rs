@@ -378,6 +378,9 @@ impl GeneratorState {
         ahead: u32,
     ) -> Result<(i64, u32), GenError> {
         let max_drift = layout.whole_ticks(max_drift_ms);
+        // The server's newest tick as read by an attempt that it refused:
+        // see the `ClockBehind` arm below.
+        let mut refused_at: Option<i64> = None;
         loop {
             // The word first, then the clock: whoever moved the word to
             // `current` read its clock before we read ours, so `current` is
@@ -396,7 +399,7 @@ impl GeneratorState {
             let now = layout.tick_at(now_ms);
             let mut newest = i64::MIN;
             let (step, next) = self.attempt(layout, worker_id, current, now, max_drift, || {
-                newest = clock.server_newest_tick();
+                newest = refused_at.unwrap_or_else(|| clock.server_newest_tick());
                 newest
             });
             match step {
@@ -419,6 +422,17 @@ impl GeneratorState {
                     if clock.interrupted() {
                         return Err(GenError::Interrupted);
                     }
+                }
+                // The server's newest tick is read after the clock (only
+                // when needed), so a generator preempted between the two
+                // reads compares the others' newer IDs with its stale
+                // reading. Once, read the clock again *after* that newest
+                // tick (and the word before it) and decide on the same
+                // newest tick: whoever published it read its clock before
+                // we read it, so only a clock that really went back is
+                // still refused. The stale reading is not kept.
+                Err(GenError::ClockBehind { .. }) if newest != i64::MIN && refused_at.is_none() => {
+                    refused_at = Some(newest);
                 }
                 Err(e) => {
                     *self = next;
@@ -459,11 +473,16 @@ impl GeneratorState {
     /// state (an error, a wait, a floor), pass 0.
     #[inline(always)]
     pub fn next_held(&mut self, now: i64, held: u32, max_drift: i64) -> Option<u32> {
-        // No arithmetic that can overflow or panic: `claims` calls this
-        // without an error guard.
-        let drift = self.last_tick.saturating_sub(now);
-        if drift < 0 || drift > max_drift || now < self.last_seen || self.sequence >= held {
+        // No arithmetic that can panic: `claims` calls this without an
+        // error guard. The drift, `last_tick - now`, is at least 0 once
+        // `now <= last_tick`, so below 2^64: exact as a u64 (no saturating
+        // arithmetic on the path of every ID).
+        if now > self.last_tick || now < self.last_seen || self.sequence >= held {
             return None;
+        }
+        match u64::try_from(max_drift) {
+            Ok(bound) if self.last_tick.wrapping_sub(now) as u64 <= bound => {}
+            _ => return None,
         }
         self.sequence += 1;
         self.ids_issued += 1;
@@ -790,6 +809,71 @@ pub(crate) mod tests {
                 bound: 1000
             })
         );
+    }
+
+    /// A clock of a server where the generator is preempted right after
+    /// its clock reading, while others issue IDs at the time it resumes.
+    struct PreemptedAfterClock {
+        ms: i64,
+        preempt_ms: i64,
+        newest_reads: u32,
+        layout: Layout,
+    }
+
+    impl Clock for PreemptedAfterClock {
+        fn now_ms(&mut self) -> i64 {
+            self.ms
+        }
+        fn sleep_ms(&mut self, ms: i64) {
+            self.ms += ms;
+        }
+        fn server_newest_tick(&mut self) -> i64 {
+            self.newest_reads += 1;
+            self.ms += std::mem::take(&mut self.preempt_ms);
+            self.layout.tick_at(self.ms)
+        }
+    }
+
+    #[test]
+    fn a_generator_preempted_after_its_clock_reading_is_not_behind_the_server() {
+        // Regression (hot-path attack, max_drift 0 and 2 ms, 8 sessions on
+        // two busy CPUs): the server's newest tick, read after the clock,
+        // was compared with a clock reading made stale by preemption, and
+        // the call failed with "system clock is 1 ms behind the newest
+        // snowflake ID issued on this server".
+        let l = layout("classic");
+        for (drift_ms, preempt_ms) in [(0, 1), (0, 30), (2, 3), (2, 500)] {
+            let mut c = PreemptedAfterClock {
+                ms: NOW,
+                preempt_ms,
+                newest_reads: 0,
+                layout: l,
+            };
+            let mut g = GeneratorState::new(&l);
+            let position = std::cell::Cell::new(-1);
+            let id = g.next_shared(&l, 7, drift_ms, &mut c, &position);
+            let id = id.expect("the clock read again after the newest tick is not behind it");
+            assert_eq!(l.decode(id).unwrap().ticks, l.tick_at(NOW + preempt_ms));
+            // The newest tick was read once: the second attempt decides on it.
+            assert_eq!(c.newest_reads, 1);
+            assert_eq!(g.clock_backward, 0);
+        }
+        // A clock that really is behind the server's newest ID is still
+        // refused, after one more reading.
+        let mut c = ServerClock {
+            ms: NOW - 10,
+            newest: &std::cell::Cell::new(l.tick_at(NOW)),
+            reads: 0,
+        };
+        let mut g = GeneratorState::new(&l);
+        assert_eq!(
+            g.next_shared(&l, 7, 2, &mut c, &std::cell::Cell::new(-1)),
+            Err(GenError::ClockBehind {
+                behind: 10,
+                bound: 2
+            })
+        );
+        assert_eq!(c.reads, 1);
     }
 
     #[test]
