@@ -17,20 +17,25 @@ pub fn unix_ms() -> i64 {
 
 /// [`unix_ms`], or `None` should clock_gettime fail: for a caller that
 /// must not panic (`claims::next_held_id` runs without an error guard).
-#[inline]
+///
+/// Called directly rather than through SystemTime: this is the hot path,
+/// and SystemTime adds a call and 128-bit arithmetic per ID. Wrapping
+/// arithmetic: the same as checked for any time a clock can say (within
+/// 292 million years of 1970), and it cannot panic.
+#[inline(always)]
 pub fn try_unix_ms() -> Option<i64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the timespec we own. Called
-    // directly rather than through SystemTime: this is the hot path, and
-    // SystemTime adds a call and 128-bit arithmetic per ID.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } == 0 {
-        Some(ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000)
-    } else {
-        None
+    let mut ts = std::mem::MaybeUninit::<libc::timespec>::uninit();
+    // SAFETY: clock_gettime only writes the timespec we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, ts.as_mut_ptr()) } != 0 {
+        return None;
     }
+    // SAFETY: clock_gettime returned 0, so it filled the timespec.
+    let ts = unsafe { ts.assume_init() };
+    Some(
+        ts.tv_sec
+            .wrapping_mul(1000)
+            .wrapping_add(ts.tv_nsec / 1_000_000),
+    )
 }
 
 /// [`unix_ms`] through the standard library (should clock_gettime fail).

@@ -423,6 +423,20 @@ impl Layout {
         }
     }
 
+    /// [`Self::tick_at`] of a reading of the system clock, for the hot
+    /// path: wrapping instead of saturating arithmetic, which is the same
+    /// tick for every reading within 2^62 ms of the epoch (any clock's),
+    /// and cannot panic either.
+    #[inline(always)]
+    pub fn clock_tick(&self, unix_ms: i64) -> i64 {
+        let ms = unix_ms.wrapping_sub(self.epoch_ms);
+        if self.unit_ms == 1 {
+            ms
+        } else {
+            ms.div_euclid(self.unit_ms)
+        }
+    }
+
     /// Whole ticks in `ms` milliseconds (rounded down, `ms` >= 0).
     #[inline]
     pub fn whole_ticks(&self, ms: i64) -> i64 {

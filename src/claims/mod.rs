@@ -102,11 +102,13 @@ unsafe impl<T> Sync for BackendLocal<T> {}
 static CLAIM: BackendLocal<RefCell<Option<Claim>>> = BackendLocal(RefCell::new(None));
 
 /// Sequence numbers a claim takes ahead when it is alone on its worker id
-/// (see `Claim::held`): the IDs of a tick then cost one compare-and-swap per
-/// this many, not one each. A session that starts sharing the id meanwhile
-/// continues above them in the same tick (they are at most 1/64 of a
-/// classic tick's sequence), and a claim takes none while the id is shared.
-const AHEAD: u32 = 63;
+/// (see `Claim::held`): the IDs of a tick then cost one compare-and-swap
+/// (and one call through the guarded path) per this many plus one, not one
+/// each. A session that starts sharing the id meanwhile continues above
+/// them in the same tick (they are at most 1/16 of a classic tick's
+/// sequence), and a claim takes none while the id is shared. 63 cost
+/// about 16 instructions per ID on that path (bench/profile-hotpath.md).
+const AHEAD: u32 = 255;
 
 thread_local! {
     /// The slot this backend holds, kept apart from `CLAIM` so that the exit
@@ -128,12 +130,12 @@ impl Claim {
     }
 
     /// [`Claim::publish`] after held IDs only: they changed nothing but the
-    /// count.
+    /// count. With a `holder` entry the count is stored there whole (the
+    /// slot's sum is not involved, so `published` needs no update).
     #[inline(always)]
     fn publish_count(&mut self) {
         if let Some(holder) = self.holder {
             holder.ids_issued.store(self.state.ids_issued, Relaxed);
-            self.published.ids_issued = self.state.ids_issued;
         } else {
             self.publish();
         }
@@ -180,7 +182,6 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
         max_drift_ms,
         0,
         n,
-        None,
         &mut emit,
     );
     if made < n {
@@ -193,41 +194,39 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
 /// (`Claim::held`): no compare-and-swap, no lock, no reservation to extend
 /// (the tick is the last ID's), and nothing that can raise an error or
 /// panic (no PostgreSQL call but reading a setting's variable, no
-/// allocation, no arithmetic that can overflow), so its caller needs no
-/// error guard. `Err` when the claim holds none for the clock's reading
-/// (or there is no claim yet): then the word and the clock reading it
-/// made, in that order, for [`generate_one`] (`None`: read them again).
+/// allocation, no arithmetic that can panic), so its caller needs no error
+/// guard. `None` when the claim holds none for the clock's reading (or
+/// there is no claim yet): then [`generate_one`].
+///
+/// The clock is read first, before anything of the claim: nothing else is
+/// live across that call (fewer registers to save), and the held path
+/// needs no word of the position (the ID's tick is the claim's last, and
+/// the lease bound is checked against it, not against the clock).
 #[inline(always)]
-pub fn next_held_id() -> Result<i64, Option<(i64, i64)>> {
+pub fn next_held_id() -> Option<i64> {
+    let now_ms = crate::clock::try_unix_ms()?;
     let Ok(mut held) = CLAIM.0.try_borrow_mut() else {
-        return Err(None);
+        return None;
     };
-    let Some(claim) = held.as_mut() else {
-        return Err(None);
-    };
+    let claim = held.as_mut()?;
     // The lease bound as `make_ids` reads it: the limit, then the epoch.
     let (limit, epoch) = claim.slot.lease_view();
-    let word = claim.slot.load();
-    let Some(now_ms) = crate::clock::try_unix_ms() else {
-        return Err(None);
-    };
-    if claim.state.last_tick <= limit && epoch == claim.epoch {
-        let layout = claim.layout;
-        if let Some(sequence) = claim.state.next_held(
-            layout.tick_at(now_ms),
-            claim.held,
-            layout.whole_ticks(settings::max_drift_ms()),
-        ) {
-            claim.publish_count();
-            return Ok(claim.id_base | i64::from(sequence));
-        }
+    if claim.state.last_tick > limit || epoch != claim.epoch {
+        return None;
     }
-    Err(Some((word, now_ms)))
+    let layout = claim.layout;
+    let sequence = claim.state.next_held(
+        layout.clock_tick(now_ms),
+        claim.held,
+        layout.whole_ticks(settings::max_drift_ms()),
+    )?;
+    claim.publish_count();
+    Some(claim.id_base | i64::from(sequence))
 }
 
-/// [`generate`] of one ID, starting from what [`next_held_id`] read.
+/// [`generate`] of one ID, when [`next_held_id`] had none.
 #[inline(always)]
-pub fn generate_one(function: &str, seen: Option<(i64, i64)>) -> i64 {
+pub fn generate_one(function: &str) -> i64 {
     let header = require_shared(function);
     let layout = settings::layout();
     let max_drift_ms = settings::max_drift_ms();
@@ -239,7 +238,6 @@ pub fn generate_one(function: &str, seen: Option<(i64, i64)>) -> i64 {
         max_drift_ms,
         0,
         1,
-        seen,
         &mut |v| id = v,
     );
     if made < 1 {
@@ -271,7 +269,6 @@ fn resume_after_interrupt(
             max_drift_ms,
             made,
             n,
-            None,
             &mut emit,
         );
     }
@@ -290,7 +287,6 @@ fn make_ids(
     max_drift_ms: i64,
     made: usize,
     n: usize,
-    mut seen: Option<(i64, i64)>,
     emit: &mut impl FnMut(i64),
 ) -> usize {
     let mut i = made;
@@ -312,14 +308,9 @@ fn make_ids(
     let mut through_word = false;
     while i < n {
         // The word, then the clock (see `next_ahead`), read once for both
-        // paths (or by `next_held_id` just before).
-        let (word, now_ms) = match seen.take() {
-            Some(seen) => seen,
-            None => {
-                let word = claim.slot.load();
-                (word, clock.now_ms())
-            }
-        };
+        // paths.
+        let word = claim.slot.load();
+        let now_ms = clock.now_ms();
         if claim.state.last_tick <= limit && current {
             if let Some(sequence) = claim.state.next_held(
                 layout.tick_at(now_ms),

@@ -61,8 +61,18 @@ pub fn preset_name() -> &'static str {
 }
 
 /// `snowflake_id.max_drift` in milliseconds.
+///
+/// Read on every ID (the held path of `snowflake_nextval()`), so without
+/// `GucSetting::get`'s thread check (a thread-local lookup, a fifth of the
+/// held path's instructions): this extension starts no threads, and only
+/// PostgreSQL's GUC machinery writes the variable, on this same thread.
+#[inline(always)]
 pub fn max_drift_ms() -> i64 {
-    i64::from(MAX_DRIFT_MS.get())
+    // SAFETY: the pointer is to the setting's own static storage, valid
+    // for the life of the process; a backend is single-threaded and the
+    // only writer is PostgreSQL's GUC code on this thread, never during
+    // this read.
+    i64::from(unsafe { MAX_DRIFT_MS.as_ptr().read() })
 }
 
 /// Whether some `snowflake_id.max_drift` covers one tick of `unit_ms`.

@@ -59,9 +59,8 @@ pub unsafe extern "C-unwind" fn snowflake_nextval_wrapper(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
     let id = match claims::next_held_id() {
-        Ok(id) => id,
-        Err(Some((word, now_ms))) => nextval_shared(word, now_ms, true),
-        Err(None) => nextval_shared(0, 0, false),
+        Some(id) => id,
+        None => nextval_shared(),
     };
     // SAFETY: fmgr passes a valid fcinfo (see above).
     unsafe { (*fcinfo).isnull = false };
@@ -77,13 +76,12 @@ pub extern "C" fn pg_finfo_snowflake_nextval_wrapper() -> &'static pg_sys::Pg_fi
 
 /// `snowflake_nextval()` through the position (a new tick, no ID held, no
 /// claim yet), under pgrx's guard: a Rust panic or a PostgreSQL ERROR in
-/// here reaches PostgreSQL as an ERROR. `seen`: `word` and `now_ms` are
-/// what [`claims::next_held_id`] read.
+/// here reaches PostgreSQL as an ERROR.
 #[cold]
 #[inline(never)]
 #[pg_guard]
-extern "C-unwind" fn nextval_shared(word: i64, now_ms: i64, seen: bool) -> i64 {
-    claims::generate_one("snowflake_nextval", seen.then_some((word, now_ms)))
+extern "C-unwind" fn nextval_shared() -> i64 {
+    claims::generate_one("snowflake_nextval")
 }
 
 extension_sql!(

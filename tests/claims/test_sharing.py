@@ -197,7 +197,7 @@ def test_sharers_of_one_id_interleave_without_repeating(make_cluster):
 
 def test_a_sharer_arriving_while_the_first_session_holds_ids_ahead(make_cluster):
     """A session alone on its worker id takes sequence numbers ahead in the
-    id's position (63 beyond each ID it makes through the position) and
+    id's position (255 beyond each ID it makes through the position, claims::AHEAD) and
     makes those IDs without touching it; a session that starts sharing the
     id meanwhile continues above them in the same tick, takes none ahead,
     and the first goes on with the ones it holds, then above the sharer's.
@@ -225,9 +225,9 @@ def test_a_sharer_arriving_while_the_first_session_holds_ids_ahead(make_cluster)
             return i & 4095
 
         if tick(ids_b[0]) == tick(ids_a[0]) == tick(ids_a[3]):
-            # b's first ID is above a's first and the 63 a held with it;
+            # b's first ID is above a's first and the 255 a held with it;
             # a's next ones are those it held, below b's.
-            assert seq(ids_b[0]) == seq(ids_a[0]) + 64, (ids_a[:4], ids_b[0])
+            assert seq(ids_b[0]) == seq(ids_a[0]) + 256, (ids_a[:4], ids_b[0])
             assert [seq(i) - seq(ids_a[0]) for i in ids_a[:4]] == [0, 1, 2, 3]
             assert ids_a[3] < ids_b[0]
         assert c.sql("SELECT sessions, ids_issued FROM snowflake_workers "

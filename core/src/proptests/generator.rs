@@ -7,6 +7,46 @@ use crate::generator::{GenError, GeneratorState, Step};
 use std::collections::HashSet;
 
 proptest! {
+    /// The held path's comparisons decide by the exact drift
+    /// (0 <= last_tick - now <= max_drift, computed in i128), for any state
+    /// and reading, the ends of i64 included. (The saturating formula they
+    /// replaced differed only where the drift does not fit an i64.)
+    #[test]
+    fn next_held_decides_by_the_exact_drift(
+        last_tick in prop_oneof![any::<i64>(), -2i64..100, Just(i64::MIN), Just(i64::MAX)],
+        now in prop_oneof![any::<i64>(), -2i64..100, Just(i64::MIN), Just(i64::MAX)],
+        last_seen in prop_oneof![any::<i64>(), -2i64..100, Just(i64::MIN)],
+        max_drift in prop_oneof![any::<i64>(), -1i64..10, Just(i64::MAX)],
+        sequence in 0u32..8,
+        held in 0u32..8,
+    ) {
+        let l = preset_layout(0, NOW);
+        let mut g = GeneratorState::new(&l);
+        g.last_tick = last_tick;
+        g.last_seen = last_seen;
+        g.sequence = sequence;
+        let drift = i128::from(last_tick) - i128::from(now);
+        let expect = !(drift < 0 || drift > i128::from(max_drift) || now < last_seen
+            || sequence >= held);
+        let got = g.next_held(now, held, max_drift);
+        prop_assert_eq!(got.is_some(), expect);
+        if expect {
+            prop_assert_eq!(got, Some(sequence + 1));
+            prop_assert_eq!((g.last_seen, g.ids_issued), (now, 1));
+        }
+    }
+
+    /// The hot path's tick of a clock reading is `tick_at`'s, for every
+    /// reading within 2^62 ms of the epoch.
+    #[test]
+    fn clock_tick_is_tick_at_for_clock_readings(
+        l in arb_layout(),
+        ms in -(1i64 << 62)..(1i64 << 62),
+    ) {
+        let unix_ms = ms.saturating_add(l.epoch_ms);
+        prop_assert_eq!(l.clock_tick(unix_ms), l.tick_at(unix_ms));
+    }
+
     /// Properties 1, 2 and 4: any trace, from a fresh generator.
     #[test]
     fn generator_trace_keeps_the_rules(
