@@ -9,6 +9,8 @@ environment variables (defaults in brackets: full run / BENCH_QUICK=1):
   BENCH_REPS                repetitions of cases 1, 2 and 4         [5 / 2]
   BENCH_N                   IDs per statement, cases 1 and 2        [2000000 / 100000]
   BENCH_N_JS53              IDs per statement for the js53 layout   [500000 / 20000]
+  BENCH_RATIO_ROUNDS        case 1's side-by-side rounds            [21 / 3]
+  BENCH_RATIO_N             IDs per statement in those rounds       [1000000 / 100000]
   BENCH_BATCH_N             IDs per statement, case 4 (<= 1000000)  [1000000 / 100000]
   BENCH_PGBENCH_SECONDS     pgbench -T                              [3 / 1]
   BENCH_PGBENCH_REPS        repetitions of case 3                   [3 / 1]
@@ -56,7 +58,8 @@ from cases import CASES, ORDER
 from config import DIR_PREFIX, MAX_LOAD, MAX_LOAD_WAIT, OUT, PKG, PUBLIC_KEY, log
 from measure import R
 from report import metadata, report
-from servers import AS_ROOT, TREE, Server, build_pg_tree, make_tree_dir, pg_ids, stop_orphans
+from servers import (AS_ROOT, TREE, Server, build_pg_tree, create_floor_functions, make_tree_dir,
+                     pg_ids, stop_orphans)
 
 
 def start_servers(stack: contextlib.ExitStack) -> tuple[Server, dict]:
@@ -73,7 +76,9 @@ def start_servers(stack: contextlib.ExitStack) -> tuple[Server, dict]:
     main_srv.configure(**{"snowflake_id.public_key_file": key_file})
     servers = {"main": main_srv.start()}
     if "1" in config.CASES:
-        js_srv = Server("js53", {"snowflake_id.layout": "js53"})
+        # max_drift 1 s: the js53 row shows the layout's rate limit (64 IDs
+        # per ms), not a minute of borrowed ticks.
+        js_srv = Server("js53", {"snowflake_id.layout": "js53", "snowflake_id.max_drift": "1s"})
         stack.callback(js_srv.destroy)
         servers["js53"] = js_srv.start()
     log(f"servers up: {', '.join(f'{s.name} port {s.port} in {s.dir}' for s in servers.values())}")
@@ -83,6 +88,7 @@ def start_servers(stack: contextlib.ExitStack) -> tuple[Server, dict]:
             c.execute("CREATE EXTENSION snowflake_id")
             c.execute("CREATE SEQUENCE s1 CACHE 1")
             c.execute("CREATE SEQUENCE s1000 CACHE 1000")
+            create_floor_functions(c)
         conns[name] = stack.enter_context(s.connect())
     if "js53" in conns:
         layout = conns["js53"].execute("SELECT preset FROM snowflake_layout()").fetchone()[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -17,8 +18,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 from harness import (AS_ROOT, PG_BINDIR, PG_PKGLIBDIR, Cluster,  # noqa: E402
                      _conf_value, pg_config, pg_ids, stop_orphans)
 
-__all__ = ["AS_ROOT", "PGEDGE", "PG_BINDIR", "PG_PKGLIBDIR", "PG_SHAREDIR", "TREE", "Server",
-           "_conf_value", "build_pg_tree", "make_tree_dir", "pg_ids", "stop_orphans"]
+__all__ = ["AS_ROOT", "FLOOR_FUNCTIONS", "PGEDGE", "PG_BINDIR", "PG_PKGLIBDIR", "PG_SHAREDIR", "TREE", "Server",
+           "_conf_value", "build_pg_tree", "create_floor_functions", "make_tree_dir", "pg_ids", "stop_orphans"]
 
 PG_SHAREDIR = pg_config("--sharedir")
 TREE: dict = {}  # postgres, so, source: set by build_pg_tree()
@@ -66,8 +67,42 @@ def build_pg_tree(root: str, pkg: str | None) -> dict:
         os.chmod(dirpath, 0o755)
     TREE.update({"postgres": os.path.join(bindir, "postgres"),
                  "so": os.path.join(libdir, "snowflake_id.so"),
-                 "source": src(PG_PKGLIBDIR)})
+                 "source": src(PG_PKGLIBDIR),
+                 "floor": build_floor(libdir)})
     return TREE
+
+
+FLOOR_SOURCE = os.path.join(REPO, "bench", "floor", "bench_floor.c")
+# The floor's functions (bench/floor/bench_floor.c), made in each server that
+# has them: name -> what it is, for the report.
+FLOOR_FUNCTIONS = ("bench_clock_ms", "bench_clock_seq")
+
+
+def build_floor(libdir: str) -> bool:
+    """Compiles bench/floor/bench_floor.c (case 1's floor: a C function that
+    only reads the clock) into the private tree's libdir, with the compiler
+    and flags PostgreSQL was built with. False (and why, in the log) when it
+    cannot: case 1 then runs without the floor rows."""
+    cc = pg_config("--cc").split()
+    cmd = [*cc, "-O2", *pg_config("--cflags_sl").split(), "-shared",
+           f"-I{pg_config('--includedir-server')}", "-o",
+           os.path.join(libdir, "bench_floor.so"), FLOOR_SOURCE]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        err = getattr(e, "stderr", "") or str(e)
+        log(f"case 1 runs without its floor rows: {' '.join(cmd)} failed: {err.strip()[:400]}")
+        return False
+    return True
+
+
+def create_floor_functions(conn) -> None:
+    """The floor's functions in the connection's database (when built)."""
+    if not TREE.get("floor"):
+        return
+    for name in FLOOR_FUNCTIONS:
+        conn.execute(f"CREATE FUNCTION {name}() RETURNS bigint VOLATILE LANGUAGE c "
+                     f"AS '$libdir/bench_floor', '{name}'")
 
 
 def make_tree_dir() -> str:

@@ -1,9 +1,17 @@
 """Case 1 - single session, per ID:
 SELECT count(x) FROM (SELECT <expr> x FROM generate_series(1, N) g) s
 for snowflake_nextval() and PostgreSQL's own generators, wall and CPU time,
-and above the bare count of the same rep."""
+and above the bare count of the same rep.
 
-from config import N, N_JS53, REPS, log
+Then side by side (issue 33's form): the bare count, `clock_timestamp()`,
+the floor (bench/floor/bench_floor.c: a C function that only reads the
+clock, and one that adds a sequence) and `snowflake_nextval()`, in
+RATIO_ROUNDS short interleaved rounds; the cost above the bare count is
+each one's minimum over the rounds less the bare count's minimum (the
+minimum: the run least disturbed by other work on the machine), and
+snowflake's ratio to `clock_timestamp()` is what the goal reads."""
+
+from config import N, N_JS53, RATIO_N, RATIO_ROUNDS, REPS, log
 from measure import R, drift_state, series_query, settle_drift, timed_cpu
 
 CASE = "1_single_session"
@@ -12,6 +20,12 @@ VARIANTS = [
     ("bare", "g (bare count)", "g", "main", False),
     ("random", "random()", "random()", "main", False),
     ("clock", "clock_timestamp()", "clock_timestamp()", "main", False),
+    # The floor (bench/floor/bench_floor.c, when it could be built): a call
+    # and a clock read, then with a per-backend sequence, and nothing else.
+    ("floor", "bench_clock_ms()  C floor: a call, a clock read",
+     "bench_clock_ms()", "main", False),
+    ("floor_seq", "bench_clock_seq()  C floor: + a sequence",
+     "bench_clock_seq()", "main", False),
     ("seq1", "nextval('s1')  CACHE 1", "nextval('s1')", "main", False),
     ("seq1000", "nextval('s1000')  CACHE 1000", "nextval('s1000')", "main", False),
     ("uuid", "gen_random_uuid()", "gen_random_uuid()", "main", False),
@@ -28,16 +42,34 @@ VARIANTS = [
 ]
 
 
+FLOOR = ("floor", "floor_seq")
+# The side-by-side rounds: these variants (keys of VARIANTS), RATIO_N rows.
+SIDE_BY_SIDE = ("bare", "clock", "floor", "floor_seq", "snowflake")
+CLOCK = "clock_timestamp()"
+
+
+def present(conns: dict) -> list:
+    """VARIANTS without the floor's rows when its functions are missing."""
+    have = conns["main"].execute("SELECT to_regproc('bench_clock_ms') IS NOT NULL").fetchone()[0]
+    return [v for v in VARIANTS if have or v[0] not in FLOOR]
+
+
 def run(conns: dict, srv) -> None:
+    variants = present(conns)
+    run_reps(conns, variants)
+    run_side_by_side(conns, [v for v in variants if v[0] in SIDE_BY_SIDE])
+
+
+def run_reps(conns: dict, variants: list) -> None:
     log(f"case 1: single session, N={N:,} (js53: {N_JS53:,}), {REPS} reps")
-    n_of = {k: (N_JS53 if s == "js53" else N) for k, _, _, s, _ in VARIANTS}
-    for k, _, expr, s, _ in VARIANTS:  # warm-up: claims, caches, plans
+    n_of = {k: (N_JS53 if s == "js53" else N) for k, _, _, s, _ in variants}
+    for k, _, expr, s, _ in variants:  # warm-up: claims, caches, plans
         conns[s].execute(series_query(expr, min(n_of[k], 20_000))).fetchall()
-    secs: dict[str, list[float]] = {k: [] for k, *_ in VARIANTS}
-    cpus: dict[str, list[float]] = {k: [] for k, *_ in VARIANTS}
-    drift_after: dict[str, list[float]] = {v[0]: [] for v in VARIANTS if v[4]}
+    secs: dict[str, list[float]] = {k: [] for k, *_ in variants}
+    cpus: dict[str, list[float]] = {k: [] for k, *_ in variants}
+    drift_after: dict[str, list[float]] = {v[0]: [] for v in variants if v[4]}
     for rep in range(REPS):
-        order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
+        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
         for k, _, expr, s, sf in order:
             c = conns[s]
             if sf:
@@ -48,8 +80,8 @@ def run(conns: dict, srv) -> None:
             if sf:
                 drift_after[k].append(drift_state(c)[0])
         log(f"  rep {rep + 1}/{REPS}: " + ", ".join(
-            f"{k} {secs[k][-1] * 1e9 / n_of[k]:.0f}" for k, *_ in VARIANTS) + " ns/ID")
-    for k, label, expr, s, sf in VARIANTS:
+            f"{k} {secs[k][-1] * 1e9 / n_of[k]:.0f}" for k, *_ in variants) + " ns/ID")
+    for k, label, expr, s, sf in variants:
         n = n_of[k]
         base = "bare_js53" if s == "js53" else "bare"
         per = [x * 1e9 / n for x in secs[k]]
@@ -68,3 +100,44 @@ def run(conns: dict, srv) -> None:
             R.add(CASE, label, "drift_after_rep", "ms",
                   drift_after[k], f"N={n}",
                   "how far the last ID ran ahead of the clock (bound: snowflake_id.max_drift)")
+
+
+def run_side_by_side(conns: dict, variants: list) -> None:
+    """RATIO_ROUNDS rounds of each variant on RATIO_N rows, in a rotating
+    order; per variant the minimum over the rounds, wall and CPU, and above
+    the bare count's minimum; snowflake's and the floor's ratio to
+    `clock_timestamp()` above bare."""
+    c = conns["main"]
+    log(f"case 1, side by side: {', '.join(v[1] for v in variants)}; "
+        f"N={RATIO_N:,}, {RATIO_ROUNDS} interleaved rounds")
+    wall: dict[str, list[float]] = {v[1]: [] for v in variants}
+    cpu: dict[str, list[float]] = {v[1]: [] for v in variants}
+    for rnd in range(RATIO_ROUNDS):
+        order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]
+        for _, label, expr, _, sf in order:
+            if sf:
+                settle_drift(c)
+            w, u = timed_cpu(c, series_query(expr, RATIO_N))
+            wall[label].append(w * 1e9 / RATIO_N)
+            cpu[label].append(u * 1e9 / RATIO_N)
+    bare = variants[0][1]
+    for basis, per in (("wall", wall), ("CPU", cpu)):
+        floor = min(per[bare])
+        for _, label, *_ in variants:
+            R.add(CASE, label, f"side_{basis}_ns_per_id", "ns", per[label], f"N={RATIO_N}",
+                  f"{basis} ns per ID in each of {RATIO_ROUNDS} interleaved rounds")
+            if label != bare:
+                R.add(CASE, label, f"side_{basis}_above_bare_min", "ns",
+                      [min(per[label]) - floor], f"N={RATIO_N}",
+                      f"minimum {basis} ns per ID over the rounds less the bare count's")
+        # A ratio only of costs that came out positive: with a minimum at or
+        # below the bare count's, the rounds were noisier than the cost.
+        clock = min(per[CLOCK]) - floor
+        for _, label, *_ in variants:
+            if label not in (bare, CLOCK) and clock > 0 and min(per[label]) > floor:
+                R.add(CASE, label, f"side_{basis}_ratio_to_clock", "x",
+                      [(min(per[label]) - floor) / clock], f"N={RATIO_N}",
+                      f"above bare over clock_timestamp()'s above bare, minimum of {basis} "
+                      "ns per ID over the rounds")
+    log("  side by side, CPU ns/ID above bare (min): " + ", ".join(
+        f"{v[1].split('  ')[0]} {min(cpu[v[1]]) - min(cpu[bare]):.1f}" for v in variants[1:]))
