@@ -13,7 +13,8 @@ use super::registry::{call_error_text, PgRegistry};
 use super::{Target, Worker};
 
 use crate::clock;
-use crate::workers::registry_client::Connection;
+use crate::workers::registry_client::{AnswerBy, Connection};
+use snowflake_core::lease;
 use snowflake_core::node::{NodeClaim, Refused};
 use std::sync::atomic::Ordering::{Relaxed, Release};
 
@@ -94,6 +95,15 @@ impl Worker {
         })
     }
 
+    /// By when the registry must answer: the earliest deadline of the
+    /// blocks in use, so that the worker is back to revoke them at it.
+    pub(super) fn answer_by(&self) -> AnswerBy {
+        AnswerBy {
+            origin: self.file.started,
+            deadline_mono_ms: lease::in_use_deadline(&self.holder.held),
+        }
+    }
+
     /// Opens the connection, beginning with the host to try first; notes
     /// which host it is on.
     fn open_connection(&mut self, target: &Target) -> Result<Connection, String> {
@@ -102,6 +112,7 @@ impl Worker {
             "snowflake_id lease",
             SESSION_OPTIONS,
             self.next_host,
+            self.answer_by(),
         );
         match connected {
             Ok((client, host)) => {
@@ -149,7 +160,11 @@ impl Worker {
                 claim.refused(|| lingering.is_some_and(|old| self.end_lingering(client, old)));
             match refused {
                 Refused::Retry => {}
-                Refused::Rename => self.rename_node(),
+                Refused::Rename => {
+                    self.rename_node();
+                    // No block is in use any more.
+                    client.set_answer_by(self.answer_by().deadline_mono_ms);
+                }
                 Refused::GiveUp => return Err("the registry refused a fresh node id".into()),
             }
         }
