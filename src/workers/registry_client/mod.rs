@@ -362,8 +362,9 @@ impl Connection {
         let ptrs: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
         let clock = self.answer_by;
         let limit = clock.limit();
+        // The deadline came before the call: nothing is sent (the host did
+        // not stall; the worker revokes the blocks and reconnects).
         if limit.left_ms(clock.now_mono_ms()) == 0 {
-            self.stalled = true;
             return Err(no_answer(&limit, &clock, "sending a call"));
         }
         // SAFETY: the statement and parameter strings outlive the call;
