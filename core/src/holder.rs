@@ -35,6 +35,11 @@
 //!   promotion is never used. With no synchronous standby named, the
 //!   registry's local flush is all there is; [`Replication::Synchronous`]
 //!   refuses such grants.
+//! - No call waits past the deadline of a block in use, and an answer that
+//!   came at or after it is not used ([`Registry::answer_by`],
+//!   [`lease::CallLimit`]): the holder stops using a block at its deadline
+//!   by its own monotonic clock also while the registry stalls (the glue
+//!   is back in its loop then, and revokes it, [`Holder::expire_due`]).
 
 use crate::lease::{self, Held, Plan, Timing, Usage};
 use serde::{Deserialize, Serialize};
@@ -175,6 +180,14 @@ pub trait Registry {
     /// Whether everything this session committed is durable where a
     /// failover can reach it, waiting up to `wait_ms` for the standbys.
     fn durable(&mut self, wait_ms: i64) -> Result<Durability, CallError>;
+    /// The holder's monotonic ms by which the calls that follow must be
+    /// over: the earliest deadline of the blocks in use
+    /// ([`lease::in_use_deadline`]; `None`: none is in use, the call
+    /// timeout alone). Set before every call. A call that gets no answer
+    /// by then fails as `Unreachable`, and so does one whose answer came
+    /// at or after it ([`lease::CallLimit`]): the glue is then back in its
+    /// loop to revoke the block at its deadline.
+    fn answer_by(&mut self, deadline_mono_ms: Option<i64>);
 }
 
 /// This server's side: the slots of each block, and the lease file.
@@ -355,6 +368,30 @@ impl Holder {
         self.last_renew_mono = None;
     }
 
+    /// Revokes every block whose deadline has come (and drops pending
+    /// grants past theirs), as a round's plan does first. The glue calls it
+    /// before it connects and after a round, so that no block is in use
+    /// past its deadline while the worker waits on the registry.
+    pub fn expire_due(&mut self, now_mono_ms: i64, host: &mut dyn Host) {
+        let due: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|h| now_mono_ms >= h.deadline_mono_ms)
+            .map(|h| h.block)
+            .collect();
+        for &block in &due {
+            self.events.push(Event::Expired { block });
+            host.revoke(block);
+        }
+        self.held.retain(|h| !due.contains(&h.block));
+        self.pending.retain(|h| now_mono_ms < h.deadline_mono_ms);
+    }
+
+    /// Tells the registry by when the next call must be over.
+    fn bound(&self, registry: &mut dyn Registry) {
+        registry.answer_by(lease::in_use_deadline(&self.held));
+    }
+
     /// A new session on the registry: renew at once (adopts saved blocks,
     /// drops those handed over since).
     pub fn reconnected(&mut self) {
@@ -501,6 +538,7 @@ impl Holder {
         registry: &mut dyn Registry,
     ) -> Result<bool, CallError> {
         let wait_ms = now.timing.renew_every_ms.clamp(100, DURABLE_WAIT_MAX_MS);
+        self.bound(registry);
         let durability = match registry.durable(wait_ms) {
             Ok(d) => d,
             Err(e) => return self.failed(e).map(|()| false),
@@ -559,6 +597,7 @@ impl Holder {
             lsn: self.lsn_text(),
             previous_session: self.previous_session.clone(),
         };
+        self.bound(registry);
         let reply = match registry.renew(&req) {
             Ok(reply) => reply,
             Err(e) => return self.failed(e),
@@ -648,6 +687,7 @@ impl Holder {
             incarnation: self.incarnation.clone(),
             lsn: self.lsn_text(),
         };
+        self.bound(registry);
         let reply = match registry.acquire(&req) {
             Ok(reply) => reply,
             Err(e) => return self.failed(e),
@@ -762,6 +802,7 @@ impl Holder {
         };
         // On failure the block simply expires at the registry, with the
         // higher mark of its last renewal.
+        self.bound(registry);
         match registry.release(&req) {
             Ok(reply) => {
                 if self.accept(&reply.incarnation, &reply.lsn) && reply.released {

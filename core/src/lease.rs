@@ -30,7 +30,9 @@
 //! wall clock when the renewal was sent, plus the lease time, plus the
 //! drift its generators may borrow) and stops using the block at its
 //! deadline by its own monotonic clock, measured from the moment the
-//! renewal was sent; the registry hands a block over only after the
+//! renewal was sent (no call to the registry waits past it, so a stalled
+//! registry cannot hold the lease worker away from revoking the block:
+//! [`CallLimit`]); the registry hands a block over only after the
 //! expiry plus a grace period by its own clock, which, with sane clock
 //! *rates*, is after the old holder stopped. The one assumption is about
 //! rates; an offset between clocks only makes a new holder start further
@@ -180,6 +182,76 @@ pub fn grant(sent_mono_ms: i64, sent_wall_ms: i64, timing: &Timing, max_drift_ms
         high_ms: sent_wall_ms
             .saturating_add(timing.lease_ms)
             .saturating_add(max_drift_ms),
+    }
+}
+
+/// The earliest deadline (monotonic ms) of the blocks sessions may use
+/// now (`active`), `None` when none is in use. Every wait on the registry
+/// ends by then ([`CallLimit`]): a lease worker stuck in a call cannot
+/// revoke a block at its deadline, and sessions keep using a block until it
+/// is revoked (its mark, in ID time, is `max_drift` past the deadline).
+pub fn in_use_deadline(held: &[Held]) -> Option<i64> {
+    held.iter()
+        .filter(|h| h.active)
+        .map(|h| h.deadline_mono_ms)
+        .min()
+}
+
+/// What ends a registry call's wait first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallEnd {
+    /// The call timeout (the registry stalled, or the network drops
+    /// packets).
+    Timeout,
+    /// The deadline of a block in use ([`in_use_deadline`]): the lease
+    /// worker must be back in its loop to revoke it.
+    LeaseDeadline,
+}
+
+/// How long one registry call (or connection attempt) may wait, on the
+/// lease worker's monotonic clock: until its timeout, or until the
+/// earliest deadline of the blocks in use when that comes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallLimit {
+    /// Monotonic ms at which the wait ends.
+    pub until_mono_ms: i64,
+    pub end: CallEnd,
+}
+
+impl CallLimit {
+    /// A call that starts at `started_mono_ms`, with a timeout of
+    /// `timeout_ms`, while blocks are in use until `lease_deadline_mono_ms`
+    /// ([`in_use_deadline`]).
+    pub fn new(
+        started_mono_ms: i64,
+        timeout_ms: i64,
+        lease_deadline_mono_ms: Option<i64>,
+    ) -> CallLimit {
+        let timeout = started_mono_ms.saturating_add(timeout_ms.max(0));
+        match lease_deadline_mono_ms {
+            Some(deadline) if deadline <= timeout => CallLimit {
+                until_mono_ms: deadline,
+                end: CallEnd::LeaseDeadline,
+            },
+            _ => CallLimit {
+                until_mono_ms: timeout,
+                end: CallEnd::Timeout,
+            },
+        }
+    }
+
+    /// How long the call may still wait at `now_mono_ms`; 0: give it up.
+    pub fn left_ms(&self, now_mono_ms: i64) -> i64 {
+        self.until_mono_ms.saturating_sub(now_mono_ms).max(0)
+    }
+
+    /// Whether an answer complete at `answered_mono_ms` may be used. Not
+    /// one that came at or after a lease deadline: the blocks were due to
+    /// stop then (as [`plan`] expires a block at its deadline), so the
+    /// worker gives the call up, revokes them, and asks again in a new
+    /// session rather than act on an answer it had to stop waiting for.
+    pub fn answer_usable(&self, answered_mono_ms: i64) -> bool {
+        self.end == CallEnd::Timeout || answered_mono_ms < self.until_mono_ms
     }
 }
 
@@ -472,6 +544,68 @@ mod tests {
         ];
         assert_eq!(plan(&h, &u, 0, T0, &t, 60_000, 16, 3).acquire, 1);
         assert_eq!(plan(&h, &u, 0, T0, &t, 60_000, 16, 2).acquire, 0);
+    }
+
+    #[test]
+    fn a_call_waits_no_longer_than_the_earliest_deadline_of_the_blocks_in_use() {
+        let mut a = held(0, 6_000, true, None);
+        let b = held(1, 5_400, true, None);
+        let waiting = held(2, 100, false, None);
+        assert_eq!(in_use_deadline(&[a, b, waiting]), Some(5_400));
+        assert_eq!(in_use_deadline(&[waiting]), None);
+        assert_eq!(in_use_deadline(&[]), None);
+        // A renewal sent 600 ms after the last one, on a 6 s lease, with a
+        // 10 s call timeout: it waits until the deadline, not 10 s.
+        let l = CallLimit::new(600, 10_000, in_use_deadline(&[a]));
+        assert_eq!(
+            l,
+            CallLimit {
+                until_mono_ms: 6_000,
+                end: CallEnd::LeaseDeadline
+            }
+        );
+        assert_eq!(l.left_ms(600), 5_400);
+        assert_eq!(l.left_ms(5_999), 1);
+        assert_eq!(l.left_ms(6_000), 0, "given up at the deadline");
+        assert_eq!(l.left_ms(9_000), 0);
+        // An answer at the deadline is not used: the block expires then.
+        assert!(l.answer_usable(5_999));
+        assert!(!l.answer_usable(6_000));
+        assert!(
+            plan(&[a], &[], 6_000, T0, &Timing::new(6_000), 1_000, 16, 64)
+                .expire
+                .contains(&0)
+        );
+        // A deadline already past: no wait at all.
+        a.deadline_mono_ms = 500;
+        let l = CallLimit::new(600, 10_000, in_use_deadline(&[a]));
+        assert_eq!(l.left_ms(600), 0);
+        assert!(!l.answer_usable(600));
+    }
+
+    #[test]
+    fn a_call_with_no_block_in_use_or_a_far_deadline_waits_its_timeout() {
+        let l = CallLimit::new(1_000, 10_000, None);
+        assert_eq!(l.end, CallEnd::Timeout);
+        assert_eq!(l.left_ms(1_000), 10_000);
+        assert_eq!(l.left_ms(11_000), 0);
+        assert!(
+            l.answer_usable(11_000),
+            "the timeout alone does not void an answer"
+        );
+        let l = CallLimit::new(1_000, 10_000, Some(600_000));
+        assert_eq!(l.end, CallEnd::Timeout);
+        assert_eq!(l.until_mono_ms, 11_000);
+        // Exactly at the timeout, the deadline wins (it voids late answers).
+        let l = CallLimit::new(1_000, 10_000, Some(11_000));
+        assert_eq!(l.end, CallEnd::LeaseDeadline);
+        // No overflow at the clock's ends.
+        let l = CallLimit::new(i64::MAX - 5, 10_000, None);
+        assert_eq!(l.until_mono_ms, i64::MAX);
+        assert_eq!(
+            CallLimit::new(0, 10_000, Some(i64::MIN)).left_ms(i64::MAX),
+            0
+        );
     }
 
     #[test]

@@ -23,7 +23,10 @@
 //!   another running server (a copy, or the original of this one), unless
 //!   that session is this worker's own earlier one, left behind by a
 //!   network break: that one is ended first; otherwise the node takes a new
-//!   id, once.
+//!   id, once. Why it took one is said as known ([`Rename`]): a session it
+//!   does not know holds the lock (another server), or its own earlier
+//!   session does and could not be ended (a registry backend stopped or
+//!   stuck: no other server is known to exist).
 
 use serde::{Deserialize, Serialize};
 
@@ -179,14 +182,44 @@ pub struct NodeClaim {
     renamed: bool,
 }
 
+/// What became of this worker's earlier registry session when it tried to
+/// end it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// It was there and ended (with it, its hold on the node id).
+    Ended,
+    /// It is no longer on the registry: it is not what holds the node id.
+    Gone,
+    /// It is still there and did not end (a stopped or stuck backend, a
+    /// refused `pg_terminate_backend`), or whether it is could not be told
+    /// (the call failed): it may be what holds the node id.
+    NotEnded,
+}
+
+/// Why the node takes a new id: what is known of the session that holds
+/// the old one's lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rename {
+    /// A session this worker does not know holds it (it remembers no
+    /// earlier session, or that one is gone or was ended): another running
+    /// server has this node id, a copy of this data directory or its
+    /// original.
+    OtherServer,
+    /// This worker's own earlier session may still hold it: it was still
+    /// there (or could not be looked up) and did not end. No other server
+    /// is known to have this node id; a new id is taken rather than wait
+    /// for that session, and the old id's blocks go back to the registry
+    /// when their lease and grace run out.
+    OwnSessionNotEnded,
+}
+
 /// What to do after the node id's lock was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refused {
     /// This worker's earlier session held it and was ended: ask again.
     Retry,
-    /// Another running server holds it: take a new node id (forgetting
-    /// every block) and ask again.
-    Rename,
+    /// Take a new node id (forgetting every block) and ask again; why.
+    Rename(Rename),
     /// Even a fresh node id was refused: give up on this connection.
     GiveUp,
 }
@@ -202,15 +235,19 @@ impl NodeClaim {
     }
 
     /// The lock was refused. `end_lingering` ends this worker's earlier
-    /// session and says whether it ended; it is called at most once per
+    /// session and says what became of it; it is called at most once per
     /// claim, before any rename.
-    pub fn refused(&mut self, end_lingering: impl FnOnce() -> bool) -> Refused {
-        if std::mem::take(&mut self.lingering) && end_lingering() {
+    pub fn refused(&mut self, end_lingering: impl FnOnce() -> Ending) -> Refused {
+        let ending = std::mem::take(&mut self.lingering).then(end_lingering);
+        if ending == Some(Ending::Ended) {
             return Refused::Retry;
         }
         if !self.renamed {
             self.renamed = true;
-            return Refused::Rename;
+            return Refused::Rename(match ending {
+                Some(Ending::NotEnded) => Rename::OwnSessionNotEnded,
+                _ => Rename::OtherServer,
+            });
         }
         Refused::GiveUp
     }

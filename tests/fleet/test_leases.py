@@ -591,6 +591,39 @@ def test_a_lingering_registry_session_of_its_own_is_ended_not_taken_for_a_copy(m
         proxy.close()
 
 
+def test_a_registry_session_of_its_own_that_cannot_be_ended_is_not_taken_for_a_copy(
+        make_cluster):
+    """The holder's own registry backend stops (SIGSTOP: a stuck backend;
+    the rest of the registry answers). Its renewals get no answer; the
+    holder reconnects and finds its node id's lock held by that session,
+    which it remembers as its own, and pg_terminate_backend() cannot end a
+    stopped process. It takes a new node id (it does not wait for that
+    session), and its log says why: its own earlier session could not be
+    ended. No other server has the node id, and up to 0.6.0 the log said
+    one did ("is in use by another running server (this data directory is
+    a copy of it, or it of this one)")."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)
+    with a.connect() as conn:
+        assert len(ids(conn, 10)) == 10
+        node_a = config(a)["node_id"]
+        backend = r.scalar("SELECT pid FROM pg_stat_activity"
+                           " WHERE application_name = 'snowflake_id lease'")
+        mark = a.log_mark()
+        os.kill(backend, signal.SIGSTOP)
+        try:
+            a.wait_for_log("this server is now node", since=mark, timeout=90)
+        finally:
+            os.kill(backend, signal.SIGCONT)
+        log = a.log(since=mark)
+        assert (f"node id {node_a} is still held on the registry by this server's own"
+                f" earlier session (pid {backend}), which could not be ended") in log, log
+        assert "did not exit within 5 s of pg_terminate_backend()" in log, log
+        assert "in use by another running server" not in log, log
+        wait_until(lambda: can_make_id(conn), timeout=60, what="IDs under the new node id")
+    assert config(a)["node_id"] not in ("", node_a)
+
+
 def test_a_standby_refuses_then_leases_its_own_blocks_once_promoted(make_cluster):
     r = registry_server(make_cluster)
     a = holder(make_cluster, r, **{"wal_level": "replica"})

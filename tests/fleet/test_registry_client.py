@@ -75,7 +75,11 @@ def test_a_first_host_that_accepts_connections_and_never_answers_is_passed_over(
 def test_a_stalled_registry_is_detected_and_the_holder_still_stops_fast(make_cluster):
     """A registry whose processes are stopped (SIGSTOP: a hung disk, a
     frozen VM) answers nothing while the kernel keeps its sockets open. The
-    holder's calls give up after 10 s: registry_unreachable_since is set,
+    holder's calls give up after 10 s, or at the deadline of the blocks in
+    use when that comes first (here: a 6 s lease renewed every 600 ms, so
+    the first call to stall gives up at the deadline, and the next
+    connection attempt, with no block in use, after 10 s):
+    registry_unreachable_since is set,
     the error after the lease ran out names an unreachable registry, and
     `pg_ctl stop -m fast` on the holder finishes within 10 s. (0.3.1's
     client waited forever: nothing logged, and the holder did not stop.)"""
@@ -102,7 +106,7 @@ def test_a_stalled_registry_is_detected_and_the_holder_still_stops_fast(make_clu
         assert "unreachable" in msg, msg
         assert "other servers" not in (refused.error.diag.message_detail or "")
         log = a.log()
-        assert "no answer within 10 s" in log, log[-3000:]
+        assert "no answer before the lease deadline" in log, log[-3000:]
         started = time.monotonic()
         a.stop(mode="fast", timeout=30)
         took = time.monotonic() - started
@@ -113,6 +117,72 @@ def test_a_stalled_registry_is_detected_and_the_holder_still_stops_fast(make_clu
                 os.kill(p, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+def test_a_holder_stops_at_its_lease_deadline_while_a_call_waits_on_a_stalled_registry(
+        make_cluster):
+    """The registry's processes are stopped (SIGSTOP) right after a
+    renewal; the holder's next renewal then waits for an answer that does
+    not come. Every wait on the registry ends by the earliest deadline of
+    the blocks in use, so the lease worker gets back to its loop and
+    revokes them at the deadline, as the holder's contract says (a fence
+    after a registry that forgets relies on it). Up to 0.6.0 the call
+    waited its whole 10 s timeout (longer than the 6 s lease), and the
+    holder made IDs about 4.5 s past its deadline."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r)   # 6 s leases, renewed every 600 ms
+    tolerance_s = 1.5             # a loaded two-core machine
+    with a.connect() as conn, a.connect() as watch:
+        assert len(ids(conn, 10)) == 10
+
+        def deadline():
+            return watch.execute("SELECT lease_deadline FROM snowflake_config()").fetchone()[0]
+
+        pids = server_pids(r)
+        try:
+            # Right after a renewal (the published deadline moves on by a
+            # renewal interval), the next one comes about 600 ms later,
+            # well before the deadline, and waits on the stalled registry.
+            before = deadline()
+            started = time.monotonic()
+            while (deadline() - before).total_seconds() < 0.3:
+                assert time.monotonic() - started < 30, "no renewal seen"
+                time.sleep(0.01)
+            for p in pids:
+                os.kill(p, signal.SIGSTOP)
+            time.sleep(0.3)   # a reply already on its way is in by now
+            stalled_at = deadline()
+            last_ok = None
+            refused = None
+            giving_up = time.monotonic() + LEASE_S + 20
+            while refused is None and time.monotonic() < giving_up:
+                try:
+                    _, at = conn.execute(
+                        "SELECT snowflake_nextval(), clock_timestamp()").fetchone()
+                    last_ok = at
+                except psycopg.errors.ObjectNotInPrerequisiteState as e:
+                    refused = e
+                time.sleep(0.01)
+            assert last_ok is not None, "no ID made after the registry stalled"
+            assert refused is not None, "IDs went on for 26 s with the registry stalled"
+            final = deadline()
+            over = (last_ok - final).total_seconds()
+            assert abs((final - stalled_at).total_seconds()) < 0.1, (stalled_at, final)
+            assert over <= tolerance_s, (
+                f"an ID was made {over:.2f} s after the lease deadline {final}"
+                f" (last ID at {last_ok})")
+            msg = refused.diag.message_primary
+            assert refused.sqlstate == "55000", refused
+            assert msg.startswith("no worker id is leased: the registry"), msg
+            assert "has been unreachable" in msg, msg
+            assert "leases ran out at" in (refused.diag.message_detail or ""), refused
+            assert "before the lease deadline" in a.log(), a.log()[-3000:]
+        finally:
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
 
 
 def make_cert(dirpath: str) -> tuple[str, str]:

@@ -55,6 +55,8 @@ struct FakeRegistry {
     trust_commits: bool,
     /// Durability checks are refused (a lease role without EXECUTE on it).
     durable_refused: bool,
+    /// The bound the holder set before each call (`Registry::answer_by`).
+    bounds: Vec<Option<i64>>,
 }
 
 /// `synchronous_standby_names`: none, `FIRST n (...)` or `ANY n (...)`.
@@ -299,6 +301,10 @@ impl Registry for FakeRegistry {
             lsn: reply.lsn,
             released,
         })
+    }
+
+    fn answer_by(&mut self, deadline_mono_ms: Option<i64>) {
+        self.bounds.push(deadline_mono_ms);
     }
 
     /// `leases.sql`'s snowflake_lease_durable: the standbys that stream
@@ -675,6 +681,60 @@ fn a_stalled_registry_stops_the_holder_at_its_deadline() {
     run(&mut [&mut a], &mut reg, T0 + 1_000, T0 + 10_000, &[0]);
     assert!(a.host.active.is_empty());
     assert_eq!(a.host.used.iter().map(|u| u.2).max().unwrap_or(0), high);
+}
+
+/// Every call is bounded by the earliest deadline of the blocks in use:
+/// a renewal to a stalled registry gives up at the deadline, not after the
+/// call timeout, and the block is revoked then (the glue's
+/// `expire_due`). A lease taken while nothing is in use waits its timeout.
+#[test]
+fn every_call_is_bounded_by_the_deadline_of_the_blocks_in_use() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    a.step(T0, &mut reg, &[0]);
+    assert!(a.host.active.contains_key(&0));
+    assert!(!reg.bounds.is_empty());
+    assert!(reg.bounds.iter().all(Option::is_none), "{:?}", reg.bounds);
+    let deadline = a.holder.held[0].deadline_mono_ms;
+    assert_eq!(deadline, LEASE);
+    // The next renewal, and its durability check, end by the deadline.
+    reg.bounds.clear();
+    a.step(T0 + 600, &mut reg, &[0]);
+    assert_eq!(reg.bounds, vec![Some(deadline); 2]);
+    let deadline = a.holder.held[0].deadline_mono_ms;
+    assert_eq!(deadline, 600 + LEASE);
+    // Stalled right after that renewal: the next one fails (at the
+    // deadline at the latest), the block stays in use until its deadline
+    // and is revoked at it.
+    reg.stalled = true;
+    reg.bounds.clear();
+    let stuck = a.holder.step(
+        Now {
+            mono_ms: 1_200,
+            wall_ms: T0 + 1_200,
+            timing: Timing::new(LEASE),
+            max_drift_ms: DRIFT,
+            max_blocks: 64,
+            replication: Replication::Auto,
+        },
+        &a.usage(),
+        &[0],
+        Some(&mut reg),
+        &mut a.host,
+    );
+    assert!(matches!(stuck, Err(CallError::Unreachable(_))));
+    assert_eq!(reg.bounds, vec![Some(deadline)]);
+    a.holder.expire_due(deadline - 1, &mut a.host);
+    assert!(a.host.active.contains_key(&0));
+    a.holder.expire_due(deadline, &mut a.host);
+    assert!(a.host.active.is_empty(), "revoked at the deadline");
+    assert!(a.holder.held.is_empty());
+    assert!(a.holder.events.contains(&Event::Expired { block: 0 }));
+    // Nothing in use: the next lease waits the call timeout alone.
+    reg.stalled = false;
+    reg.bounds.clear();
+    a.step(T0 + deadline + 300, &mut reg, &[0]);
+    assert_eq!(reg.bounds.first(), Some(&None));
 }
 
 /// A reply that names a block not asked for is not used for it.

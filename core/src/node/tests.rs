@@ -224,25 +224,41 @@ fn a_saved_block_keeps_its_time_left_and_starts_above_the_restart_floor() {
 #[test]
 fn a_refused_node_id_ends_the_lingering_session_first() {
     let mut claim = NodeClaim::new(true);
-    assert_eq!(claim.refused(|| true), Refused::Retry);
+    assert_eq!(claim.refused(|| Ending::Ended), Refused::Retry);
     // The session ended but the lock is still taken: another server's.
     let mut called = false;
     assert_eq!(
         claim.refused(|| {
             called = true;
-            true
+            Ending::Ended
         }),
-        Refused::Rename
+        Refused::Rename(Rename::OtherServer)
     );
     assert!(!called, "the earlier session is ended at most once");
-    assert_eq!(claim.refused(|| true), Refused::GiveUp);
+    assert_eq!(claim.refused(|| Ending::Ended), Refused::GiveUp);
 }
 
 #[test]
-fn a_lingering_session_that_does_not_end_means_another_server() {
+fn a_lingering_session_that_is_gone_means_another_server() {
     let mut claim = NodeClaim::new(true);
-    assert_eq!(claim.refused(|| false), Refused::Rename);
-    assert_eq!(claim.refused(|| true), Refused::GiveUp);
+    assert_eq!(
+        claim.refused(|| Ending::Gone),
+        Refused::Rename(Rename::OtherServer)
+    );
+    assert_eq!(claim.refused(|| Ending::Ended), Refused::GiveUp);
+}
+
+/// This worker's own earlier session still there and not ended (a stopped
+/// registry backend): the node renames, but not for another server, which
+/// nothing shows exists.
+#[test]
+fn a_lingering_session_that_does_not_end_is_said_to_be_this_servers_own() {
+    let mut claim = NodeClaim::new(true);
+    assert_eq!(
+        claim.refused(|| Ending::NotEnded),
+        Refused::Rename(Rename::OwnSessionNotEnded)
+    );
+    assert_eq!(claim.refused(|| Ending::Ended), Refused::GiveUp);
 }
 
 #[test]
@@ -252,13 +268,13 @@ fn without_a_lingering_session_the_node_renames_once() {
     assert_eq!(
         claim.refused(|| {
             called = true;
-            true
+            Ending::NotEnded
         }),
-        Refused::Rename
+        Refused::Rename(Rename::OtherServer)
     );
     assert!(!called);
-    assert_eq!(claim.refused(|| true), Refused::GiveUp);
-    assert_eq!(claim.refused(|| true), Refused::GiveUp);
+    assert_eq!(claim.refused(|| Ending::Ended), Refused::GiveUp);
+    assert_eq!(claim.refused(|| Ending::Ended), Refused::GiveUp);
 }
 
 /// Directories from a small set, so that equal and different ones both occur.
@@ -403,19 +419,29 @@ proptest! {
     }
 
     /// Whatever the registry says and whether the earlier session ends:
-    /// that session is ended at most once, the node renames at most once,
+    /// that session is ended at most once, the node renames at most once
+    /// (for its own session only when that one was there and did not end),
     /// and a claim gives up after at most three refusals.
     #[test]
     fn a_claim_ends_renames_and_gives_up_in_order(
-        lingering in any::<bool>(), ends in prop::collection::vec(any::<bool>(), 1..8),
+        lingering in any::<bool>(),
+        ends in prop::collection::vec(
+            prop_oneof![Just(Ending::Ended), Just(Ending::Gone), Just(Ending::NotEnded)], 1..8),
     ) {
         let mut claim = NodeClaim::new(lingering);
         let (mut calls, mut renames, mut gave_up_at) = (0, 0, None);
-        for (i, ended) in ends.iter().enumerate() {
-            let step = claim.refused(|| { calls += 1; *ended });
+        let mut seen = None;
+        for (i, ending) in ends.iter().enumerate() {
+            let step = claim.refused(|| { calls += 1; seen = Some(*ending); *ending });
             match step {
-                Refused::Retry => prop_assert!(lingering && *ended && renames == 0),
-                Refused::Rename => renames += 1,
+                Refused::Retry => prop_assert!(lingering && *ending == Ending::Ended && renames == 0),
+                Refused::Rename(why) => {
+                    renames += 1;
+                    prop_assert_eq!(
+                        why == Rename::OwnSessionNotEnded,
+                        lingering && seen == Some(Ending::NotEnded) && i == 0
+                    );
+                }
                 Refused::GiveUp => { gave_up_at.get_or_insert(i); }
             }
             if gave_up_at.is_some() {

@@ -13,8 +13,9 @@ use super::registry::{call_error_text, PgRegistry};
 use super::{Target, Worker};
 
 use crate::clock;
-use crate::workers::registry_client::Connection;
-use snowflake_core::node::{NodeClaim, Refused};
+use crate::workers::registry_client::{AnswerBy, Connection};
+use snowflake_core::lease;
+use snowflake_core::node::{Ending, NodeClaim, Refused, Rename};
 use std::sync::atomic::Ordering::{Relaxed, Release};
 
 /// Session settings of the registry connection. Names resolve in
@@ -94,6 +95,15 @@ impl Worker {
         })
     }
 
+    /// By when the registry must answer: the earliest deadline of the
+    /// blocks in use, so that the worker is back to revoke them at it.
+    pub(super) fn answer_by(&self) -> AnswerBy {
+        AnswerBy {
+            origin: self.file.started,
+            deadline_mono_ms: lease::in_use_deadline(&self.holder.held),
+        }
+    }
+
     /// Opens the connection, beginning with the host to try first; notes
     /// which host it is on.
     fn open_connection(&mut self, target: &Target) -> Result<Connection, String> {
@@ -102,6 +112,7 @@ impl Worker {
             "snowflake_id lease",
             SESSION_OPTIONS,
             self.next_host,
+            self.answer_by(),
         );
         match connected {
             Ok((client, host)) => {
@@ -134,6 +145,8 @@ impl Worker {
             .map(|(pid, start)| format!("{pid}:{start}"))
             .unwrap_or_default();
         let mut claim = NodeClaim::new(lingering.is_some());
+        // Why this worker's earlier session did not end, for the log.
+        let mut not_ended = String::new();
         loop {
             let node = self.holder.id.node.clone();
             let hello = client.value(
@@ -145,24 +158,41 @@ impl Worker {
                 Ok(_) => {}
                 Err(e) => return Err(format!("{}: {}", target.display, call_error_text(&e))),
             }
-            let refused =
-                claim.refused(|| lingering.is_some_and(|old| self.end_lingering(client, old)));
+            let refused = claim.refused(|| match lingering {
+                Some(old) => {
+                    let (ending, why) = self.end_lingering(client, old);
+                    not_ended = why;
+                    ending
+                }
+                None => Ending::Gone,
+            });
             match refused {
                 Refused::Retry => {}
-                Refused::Rename => self.rename_node(),
+                Refused::Rename(why) => {
+                    let own = lingering.map(|(pid, _)| (pid, not_ended.as_str()));
+                    self.rename_node(why, own);
+                    // No block is in use any more.
+                    client.set_answer_by(self.answer_by().deadline_mono_ms);
+                }
                 Refused::GiveUp => return Err("the registry refused a fresh node id".into()),
             }
         }
     }
 
-    /// Takes a new node id: the old one is another running server's, and
-    /// so is every block saved under it.
-    fn rename_node(&mut self) {
+    /// Takes a new node id, forgetting every block saved under the old
+    /// one; logs why, as [`Rename`] says it is known (`own`: this worker's
+    /// earlier session, its pid and why it did not end).
+    fn rename_node(&mut self, why: Rename, own: Option<(i32, &str)>) {
         let old = std::mem::replace(&mut self.holder.id.node, new_node_id());
-        pgrx::log!(
-            "snowflake_id lease: node id {old} is in use by another running server (this data directory is a copy of it, or it of this one): this server is now node {} and leases its own worker ids",
-            self.holder.id.node
-        );
+        let new = &self.holder.id.node;
+        match (why, own) {
+            (Rename::OwnSessionNotEnded, Some((pid, reason))) => pgrx::log!(
+                "snowflake_id lease: node id {old} is still held on the registry by this server's own earlier session (pid {pid}), which could not be ended ({reason}); no other server is known to use it: this server is now node {new} and leases its own worker ids, and the old node id's blocks go back to the registry when their lease and grace run out"
+            ),
+            _ => pgrx::log!(
+                "snowflake_id lease: node id {old} is in use by another running server: a registry session this server does not know holds it (this data directory is a copy of that server's, or it of this one): this server is now node {new} and leases its own worker ids"
+            ),
+        }
         self.header.lease.node_id.set(&self.holder.id.node);
         let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
         self.holder.forget_all(&mut host);
@@ -207,34 +237,44 @@ impl Worker {
     }
 
     /// Ends `old`, this worker's earlier registry session, if it is still
-    /// there (same pid and start, so not a reused pid): true when it ended,
-    /// and with it its hold on the node id and the blocks' locks.
-    fn end_lingering(&mut self, client: &mut Connection, old: (i32, i64)) -> bool {
-        let ended = client.value(
-            "SELECT coalesce(bool_or(pg_terminate_backend(pid, 5000)), false) \
+    /// there (same pid and start, so not a reused pid): `Ended` when it
+    /// ended, and with it its hold on the node id and the blocks' locks;
+    /// `Gone` when it is not there any more; else `NotEnded`, with why.
+    fn end_lingering(&mut self, client: &mut Connection, old: (i32, i64)) -> (Ending, String) {
+        let ended = client.query(
+            "SELECT count(*) > 0, coalesce(bool_or(pg_terminate_backend(pid, 5000)), false) \
                FROM pg_stat_activity \
               WHERE pid = $1::int AND (extract(epoch FROM backend_start) * 1000000)::int8 = $2::int8",
             &[&old.0.to_string(), &old.1.to_string()],
         );
-        match ended {
-            Ok(Some(t)) if t == "t" => {
+        let row = ended.map(|rows| {
+            let row = rows.into_iter().next().unwrap_or_default();
+            let flag = |i: usize| row.get(i).cloned().flatten().as_deref() == Some("t");
+            (flag(0), flag(1))
+        });
+        match row {
+            Ok((_, true)) => {
                 pgrx::log!(
                     "snowflake_id lease: ended this server's earlier session on {} (pid {}), left behind by a broken connection, to take back node id {}",
                     self.display(),
                     old.0,
                     self.holder.id.node
                 );
-                true
+                (Ending::Ended, String::new())
             }
-            Ok(_) => false,
+            Ok((false, _)) => (Ending::Gone, String::new()),
+            Ok((true, false)) => (
+                Ending::NotEnded,
+                "it did not exit within 5 s of pg_terminate_backend(): the registry backend is stopped or stuck".into(),
+            ),
             Err(e) => {
+                let why = call_error_text(&e);
                 pgrx::log!(
-                    "snowflake_id lease: could not end this server's earlier session on {} (pid {}): {}",
+                    "snowflake_id lease: could not end this server's earlier session on {} (pid {}): {why}",
                     self.display(),
                     old.0,
-                    call_error_text(&e)
                 );
-                false
+                (Ending::NotEnded, format!("ending it failed: {why}"))
             }
         }
     }

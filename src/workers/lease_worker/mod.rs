@@ -13,7 +13,10 @@
 //!   why, never local mode with every worker id).
 //! - It talks to the registry over an ordinary client connection, with
 //!   timeouts, one call per renewal, committing synchronously. Backends
-//!   never wait on the registry: they read the slots' limits.
+//!   never wait on the registry: they read the slots' limits. No wait on
+//!   the registry lasts past the earliest deadline of the blocks in use
+//!   (`registry_client`), so the worker revokes a block at its deadline
+//!   also while the registry stalls.
 //! - Each slot's `limit_tick` is the confirmed mark of its block (or
 //!   `NO_LEASE`); activating or revoking a block happens under the slot
 //!   table's lock and bumps the slots' `lease_epoch`, so a backend whose
@@ -209,6 +212,10 @@ impl Worker {
         if self.file.target.is_none() {
             return;
         }
+        // Blocks whose deadline came are revoked before any wait on the
+        // registry (a connection attempt is bounded by the deadlines of
+        // the blocks still in use, see registry_client).
+        self.expire_due();
         if self.client.is_none() && self.mono_ms() >= self.next_connect_mono {
             self.connect();
         }
@@ -229,6 +236,8 @@ impl Worker {
             let registry = self.client.as_mut().map(|c| c as &mut dyn Registry);
             self.holder.step(now, &usage, &allowed, registry, &mut host)
         };
+        // A call given up at a block's deadline: revoke it now.
+        self.expire_due();
         self.report_events();
         match result {
             Ok(()) => {
@@ -249,6 +258,13 @@ impl Worker {
         }
         self.publish();
         self.persist();
+    }
+
+    /// Revokes the blocks whose deadline came, by the monotonic clock.
+    fn expire_due(&mut self) {
+        let now = self.mono_ms();
+        let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
+        self.holder.expire_due(now, &mut host);
     }
 
     fn persist(&mut self) {

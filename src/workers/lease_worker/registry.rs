@@ -88,6 +88,9 @@ impl Registry for PgRegistry {
     fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
         self.call("snowflake_lease_release", req)
     }
+    fn answer_by(&mut self, deadline_mono_ms: Option<i64>) {
+        self.client.set_answer_by(deadline_mono_ms);
+    }
     fn durable(&mut self, wait_ms: i64) -> Result<Durability, CallError> {
         if !self.durable_check {
             return Ok(Durability {

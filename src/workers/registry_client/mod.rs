@@ -5,7 +5,12 @@
 //! with `target_session_attrs`); this file drives it without blocking:
 //! every socket wait is a `WaitLatchOrSocket` on the worker's latch with a
 //! deadline, so a stalled registry costs at most [`CALL_TIMEOUT_MS`] per
-//! call, and SIGTERM and SIGHUP are handled while waiting.
+//! call, and SIGTERM and SIGHUP are handled while waiting. While blocks
+//! are in use, no wait (a call, a connection attempt, any host of it)
+//! lasts past the earliest of their deadlines, and an answer that came at
+//! or after it is not used ([`AnswerBy`], `snowflake_core::lease::CallLimit`):
+//! the worker is back in its loop to revoke them at their deadline, as the
+//! holder's contract says, however long the registry stalls.
 //!
 //! libpq is loaded with `dlopen` (the `libloading` crate) by the lease
 //! worker only, never linked: a library preloaded into every server
@@ -27,10 +32,11 @@ use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 use snowflake_core::conninfo;
 use snowflake_core::holder::CallError;
+use snowflake_core::lease::{CallEnd, CallLimit};
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Set once SIGTERM was seen during a call (pgrx's flag is consumed when
 /// read): the worker's loop ends.
@@ -44,6 +50,36 @@ pub fn terminating() -> bool {
 /// The longest a connection attempt or a call may take.
 pub const CALL_TIMEOUT_MS: u64 = 10_000;
 
+/// By when calls must be over, on the lease worker's monotonic clock (ms
+/// since `origin`): the earliest deadline of the blocks in use
+/// (`snowflake_core::lease::in_use_deadline`), `None` when none is.
+#[derive(Clone, Copy, Debug)]
+pub struct AnswerBy {
+    pub origin: Instant,
+    pub deadline_mono_ms: Option<i64>,
+}
+
+impl AnswerBy {
+    fn now_mono_ms(&self) -> i64 {
+        i64::try_from(self.origin.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// The limit of a call (or connection attempt) starting now.
+    fn limit(&self) -> CallLimit {
+        CallLimit::new(
+            self.now_mono_ms(),
+            CALL_TIMEOUT_MS as i64,
+            self.deadline_mono_ms,
+        )
+    }
+
+    /// The lease deadline has come: no call may start.
+    fn deadline_passed(&self) -> bool {
+        self.deadline_mono_ms
+            .is_some_and(|d| self.now_mono_ms() >= d)
+    }
+}
+
 /// The longest single wait, so that signals are seen promptly even if a
 /// latch wake-up were missed.
 const WAIT_SLICE_MS: i64 = 500;
@@ -54,8 +90,11 @@ pub struct Connection {
     conn: *mut PGconn,
     /// The SQLSTATE of the last call's error, if it failed on the server.
     last_sqlstate: Option<String>,
-    /// A call found no answer within [`CALL_TIMEOUT_MS`]: the host stalled.
+    /// A call found no answer within its limit ([`CALL_TIMEOUT_MS`], or
+    /// the lease deadline): the host stalled.
     stalled: bool,
+    /// By when calls must be over.
+    answer_by: AnswerBy,
 }
 
 // The worker is single-threaded; the connection never leaves it.
@@ -75,6 +114,13 @@ enum Want {
     Write,
 }
 
+/// A call's error as text.
+fn call_error_text(e: &CallError) -> &str {
+    match e {
+        CallError::Unreachable(text) | CallError::Refused(text) => text,
+    }
+}
+
 /// Handles SIGHUP (reloads the configuration) and SIGTERM (gives up the
 /// call, so that the worker exits) while waiting.
 fn check_signals() -> Result<(), CallError> {
@@ -91,23 +137,35 @@ fn check_signals() -> Result<(), CallError> {
     Ok(())
 }
 
-/// Waits until the socket is ready for `want`, the deadline passes (an
-/// error naming `what`), or a signal arrives.
+/// Why a wait that reached its limit gave up, naming `what`.
+fn no_answer(limit: &CallLimit, clock: &AnswerBy, what: &str) -> CallError {
+    match limit.end {
+        CallEnd::Timeout => CallError::Unreachable(format!(
+            "no answer within {} s while {what} (the registry is stalled or the network drops packets)",
+            CALL_TIMEOUT_MS / 1000
+        )),
+        CallEnd::LeaseDeadline => CallError::Unreachable(format!(
+            "no answer before the lease deadline of this server's blocks while {what} (given up {} ms past it; the registry is stalled or the network drops packets): the blocks are not used past their deadline",
+            clock.now_mono_ms().saturating_sub(limit.until_mono_ms)
+        )),
+    }
+}
+
+/// Waits until the socket is ready for `want`, the limit passes (an error
+/// naming `what`), or a signal arrives.
 fn wait_socket(
     pq: &Libpq,
     conn: *mut PGconn,
     want: Want,
-    deadline: Instant,
+    limit: &CallLimit,
+    clock: &AnswerBy,
     what: &str,
 ) -> Result<(), CallError> {
     loop {
         check_signals()?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(CallError::Unreachable(format!(
-                "no answer within {} s while {what} (the registry is stalled or the network drops packets)",
-                CALL_TIMEOUT_MS / 1000
-            )));
+        let left = limit.left_ms(clock.now_mono_ms());
+        if left == 0 {
+            return Err(no_answer(limit, clock, what));
         }
         // SAFETY: reading the socket of a live connection.
         let socket = unsafe { (pq.PQsocket)(conn) };
@@ -118,7 +176,7 @@ fn wait_socket(
             Want::Read => pg_sys::WL_SOCKET_READABLE,
             Want::Write => pg_sys::WL_SOCKET_WRITEABLE,
         };
-        let timeout = (left.as_millis() as i64).clamp(1, WAIT_SLICE_MS);
+        let timeout = left.clamp(1, WAIT_SLICE_MS);
         // SAFETY: MyLatch is this process's latch; the socket is open for
         // the duration of the wait.
         let rc = unsafe {
@@ -150,12 +208,15 @@ impl Connection {
     /// happens only on a refused connection (its `connect_timeout` does
     /// not apply to a non-blocking connect), so a first host that accepts
     /// connections and never answers (a frozen VM) would otherwise stall
-    /// every attempt. Returns the connection and the index of its host.
+    /// every attempt. No attempt waits past `answer_by`'s lease deadline,
+    /// and none starts after it. Returns the connection and the index of
+    /// its host.
     pub fn connect(
         conninfo: &str,
         application_name: &str,
         options: &str,
         first: usize,
+        answer_by: AnswerBy,
     ) -> Result<(Connection, usize), CallError> {
         let parsed = parse_conninfo(conninfo).map_err(CallError::Refused)?;
         let value = |key: &str| {
@@ -166,15 +227,25 @@ impl Connection {
         };
         let hosts = conninfo::hosts(value("host"), value("hostaddr"), value("port"));
         if hosts.is_empty() {
-            return Self::connect_to(conninfo, application_name, options, None).map(|c| (c, 0));
+            return Self::connect_to(conninfo, application_name, options, None, answer_by)
+                .map(|c| (c, 0));
         }
         let mut errors = Vec::with_capacity(hosts.len());
         for k in 0..hosts.len() {
             let i = (first + k) % hosts.len();
-            match Self::connect_to(conninfo, application_name, options, Some(&hosts[i])) {
+            match Self::connect_to(
+                conninfo,
+                application_name,
+                options,
+                Some(&hosts[i]),
+                answer_by,
+            ) {
                 Ok(c) => return Ok((c, i)),
-                // Shutting down: no other host.
-                Err(e) if terminating() => return Err(e),
+                // Shutting down, or the lease deadline came: no other host.
+                Err(e) if terminating() || answer_by.deadline_passed() => {
+                    errors.push(format!("host {}: {}", i + 1, call_error_text(&e)));
+                    return Err(CallError::Unreachable(errors.join("; ")));
+                }
                 Err(CallError::Unreachable(e) | CallError::Refused(e)) => {
                     errors.push(format!("host {}: {e}", i + 1))
                 }
@@ -190,6 +261,7 @@ impl Connection {
         application_name: &str,
         options: &str,
         host: Option<&conninfo::HostChoice>,
+        answer_by: AnswerBy,
     ) -> Result<Connection, CallError> {
         let pq = libpq()?;
         let bad = |_| CallError::Refused("the connection string contains a NUL byte".into());
@@ -233,15 +305,16 @@ impl Connection {
             conn,
             last_sqlstate: None,
             stalled: false,
+            answer_by,
         };
         // SAFETY: status of the connection we own.
         if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
             return Err(CallError::Unreachable(error_message(pq, conn)));
         }
-        let deadline = Instant::now() + Duration::from_millis(CALL_TIMEOUT_MS);
+        let limit = answer_by.limit();
         let mut want = Want::Write;
         loop {
-            wait_socket(pq, conn, want, deadline, "connecting")?;
+            wait_socket(pq, conn, want, &limit, &answer_by, "connecting")?;
             // SAFETY: advancing the connection we own.
             match unsafe { (pq.PQconnectPoll)(conn) } {
                 PGRES_POLLING_OK => break,
@@ -253,11 +326,21 @@ impl Connection {
                 _ => {}
             }
         }
+        if !limit.answer_usable(answer_by.now_mono_ms()) {
+            return Err(no_answer(&limit, &answer_by, "connecting"));
+        }
         // SAFETY: switching the connection we own to non-blocking sends.
         if unsafe { (pq.PQsetnonblocking)(conn, 1) } != 0 {
             return Err(CallError::Unreachable(error_message(pq, conn)));
         }
         Ok(connection)
+    }
+
+    /// Sets by when the calls that follow must be over (the earliest
+    /// deadline of the blocks in use, on the lease worker's monotonic
+    /// clock; `None`: the call timeout alone).
+    pub fn set_answer_by(&mut self, deadline_mono_ms: Option<i64>) {
+        self.answer_by.deadline_mono_ms = deadline_mono_ms;
     }
 
     /// Runs `sql` with text parameters; returns the rows' text values
@@ -277,7 +360,13 @@ impl Connection {
             .collect::<Result<_, _>>()
             .map_err(bad)?;
         let ptrs: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
-        let deadline = Instant::now() + Duration::from_millis(CALL_TIMEOUT_MS);
+        let clock = self.answer_by;
+        let limit = clock.limit();
+        // The deadline came before the call: nothing is sent (the host did
+        // not stall; the worker revokes the blocks and reconnects).
+        if limit.left_ms(clock.now_mono_ms()) == 0 {
+            return Err(no_answer(&limit, &clock, "sending a call"));
+        }
         // SAFETY: the statement and parameter strings outlive the call;
         // NULL types, lengths and formats mean text parameters.
         let sent = unsafe {
@@ -300,8 +389,8 @@ impl Connection {
             // SAFETY: flushing the connection we own.
             match unsafe { (pq.PQflush)(conn) } {
                 0 => break,
-                1 => wait_socket(pq, conn, Want::Write, deadline, "sending a call")
-                    .inspect_err(|_| self.stalled = Instant::now() >= deadline)?,
+                1 => wait_socket(pq, conn, Want::Write, &limit, &clock, "sending a call")
+                    .inspect_err(|_| self.stalled = limit.left_ms(clock.now_mono_ms()) == 0)?,
                 _ => return Err(CallError::Unreachable(error_message(pq, conn))),
             }
         }
@@ -310,8 +399,15 @@ impl Connection {
         loop {
             // SAFETY: on the connection we own.
             while unsafe { (pq.PQisBusy)(conn) } != 0 {
-                wait_socket(pq, conn, Want::Read, deadline, "waiting for an answer")
-                    .inspect_err(|_| self.stalled = Instant::now() >= deadline)?;
+                wait_socket(
+                    pq,
+                    conn,
+                    Want::Read,
+                    &limit,
+                    &clock,
+                    "waiting for an answer",
+                )
+                .inspect_err(|_| self.stalled = limit.left_ms(clock.now_mono_ms()) == 0)?;
                 // SAFETY: as above.
                 if unsafe { (pq.PQconsumeInput)(conn) } == 0 {
                     return Err(CallError::Unreachable(error_message(pq, conn)));
@@ -336,6 +432,17 @@ impl Connection {
         // SAFETY: status of the connection we own.
         if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
             return Err(CallError::Unreachable(error_message(pq, conn)));
+        }
+        // An answer that came at or after the lease deadline is not used:
+        // the blocks are due to stop; the worker revokes them and asks
+        // again in a new session.
+        let answered = clock.now_mono_ms();
+        if !limit.answer_usable(answered) {
+            self.stalled = true;
+            return Err(CallError::Unreachable(format!(
+                "the answer came {} ms after the lease deadline of this server's blocks: not used",
+                answered.saturating_sub(limit.until_mono_ms)
+            )));
         }
         match refused {
             Some(message) => Err(CallError::Refused(message)),
