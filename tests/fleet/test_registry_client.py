@@ -423,3 +423,44 @@ def test_a_lease_role_without_the_durability_check_leases_one_block_and_says_why
     with a.connect() as conn:
         assert len(ids(conn, 10)) == 10
     assert {row[1] for row in leases(r)} == {config(a)["node_id"]}
+
+
+def test_a_lease_answered_after_its_own_deadline_is_not_used(make_cluster):
+    """With no block in use, an acquire waits up to the 10 s call timeout.
+    When the registry answers it later than the lease time (here: a lock
+    on its blocks table holds the call for about 5 s on a 2 s lease), the
+    grant's deadline, counted from when the call was sent, has already
+    passed: the block must not be activated (sessions could use it past
+    its deadline until the worker's expire_due runs) and then revoked at
+    once. Found by an adversarial review: the log showed "leased block 1"
+    and "the lease of block 1 ran out" in the same millisecond."""
+    import datetime
+    import re
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "2s"})
+    with a.connect() as conn:
+        assert len(ids(conn, 10)) == 10
+    mark = a.log_mark()
+    with r.connect() as lock:
+        lock.execute("BEGIN")
+        lock.execute("LOCK TABLE snowflake_lease_blocks IN ACCESS EXCLUSIVE MODE")
+        time.sleep(7)
+        lock.execute("COMMIT")
+    with a.connect() as conn:
+        wait_until(lambda: can_make_id(conn), timeout=30, what="IDs again")
+    log = a.log(mark)
+
+    def at(line):
+        return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+
+    lines = log.splitlines()
+    leased = {}
+    for line in lines:
+        m = re.search(r"snowflake_id lease: leased block (\d+) ", line)
+        if m:
+            leased[m.group(1)] = at(line)
+        m = re.search(r"snowflake_id lease: the lease of block (\d+) ran out", line)
+        if m and m.group(1) in leased:
+            assert (at(line) - leased[m.group(1)]).total_seconds() > 1.0, (
+                f"block {m.group(1)} was leased (and activated) with its deadline already"
+                f" past:\n{log[-3000:]}")
