@@ -40,6 +40,9 @@
 //!   [`lease::CallLimit`]): the holder stops using a block at its deadline
 //!   by its own monotonic clock also while the registry stalls (the glue
 //!   is back in its loop then, and revokes it, [`Holder::expire_due`]).
+//!   A call that grants (a lease, a renewal, their durability checks) is
+//!   bounded by the deadline of its own grant too, so that a late answer
+//!   never hands sessions a block already past its deadline.
 
 use crate::lease::{self, Held, Plan, Timing, Usage};
 use serde::{Deserialize, Serialize};
@@ -387,9 +390,18 @@ impl Holder {
         self.pending.retain(|h| now_mono_ms < h.deadline_mono_ms);
     }
 
-    /// Tells the registry by when the next call must be over.
-    fn bound(&self, registry: &mut dyn Registry) {
-        registry.answer_by(lease::in_use_deadline(&self.held));
+    /// Tells the registry by when the next call must be over: the earliest
+    /// deadline of the blocks in use, and, for a call whose answer would
+    /// grant (a lease, a renewal, and their durability checks), the
+    /// deadline of that grant (`grant_deadline_mono_ms`): an answer that
+    /// comes after it would hand sessions a block already past its
+    /// deadline.
+    fn bound(&self, registry: &mut dyn Registry, grant_deadline_mono_ms: Option<i64>) {
+        let in_use = lease::in_use_deadline(&self.held);
+        registry.answer_by(match (in_use, grant_deadline_mono_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        });
     }
 
     /// A new session on the registry: renew at once (adopts saved blocks,
@@ -535,10 +547,11 @@ impl Holder {
         &mut self,
         what: &'static str,
         now: &Now,
+        grant_deadline_mono_ms: i64,
         registry: &mut dyn Registry,
     ) -> Result<bool, CallError> {
         let wait_ms = now.timing.renew_every_ms.clamp(100, DURABLE_WAIT_MAX_MS);
-        self.bound(registry);
+        self.bound(registry, Some(grant_deadline_mono_ms));
         let durability = match registry.durable(wait_ms) {
             Ok(d) => d,
             Err(e) => return self.failed(e).map(|()| false),
@@ -597,7 +610,7 @@ impl Holder {
             lsn: self.lsn_text(),
             previous_session: self.previous_session.clone(),
         };
-        self.bound(registry);
+        self.bound(registry, Some(grant.deadline_mono_ms));
         let reply = match registry.renew(&req) {
             Ok(reply) => reply,
             Err(e) => return self.failed(e),
@@ -630,7 +643,7 @@ impl Holder {
         // Nothing else is used before it is durable: the deadlines and
         // marks stay those of the last durable renewal, and the renewal is
         // sent again at the next round.
-        if !self.durable("renewal", &now, registry)? {
+        if !self.durable("renewal", &now, grant.deadline_mono_ms, registry)? {
             return Ok(());
         }
         self.last_renew_mono = Some(now.mono_ms);
@@ -687,7 +700,7 @@ impl Holder {
             incarnation: self.incarnation.clone(),
             lsn: self.lsn_text(),
         };
-        self.bound(registry);
+        self.bound(registry, Some(grant.deadline_mono_ms));
         let reply = match registry.acquire(&req) {
             Ok(reply) => reply,
             Err(e) => return self.failed(e),
@@ -713,7 +726,7 @@ impl Holder {
         let checked = if reply.blocks.is_empty() {
             Ok(true)
         } else {
-            self.durable("lease", &now, registry)
+            self.durable("lease", &now, grant.deadline_mono_ms, registry)
         };
         let durable = matches!(checked, Ok(true));
         for b in reply.blocks {
@@ -802,7 +815,7 @@ impl Holder {
         };
         // On failure the block simply expires at the registry, with the
         // higher mark of its last renewal.
-        self.bound(registry);
+        self.bound(registry, None);
         match registry.release(&req) {
             Ok(reply) => {
                 if self.accept(&reply.incarnation, &reply.lsn) && reply.released {

@@ -34,3 +34,13 @@ pub fn pin_search_path() {
         );
     }
 }
+
+/// The message of an error caught with `PgTryBuilder` in a worker (which
+/// then aborts its transaction, logs and goes on).
+pub(crate) fn caught_message(e: &pg_sys::panic::CaughtError) -> String {
+    match e {
+        pg_sys::panic::CaughtError::PostgresError(r)
+        | pg_sys::panic::CaughtError::ErrorReport(r)
+        | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
+    }
+}

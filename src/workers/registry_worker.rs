@@ -24,7 +24,7 @@
 use crate::settings;
 use crate::shmem;
 use crate::sql;
-use crate::workers::registry_backfill;
+use crate::workers::{caught_message, registry_backfill};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
     DynamicBackgroundWorker, SignalWakeFlags,
@@ -219,14 +219,6 @@ fn watch(worker: &DynamicBackgroundWorker) -> bool {
                 return BackgroundWorker::wait_latch(Some(FIRST_BACKOFF));
             }
         }
-    }
-}
-
-fn caught_message(e: &pg_sys::panic::CaughtError) -> String {
-    match e {
-        pg_sys::panic::CaughtError::PostgresError(r)
-        | pg_sys::panic::CaughtError::ErrorReport(r)
-        | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
     }
 }
 

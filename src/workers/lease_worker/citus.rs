@@ -9,12 +9,18 @@ use super::{Target, Worker};
 
 use crate::settings;
 use crate::shmem::{LeaseMode, MODE_CITUS, NO_LEASE};
+use crate::workers::caught_message;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
+use pgrx::{PgSqlErrorCode, PgTryBuilder};
+use snowflake_core::lease;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 
 /// How often a Citus node looks at the cluster's metadata.
 pub(super) const CITUS_POLL_MS: i64 = 1_000;
+
+/// The longest the metadata read waits on a lock or runs.
+const CITUS_READ_TIMEOUT_MS: i64 = 1_000;
 
 impl Worker {
     /// Reads the Citus metadata and follows it: leases from the cluster's
@@ -29,7 +35,25 @@ impl Worker {
         // ids the coordinator leases to other nodes. It keeps leasing
         // from the coordinator it knew; a node that really left
         // removes citus from shared_preload_libraries.
-        let found = match (citus_target(), &self.file.target) {
+        // The catalog read waits on locks no longer than the blocks in use
+        // have left (a LOCK or VACUUM FULL of pg_dist_node must not keep
+        // the worker from revoking them at their deadline), and at most a
+        // second; a read given up is retried at the next poll.
+        let left_ms = lease::in_use_deadline(&self.holder.held)
+            .map_or(CITUS_READ_TIMEOUT_MS, |d| d.saturating_sub(self.mono_ms()))
+            .clamp(10, CITUS_READ_TIMEOUT_MS);
+        let found = match citus_target(left_ms) {
+            CitusRead::Found(found) => found,
+            // Not known now, but nothing says it changed: the mode and
+            // the coordinator stay as they are until the next poll.
+            CitusRead::GaveUp(why) => {
+                self.set_problem(Problem::Citus(format!(
+                    "Citus metadata could not be read within {left_ms} ms ({why}): retried every second; this server goes on as before meanwhile"
+                )));
+                return;
+            }
+        };
+        let found = match (found, &self.file.target) {
             (Ok(None), Some(known)) if known.mode == MODE_CITUS => Err(format!(
                 "Citus's metadata on this node lists no cluster any more (pg_dist_node is empty: stop_metadata_sync_to_node, or the node was removed), but this server was part of one: it keeps leasing worker ids from {} rather than using every worker id; if this node left the Citus cluster for good, remove citus from shared_preload_libraries and restart",
                 known.display
@@ -57,11 +81,58 @@ impl Worker {
     }
 }
 
+/// What one read of the Citus metadata found.
+enum CitusRead {
+    /// The coordinator of the cluster (`None`: in no cluster), or why it
+    /// cannot tell.
+    Found(Result<Option<Target>, String>),
+    /// The read waited on a lock, or ran, past its timeout.
+    GaveUp(String),
+}
+
 /// The coordinator of the Citus cluster this node belongs to (from
 /// `pg_dist_node`), `None` when it belongs to none, or why it cannot tell.
-fn citus_target() -> Result<Option<Target>, String> {
+/// The read gives up after `timeout_ms` (a lock wait, or the statement):
+/// the error is caught, the transaction aborted, and the poll retried.
+fn citus_target(timeout_ms: i64) -> CitusRead {
     let database = settings::registry_database().unwrap_or_default();
-    let found = BackgroundWorker::transaction(|| {
+    PgTryBuilder::new(|| {
+        let found = BackgroundWorker::transaction(|| read_citus_metadata(timeout_ms))
+            .map_err(|e| e.to_string());
+        CitusRead::Found(coordinator_of(found, &database))
+    })
+    .catch_others(|e| {
+        // SAFETY: back to a clean state after an error, as PostgreSQL's
+        // own background processes do (and registry_worker).
+        unsafe { pg_sys::AbortOutOfAnyTransaction() };
+        let code = match &e {
+            pg_sys::panic::CaughtError::PostgresError(r)
+            | pg_sys::panic::CaughtError::ErrorReport(r)
+            | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.sql_error_code(),
+        };
+        match code {
+            PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE | PgSqlErrorCode::ERRCODE_QUERY_CANCELED => {
+                CitusRead::GaveUp(caught_message(&e))
+            }
+            _ => CitusRead::Found(Err(format!(
+                "Citus metadata could not be read: {}",
+                caught_message(&e)
+            ))),
+        }
+    })
+    .execute()
+}
+
+/// The metadata the coordinator is found from: whether citus is there,
+/// then the primaries' count, the coordinator's host and port, and the
+/// bootstrap superuser's name.
+fn read_citus_metadata(
+    timeout_ms: i64,
+) -> Result<Option<(String, i32, i64, String)>, pgrx::spi::Error> {
+    Spi::run(&format!(
+        "SET LOCAL lock_timeout = {timeout_ms}; SET LOCAL statement_timeout = {timeout_ms}"
+    ))?;
+    {
         Spi::connect(
             |client| -> Result<Option<(String, i32, i64, String)>, pgrx::spi::Error> {
                 let has_citus = !client
@@ -98,7 +169,14 @@ fn citus_target() -> Result<Option<Target>, String> {
                 )))
             },
         )
-    });
+    }
+}
+
+/// What the metadata read (`found`) says about this node's cluster.
+fn coordinator_of(
+    found: Result<Option<(String, i32, i64, String)>, String>,
+    database: &str,
+) -> Result<Option<Target>, String> {
     match found {
         Err(e) => Err(format!("Citus metadata could not be read: {e}")),
         // Citus is preloaded: never every worker id, unchecked.
@@ -116,7 +194,7 @@ fn citus_target() -> Result<Option<Target>, String> {
             conninfo: format!(
                 "host='{}' port={port} dbname='{}' user='{}' {}",
                 conninfo_quote(&host),
-                conninfo_quote(&database),
+                conninfo_quote(database),
                 conninfo_quote(&user),
                 settings::registry_options()
             ),

@@ -206,6 +206,9 @@ impl Worker {
     }
 
     fn step(&mut self, citus: bool) {
+        // Blocks whose deadline came are revoked first, before anything
+        // here may wait (the Citus metadata read, the registry).
+        self.expire_due();
         if citus && self.mono_ms() >= self.next_citus_mono {
             self.follow_citus();
         }
