@@ -205,3 +205,40 @@ def test_hand_set_ranges(make_cluster):
     # the coordinator, within the hand-set ranges.
     inserted, errors = workload(nodes)
     check(nodes, inserted, errors)
+
+
+def test_a_locked_pg_dist_node_does_not_stop_renewals(make_cluster):
+    """A LOCK (or a VACUUM FULL) of pg_dist_node on a worker, held longer
+    than a lease: the lease worker's metadata read gives up within a
+    second, says so, and the worker goes on renewing its blocks and making
+    IDs. Before, the read had no timeout: the lease worker sat in the lock
+    wait, neither renewing nor revoking its blocks at their deadline."""
+    nodes = citus_cluster(make_cluster, lambda i, c: {"snowflake_id.lease_time": "4s"})
+    for n in nodes:
+        wait_until(lambda n=n: mode(n) == "citus", timeout=60, what=f"citus mode on {n.port}")
+    w = nodes[1]
+    # Connections opened (and their caches warm) before the lock: a new
+    # backend of a Citus node may read pg_dist_node itself.
+    with w.connect() as conn, w.connect() as cfg, w.connect() as lock:
+        wait_until(lambda: can_make_id(conn), timeout=30, what="IDs on the worker")
+
+        def deadline():
+            return cfg.execute("SELECT lease_deadline FROM snowflake_config()").fetchone()[0]
+
+        lock.execute("BEGIN")
+        lock.execute("LOCK TABLE pg_dist_node IN ACCESS EXCLUSIVE MODE")
+        try:
+            first = deadline()
+            # Two renewals while the lock is held (4 s leases renew every
+            # 0.4 s; the metadata read gives up after at most 1 s).
+            wait_until(lambda: deadline() > first, timeout=15,
+                       what="a renewal while pg_dist_node is locked")
+            second = deadline()
+            wait_until(lambda: deadline() > second, timeout=15,
+                       what="another renewal while pg_dist_node is locked")
+            made = [conn.execute("SELECT snowflake_nextval()").fetchone()[0] for _ in range(100)]
+            assert len(set(made)) == 100
+            assert "Citus metadata could not be read within" in w.log()
+        finally:
+            lock.execute("ROLLBACK")
+    assert mode(w) == "citus"
