@@ -1,11 +1,15 @@
 """Helpers the fleet tests share (tests/fleet/): the short lease time they
 run with, a registry server and a server leasing from it, the registry's
-limits for that lease time, the registry's view of its leases, and the
-errors of a server that refuses to make IDs. Test modules import these
+limits for that lease time, the registry's view of its leases, the
+errors of a server that refuses to make IDs, and waking stopped processes. Test modules import these
 from here, never from one another; helpers of several folders are in
 tests/helpers.py."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import signal
 
 import psycopg
 
@@ -51,3 +55,11 @@ def leases(r) -> list[tuple]:
 # What a server that may not make IDs answers: no usable lease (55000),
 # or a wait for one cut short by statement_timeout (57014).
 REFUSED = (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.QueryCanceled)
+
+
+def resume(pids) -> None:
+    """SIGCONT to each of `pids` (processes a test stopped with SIGSTOP)
+    that still exists."""
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGCONT)

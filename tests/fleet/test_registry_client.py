@@ -17,7 +17,7 @@ import pytest
 
 from harness import AS_ROOT, PG_MAJOR, other_pg_bindir, pg_config, pg_ids, wait_until
 from helpers import can_make_id, config, ids, lease_schema, old_release
-from fleet_helpers import LEASE, LEASE_S, holder, leases, registry_server
+from fleet_helpers import LEASE, LEASE_S, holder, leases, registry_server, resume
 
 
 def server_pids(c) -> list[int]:
@@ -112,11 +112,7 @@ def test_a_stalled_registry_is_detected_and_the_holder_still_stops_fast(make_clu
         took = time.monotonic() - started
         assert took < 10, f"pg_ctl stop -m fast took {took:.1f} s with the registry stalled"
     finally:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        resume(pids)
 
 
 def test_a_holder_stops_at_its_lease_deadline_while_a_call_waits_on_a_stalled_registry(
@@ -178,11 +174,7 @@ def test_a_holder_stops_at_its_lease_deadline_while_a_call_waits_on_a_stalled_re
             assert "leases ran out at" in (refused.diag.message_detail or ""), refused
             assert "before the lease deadline" in a.log(), a.log()[-3000:]
         finally:
-            for p in pids:
-                try:
-                    os.kill(p, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            resume(pids)
 
 
 def make_cert(dirpath: str) -> tuple[str, str]:
