@@ -129,6 +129,20 @@ impl Claim {
             .publish_counters(&self.state, &mut self.published, self.holder);
     }
 
+    /// The next ID from the sequence numbers this claim holds in its
+    /// worker id's position (`held`), for the clock reading `now_ms`;
+    /// `None` when it holds none for that reading. The lease bound is the
+    /// caller's to check. Cannot raise an error or panic.
+    #[inline(always)]
+    fn held_id(&mut self, now_ms: i64, max_drift_ms: i64) -> Option<i64> {
+        let sequence = self.state.next_held(
+            self.layout.clock_tick(now_ms),
+            self.held,
+            self.layout.whole_ticks(max_drift_ms),
+        )?;
+        Some(self.id_base | i64::from(sequence))
+    }
+
     /// [`Claim::publish`] after held IDs only: they changed nothing but the
     /// count. With a `holder` entry the count is stored there whole (the
     /// slot's sum is not involved, so `published` needs no update).
@@ -214,14 +228,9 @@ pub fn next_held_id() -> Option<i64> {
     if claim.state.last_tick > limit || epoch != claim.epoch {
         return None;
     }
-    let layout = claim.layout;
-    let sequence = claim.state.next_held(
-        layout.clock_tick(now_ms),
-        claim.held,
-        layout.whole_ticks(settings::max_drift_ms()),
-    )?;
+    let id = claim.held_id(now_ms, settings::max_drift_ms())?;
     claim.publish_count();
-    Some(claim.id_base | i64::from(sequence))
+    Some(id)
 }
 
 /// [`generate`] of one ID, when [`next_held_id`] had none.
@@ -312,12 +321,8 @@ fn make_ids(
         let word = claim.slot.load();
         let now_ms = clock.now_ms();
         if claim.state.last_tick <= limit && current {
-            if let Some(sequence) = claim.state.next_held(
-                layout.tick_at(now_ms),
-                claim.held,
-                layout.whole_ticks(max_drift_ms),
-            ) {
-                emit(claim.id_base | i64::from(sequence));
+            if let Some(id) = claim.held_id(now_ms, max_drift_ms) {
+                emit(id);
                 i += 1;
                 continue;
             }
