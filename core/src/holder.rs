@@ -174,6 +174,15 @@ pub enum CallError {
     Refused(String),
 }
 
+impl CallError {
+    /// What went wrong, as text.
+    pub fn text(&self) -> &str {
+        match self {
+            CallError::Unreachable(text) | CallError::Refused(text) => text,
+        }
+    }
+}
+
 /// The registry, as the holder calls it (one connected session that took
 /// the node's lock).
 pub trait Registry {

@@ -35,12 +35,19 @@ pub fn pin_search_path() {
     }
 }
 
-/// The message of an error caught with `PgTryBuilder` in a worker (which
+/// The report of an error caught with `PgTryBuilder` in a worker (which
 /// then aborts its transaction, logs and goes on).
-pub(crate) fn caught_message(e: &pg_sys::panic::CaughtError) -> String {
+pub(crate) fn caught_report(
+    e: &pg_sys::panic::CaughtError,
+) -> &pg_sys::panic::ErrorReportWithLevel {
     match e {
         pg_sys::panic::CaughtError::PostgresError(r)
         | pg_sys::panic::CaughtError::ErrorReport(r)
-        | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
+        | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r,
     }
+}
+
+/// [`caught_report`]'s message.
+pub(crate) fn caught_message(e: &pg_sys::panic::CaughtError) -> String {
+    caught_report(e).message().to_string()
 }

@@ -9,7 +9,7 @@ use super::{Target, Worker};
 
 use crate::settings;
 use crate::shmem::{LeaseMode, MODE_CITUS, NO_LEASE};
-use crate::workers::caught_message;
+use crate::workers::{caught_message, caught_report};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
@@ -105,12 +105,7 @@ fn citus_target(timeout_ms: i64) -> CitusRead {
         // SAFETY: back to a clean state after an error, as PostgreSQL's
         // own background processes do (and registry_worker).
         unsafe { pg_sys::AbortOutOfAnyTransaction() };
-        let code = match &e {
-            pg_sys::panic::CaughtError::PostgresError(r)
-            | pg_sys::panic::CaughtError::ErrorReport(r)
-            | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.sql_error_code(),
-        };
-        match code {
+        match caught_report(&e).sql_error_code() {
             PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE | PgSqlErrorCode::ERRCODE_QUERY_CANCELED => {
                 CitusRead::GaveUp(caught_message(&e))
             }

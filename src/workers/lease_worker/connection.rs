@@ -9,7 +9,7 @@
 use super::file::new_node_id;
 use super::host::ShmHost;
 use super::problems::Problem;
-use super::registry::{call_error_text, PgRegistry};
+use super::registry::PgRegistry;
 use super::{Target, Worker};
 
 use crate::clock;
@@ -122,7 +122,7 @@ impl Worker {
             Err(e) => Err(format!(
                 "could not connect to {}: {}",
                 target.display,
-                call_error_text(&e)
+                e.text()
             )),
         }
     }
@@ -156,7 +156,7 @@ impl Worker {
             match hello {
                 Ok(Some(t)) if t == "t" => return Ok(()),
                 Ok(_) => {}
-                Err(e) => return Err(format!("{}: {}", target.display, call_error_text(&e))),
+                Err(e) => return Err(format!("{}: {}", target.display, e.text())),
             }
             let refused = claim.refused(|| match lingering {
                 Some(old) => {
@@ -268,7 +268,7 @@ impl Worker {
                 "it did not exit within 5 s of pg_terminate_backend(): the registry backend is stopped or stuck".into(),
             ),
             Err(e) => {
-                let why = call_error_text(&e);
+                let why = e.text();
                 pgrx::log!(
                     "snowflake_id lease: could not end this server's earlier session on {} (pid {}): {why}",
                     self.display(),
@@ -286,7 +286,7 @@ fn find_lease_schema(client: &mut Connection, target: &Target) -> Result<LeaseSc
     let display = &target.display;
     let rows = client
         .query(FIND_LEASE_SCHEMA, &[])
-        .map_err(|e| format!("{display}: {}", call_error_text(&e)))?;
+        .map_err(|e| format!("{display}: {}", e.text()))?;
     let Some(row) = rows.into_iter().next() else {
         return Err(format!(
             "{display} has no snowflake_id extension: run CREATE EXTENSION snowflake_id in that database"
@@ -324,7 +324,7 @@ fn session_fingerprint(
                        FROM pg_stat_activity WHERE pid = pg_backend_pid())",
             &[],
         )
-        .map_err(|e| format!("{}: {}", target.display, call_error_text(&e)))?;
+        .map_err(|e| format!("{}: {}", target.display, e.text()))?;
     Ok(rows.into_iter().next().and_then(|row| {
         let pid = row.first().cloned().flatten()?.parse().ok()?;
         let start = row.get(1).cloned().flatten()?.parse().ok()?;

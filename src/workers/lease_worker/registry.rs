@@ -120,10 +120,3 @@ fn own_settings() -> String {
         settings::max_blocks()
     )
 }
-
-/// A call's error as text.
-pub(super) fn call_error_text(e: &CallError) -> String {
-    match e {
-        CallError::Unreachable(text) | CallError::Refused(text) => text.clone(),
-    }
-}

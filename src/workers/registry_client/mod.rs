@@ -114,13 +114,6 @@ enum Want {
     Write,
 }
 
-/// A call's error as text.
-fn call_error_text(e: &CallError) -> &str {
-    match e {
-        CallError::Unreachable(text) | CallError::Refused(text) => text,
-    }
-}
-
 /// Handles SIGHUP (reloads the configuration) and SIGTERM (gives up the
 /// call, so that the worker exits) while waiting.
 fn check_signals() -> Result<(), CallError> {
@@ -241,14 +234,11 @@ impl Connection {
                 answer_by,
             ) {
                 Ok(c) => return Ok((c, i)),
-                // Shutting down, or the lease deadline came: no other host.
-                Err(e) if terminating() || answer_by.deadline_passed() => {
-                    errors.push(format!("host {}: {}", i + 1, call_error_text(&e)));
-                    return Err(CallError::Unreachable(errors.join("; ")));
-                }
-                Err(CallError::Unreachable(e) | CallError::Refused(e)) => {
-                    errors.push(format!("host {}: {e}", i + 1))
-                }
+                Err(e) => errors.push(format!("host {}: {}", i + 1, e.text())),
+            }
+            // Shutting down, or the lease deadline came: no other host.
+            if terminating() || answer_by.deadline_passed() {
+                break;
             }
         }
         Err(CallError::Unreachable(errors.join("; ")))
