@@ -9,6 +9,7 @@
 //! - `backfill`   IDs for past times: the set-aside space, grants and lanes
 //! - `backfill_ids` which set-aside ids a server records at start
 //! - `generator`  the clock and sequence rules (injected clock)
+//! - `held`       the held window: the generator's held IDs in clock milliseconds (hot path)
 //! - `clock_behind` why the generator refused: the error a DBA can act on
 //! - `ranges`     worker-id range parsing
 //! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument
@@ -24,6 +25,7 @@ pub mod backfill_ids;
 pub mod clock_behind;
 pub mod conninfo;
 pub mod generator;
+pub mod held;
 pub mod holder;
 pub mod key_file;
 pub mod layout;

@@ -101,6 +101,7 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, _arg: pg_sys
     // client received: `generate` publishes before it returns.
     if let Ok(mut claim) = CLAIM.0.try_borrow_mut() {
         if let Some(mut claim) = claim.take() {
+            claim.take_window();
             claim.publish();
         }
     }

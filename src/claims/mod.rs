@@ -52,6 +52,7 @@ use crate::settings;
 use crate::shmem::{self, Header, Holder, Slot};
 use snowflake_core::clock_behind::{self, Cause};
 use snowflake_core::generator::{Clock, GenError, GeneratorState, SharedPosition};
+use snowflake_core::held::{HeldCursor, HeldWindow};
 use snowflake_core::layout::Layout;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::Relaxed;
@@ -83,7 +84,7 @@ struct Claim {
     /// The ID of `state.last_tick` with sequence number 0 (valid while
     /// `held` is not 0).
     id_base: i64,
-    /// The layout (a postmaster setting), for [`next_held_id`].
+    /// The layout (a postmaster setting).
     layout: &'static Layout,
 }
 
@@ -100,6 +101,59 @@ unsafe impl<T> Sync for BackendLocal<T> {}
 
 /// This backend's claim.
 static CLAIM: BackendLocal<RefCell<Option<Claim>>> = BackendLocal(RefCell::new(None));
+
+/// The held window of this backend's claim (`snowflake_core::held`) and
+/// what [`next_held_id`] needs besides, in plain cells beside `CLAIM`: the
+/// hot path pays no borrow flag and no `Option` of the claim, and does no
+/// tick arithmetic. IDs made through the window are in the window, not in
+/// the claim's state, until [`Claim::take_window`] folds them in, which
+/// everything that reads or changes the claim does first (`make_ids`, the
+/// exit callback); `make_ids` opens it again when it returns.
+struct Fast {
+    window: Cell<HeldWindow>,
+    /// The window's cursor, field by field (a `Cell` of the whole struct
+    /// would copy its padding too, on every ID).
+    lo_ms: Cell<i64>,
+    sequence: Cell<u32>,
+    ids_issued: Cell<u64>,
+    /// The claim's slot (its lease bound) and its holder entry (where the
+    /// count is published): `Some` while the window has a claim.
+    refs: Cell<Option<(&'static Slot, &'static Holder)>>,
+    /// The claim's lease epoch.
+    epoch: Cell<u64>,
+    /// `snowflake_id.max_drift` when the window was opened: the window
+    /// admits nothing once it changes.
+    max_drift_ms: Cell<i64>,
+}
+
+impl Fast {
+    #[inline(always)]
+    fn cursor(&self) -> HeldCursor {
+        HeldCursor {
+            lo_ms: self.lo_ms.get(),
+            sequence: self.sequence.get(),
+            ids_issued: self.ids_issued.get(),
+        }
+    }
+
+    #[inline(always)]
+    fn set_cursor(&self, cursor: HeldCursor) {
+        self.lo_ms.set(cursor.lo_ms);
+        self.sequence.set(cursor.sequence);
+        self.ids_issued.set(cursor.ids_issued);
+    }
+}
+
+/// This backend's held window.
+static FAST: BackendLocal<Fast> = BackendLocal(Fast {
+    window: Cell::new(HeldWindow::CLOSED),
+    lo_ms: Cell::new(i64::MAX),
+    sequence: Cell::new(0),
+    ids_issued: Cell::new(0),
+    refs: Cell::new(None),
+    epoch: Cell::new(0),
+    max_drift_ms: Cell::new(0),
+});
 
 /// Sequence numbers a claim takes ahead when it is alone on its worker id
 /// (see `Claim::held`): the IDs of a tick then cost one compare-and-swap
@@ -141,6 +195,46 @@ impl Claim {
             self.layout.whole_ticks(max_drift_ms),
         )?;
         Some(self.id_base | i64::from(sequence))
+    }
+
+    /// Folds the IDs made through the held window ([`FAST`]) into the
+    /// state and closes the window: first thing before anything reads or
+    /// changes the claim.
+    #[inline]
+    fn take_window(&mut self) {
+        let fast = &FAST.0;
+        if fast.refs.take().is_some() {
+            fast.cursor().fold(&mut self.state, self.layout);
+        }
+        fast.window.set(HeldWindow::CLOSED);
+    }
+
+    /// Opens the held window on the sequence numbers this claim holds
+    /// (`held`), while its lease bound allows its last tick and it has a
+    /// holder entry to publish its count in.
+    #[inline]
+    fn open_window(&self, max_drift_ms: i64) {
+        let Some(holder) = self.holder else {
+            return;
+        };
+        let (limit, epoch) = self.slot.lease_view();
+        if self.state.last_tick > limit || epoch != self.epoch {
+            return;
+        }
+        if let Some((window, cursor)) = HeldWindow::open(
+            &self.state,
+            self.layout,
+            self.held,
+            max_drift_ms,
+            self.id_base,
+        ) {
+            let fast = &FAST.0;
+            fast.window.set(window);
+            fast.set_cursor(cursor);
+            fast.epoch.set(self.epoch);
+            fast.max_drift_ms.set(max_drift_ms);
+            fast.refs.set(Some((self.slot, holder)));
+        }
     }
 
     /// [`Claim::publish`] after held IDs only: they changed nothing but the
@@ -204,32 +298,36 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
 }
 
 /// One ID for `snowflake_nextval()` from the sequence numbers this
-/// backend's claim already holds in its worker id's position
-/// (`Claim::held`): no compare-and-swap, no lock, no reservation to extend
-/// (the tick is the last ID's), and nothing that can raise an error or
-/// panic (no PostgreSQL call but reading a setting's variable, no
-/// allocation, no arithmetic that can panic), so its caller needs no error
-/// guard. `None` when the claim holds none for the clock's reading (or
-/// there is no claim yet): then [`generate_one`].
+/// backend's claim already holds in its worker id's position, through the
+/// claim's held window ([`FAST`]): no compare-and-swap, no lock, no
+/// reservation to extend (the tick is the last ID's), and nothing that can
+/// raise an error or panic (no PostgreSQL call but reading a setting's
+/// variable, no allocation, no arithmetic that can panic), so its caller
+/// needs no error guard. `None` when the window does not admit the clock's
+/// reading (or there is no claim yet): then [`generate_one`].
 ///
-/// The clock is read first, before anything of the claim: nothing else is
-/// live across that call (fewer registers to save), and the held path
-/// needs no word of the position (the ID's tick is the claim's last, and
-/// the lease bound is checked against it, not against the clock).
+/// The clock is read first: nothing else is live across that call (fewer
+/// registers to save). The lease bound is checked against the window's
+/// tick, not against the clock, as `make_ids` does.
 #[inline(always)]
 pub fn next_held_id() -> Option<i64> {
     let now_ms = crate::clock::try_unix_ms()?;
-    let Ok(mut held) = CLAIM.0.try_borrow_mut() else {
-        return None;
-    };
-    let claim = held.as_mut()?;
-    // The lease bound as `make_ids` reads it: the limit, then the epoch.
-    let (limit, epoch) = claim.slot.lease_view();
-    if claim.state.last_tick > limit || epoch != claim.epoch {
+    let fast = &FAST.0;
+    let (slot, holder) = fast.refs.get()?;
+    let window = fast.window.get();
+    let mut cursor = fast.cursor();
+    let id = window.next(&mut cursor, now_ms)?;
+    // The lease bound as `make_ids` reads it: the limit, then the epoch;
+    // and the drift bound the window was opened with.
+    let (limit, epoch) = slot.lease_view();
+    if window.last_tick > limit
+        || epoch != fast.epoch.get()
+        || settings::max_drift_ms() != fast.max_drift_ms.get()
+    {
         return None;
     }
-    let id = claim.held_id(now_ms, settings::max_drift_ms())?;
-    claim.publish_count();
+    fast.set_cursor(cursor);
+    holder.ids_issued.store(cursor.ids_issued, Relaxed);
     Some(id)
 }
 
@@ -300,7 +398,10 @@ fn make_ids(
 ) -> usize {
     let mut i = made;
     let mut claim = match held {
-        Some(claim) => claim,
+        Some(claim) => {
+            claim.take_window();
+            claim
+        }
         None => held.insert(claim_worker(header, MOVED_ABOVE.get())),
     };
     let mut clock = WallClock {
@@ -385,6 +486,7 @@ fn make_ids(
             claim.publish_count();
         }
     }
+    claim.open_window(max_drift_ms);
     i
 }
 

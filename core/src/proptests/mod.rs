@@ -15,10 +15,12 @@
 //! - `layout`: compose, decode, ticks, the end of a layout, and the epoch's
 //!   text form (format and parse);
 //! - `layout_new`: which layouts `Layout::new` accepts;
+//! - `held`: the held window against `next_held`;
 //! - `ranges`: worker-id ranges;
 //! - `sharing`: several generators on one position word.
 
 mod generator;
+mod held;
 mod layout;
 mod layout_new;
 mod ranges;
