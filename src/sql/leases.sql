@@ -1087,38 +1087,35 @@ BEGIN
         PERFORM pg_catalog.pg_sleep(0.005);
     END LOOP;
     durable := flushed >= needed;
-    -- Twice at most: first as read, then, when the row must change or a
-    -- candidate be dropped, again under the row's lock (a drop decided
-    -- from a row another session has just moved on would not be safe;
-    -- the row is only ever updated in place, so a session that waited for
-    -- the lock reads the row the other wrote). Nothing here waits for a
-    -- standby: this function's own writes commit locally.
-    -- The row locks below make this a transaction that writes: its commit
+    -- The row is read and changed under its lock, FOR UPDATE from the
+    -- start: that waits for a session that is writing the row, so that a
+    -- candidate it adds (in WAL before this grant) is seen, and a drop is
+    -- never decided from a row another session has just moved on (the row
+    -- is only ever updated in place, so a session that waited for the lock
+    -- reads the row the other wrote). A read FOR SHARE upgraded to FOR
+    -- UPDATE when the row had to change deadlocked two calls that both had
+    -- to. Nothing here waits for a standby: this function's own writes
+    -- commit locally.
+    -- The row lock makes this a transaction that writes: its commit
     -- waits for no standby.
     PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
-    FOR pass IN 1..2 LOOP
-        EXIT WHEN NOT durable;
-        IF pass = 2 THEN
-            SELECT * INTO w FROM @extschema@.snowflake_lease_standbys FOR UPDATE;
-        ELSE
-            -- FOR SHARE: waits for a session that is writing the row, so
-            -- that a candidate it adds (in WAL before this grant) is seen.
-            SELECT * INTO w FROM @extschema@.snowflake_lease_standbys FOR SHARE;
-        END IF;
+    IF durable THEN
+        SELECT * INTO w FROM @extschema@.snowflake_lease_standbys FOR UPDATE;
         IF NOT FOUND THEN
             -- Deleted by hand: made again, with no candidate; ask again.
             INSERT INTO @extschema@.snowflake_lease_standbys (members, valid_until, timeline, updated_at)
             VALUES ('{}', '-infinity', tli, pg_catalog.now()) ON CONFLICT DO NOTHING;
             durable := false;
-            EXIT;
+        ELSE
+            members := array(SELECT m FROM unnest(w.members) m WHERE m <> me);
+            behind := snowflake_id_internal.snowflake_lease_standbys_behind(members, target);
+            IF cardinality(behind) > 0 AND pg_catalog.now() <= w.valid_until + margin THEN
+                -- A candidate that may be promoted without a fence lacks it.
+                durable := false;
+            END IF;
         END IF;
-        members := array(SELECT m FROM unnest(w.members) m WHERE m <> me);
-        behind := snowflake_id_internal.snowflake_lease_standbys_behind(members, target);
-        IF cardinality(behind) > 0 AND pg_catalog.now() <= w.valid_until + margin THEN
-            -- A candidate that may be promoted without a fence lacks it.
-            durable := false;
-            EXIT;
-        END IF;
+    END IF;
+    IF durable THEN
         -- Candidates: the members that kept up, and every synchronous
         -- standby that has it (added: a row it receives names it, and it
         -- has everything before that row).
@@ -1131,9 +1128,8 @@ BEGIN
                              AND cardinality(snowflake_id_internal.snowflake_lease_standbys_behind(
                                                  ARRAY[r.application_name::text], target)) = 0) c(m)
                       ORDER BY m);
-        EXIT WHEN cardinality(behind) = 0 AND w.timeline = tli AND keep IS NOT DISTINCT FROM w.members
-                  AND w.valid_until >= pg_catalog.now() + ttl - interval '5 seconds';
-        IF pass = 2 THEN
+        IF NOT (cardinality(behind) = 0 AND w.timeline = tli AND keep IS NOT DISTINCT FROM w.members
+                AND w.valid_until >= pg_catalog.now() + ttl - interval '5 seconds') THEN
             -- Not waited for: a row that no candidate received changes
             -- nothing they may conclude (each keeps the older row it has).
             UPDATE @extschema@.snowflake_lease_standbys
@@ -1147,7 +1143,7 @@ BEGIN
                     array_to_string(behind, ', '), w.valid_until;
             END IF;
         END IF;
-    END LOOP;
+    END IF;
     RETURN jsonb_build_object('durable', durable, 'mode', mode, 'needed', needed, 'flushed', flushed,
                               'lsn', target::text, 'behind', to_jsonb(coalesce(behind, '{}')));
 END

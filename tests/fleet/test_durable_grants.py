@@ -492,3 +492,48 @@ def test_a_failover_candidate_that_falls_behind_holds_grants_back_then_is_droppe
     assert row["fenced"] and row["previous_incarnation"] is None, row
     made = maker.stop()
     assert len(set(made)) == len(made)
+
+
+def test_concurrent_durability_checks_that_renew_the_candidates_row_do_not_deadlock(make_cluster):
+    """snowflake_lease_durable reads the failover candidates' row and, when
+    it must change (here every call: another session keeps making it
+    stale), changes it under the row's lock. Two holders' checks at once
+    must wait for each other, not deadlock: a first read FOR SHARE upgraded
+    to FOR UPDATE did (40P01 "deadlock detected" in the registry's log and
+    a failed call for a holder, in storms after a stalled registry
+    resumed)."""
+    p = registry_primary(make_cluster, preload=False)
+    stop = threading.Event()
+    errors: list[str] = []
+    calls = [0, 0]
+
+    def check(n: int) -> None:
+        with p.connect() as conn:
+            conn.autocommit = True
+            while not stop.is_set():
+                try:
+                    conn.execute("SELECT snowflake_id_internal.snowflake_lease_durable("
+                                 "'{\"wait_ms\": 0}')")
+                    calls[n] += 1
+                except psycopg.Error as e:
+                    errors.append(f"{e.sqlstate}: {e}")
+
+    def make_stale() -> None:
+        with p.connect() as conn:
+            conn.autocommit = True
+            while not stop.is_set():
+                conn.execute("UPDATE snowflake_lease_standbys SET valid_until = '-infinity'")
+
+    threads = [threading.Thread(target=check, args=(n,)) for n in (0, 1)]
+    threads.append(threading.Thread(target=make_stale))
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: min(calls) >= 2000 or errors, timeout=120,
+                   what="2,000 durability checks in each session")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, f"{len(errors)} failed checks, the first: {errors[0]}"
+    assert "deadlock detected" not in p.log()
