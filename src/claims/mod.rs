@@ -475,11 +475,16 @@ fn make_ids(
         if through_word {
             claim.backward_at_issue = claim.state.clock_backward;
             claim.publish();
+            // No held ID of this tick before the reservation covers it:
+            // should the extension raise an error, the next call goes
+            // through the position (and extends) instead.
+            let held = std::mem::take(&mut claim.held);
             reservation::reserve(
                 header,
                 layout.tick_start_unix_ms(claim.state.last_tick),
                 layout,
             );
+            claim.held = held;
         } else {
             // Only held IDs, of a tick already reserved, with no counter
             // but the count changed.

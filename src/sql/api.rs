@@ -46,7 +46,7 @@ const CHUNK: usize = 4096;
 /// so they run without pgrx's guard (catch_unwind, its thread check, the
 /// memory context switch); everything else goes through
 /// [`nextval_shared`], guarded. This frame holds nothing to drop while it
-/// calls that (the fast path's borrow of the claim has ended), so an ERROR
+/// calls that (the fast path borrows nothing), so an ERROR
 /// re-thrown from there may longjmp over it, as over pgrx's own wrappers.
 /// The symbol and the SQL declaration are the ones `#[pg_extern]` made,
 /// which every install and upgrade script names.

@@ -87,6 +87,50 @@ def test_failure_on_the_temporary_state_file_names_it(make_cluster):
     assert c.scalar("SELECT snowflake_nextval()") > 0
 
 
+def test_no_held_id_is_made_in_a_tick_whose_reservation_failed(make_cluster):
+    """The call that takes a new tick also takes sequence numbers of it
+    ahead (held IDs) before it extends the reservation. When that
+    extension fails, the call fails, and so must every later ID of that
+    tick until the reservation covers it: it is not durable, and a crash
+    would let the clock's next reading repeat it. Ticks of 2 s make the
+    second call fall in the same tick. Before the fix the second call
+    returned a held ID of the unreserved tick (found by review)."""
+    c = make_cluster(settings={"snowflake_id.time_unit_ms": 2000}, create_extension=True)
+    tmp = os.path.join(c.datadir, "snowflake_id.state.tmp")
+    with c.connect() as conn:
+        conn.execute("SELECT snowflake_nextval()")  # claims a worker id
+        # The reservation now ends 250 ms into this tick: the next tick's
+        # first ID extends it. Start a little into the next tick (the
+        # epoch is a multiple of 2 s).
+        now_ms = time.time() * 1000
+        time.sleep(((now_ms // 2000 + 1) * 2000 - now_ms) / 1000 + 0.05)
+        os.mkdir(tmp)  # a directory where the temporary file must go
+        if AS_ROOT:
+            os.chown(tmp, *pg_ids())
+        try:
+            outcome = conn.execute("""
+                DO $$
+                DECLARE first_failed boolean := false;
+                BEGIN
+                    BEGIN
+                        PERFORM snowflake_nextval();
+                    EXCEPTION WHEN io_error THEN first_failed := true;
+                    END;
+                    IF NOT first_failed THEN
+                        RAISE EXCEPTION 'no extension was needed';
+                    END IF;
+                    PERFORM snowflake_nextval();
+                    RAISE EXCEPTION 'an ID of the unreserved tick was made';
+                END $$""")
+        except psycopg.Error as e:
+            outcome = e
+        finally:
+            os.rmdir(tmp)
+    assert isinstance(outcome, psycopg.Error), outcome
+    assert outcome.sqlstate == "58030", str(outcome)
+    assert '"snowflake_id.state.tmp"' in outcome.diag.message_primary, str(outcome)
+
+
 # ------------------------------------------- replay on a standby
 def _state_file_writes(strace_out: str) -> int:
     """rename()s of the state file in an strace log."""
