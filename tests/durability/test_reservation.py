@@ -128,7 +128,7 @@ def _state_file_writes(strace_out: str) -> int:
 
 def test_standby_replay_does_not_write_the_state_file_per_record(make_cluster):
     """The standby pauses replay while the primary makes IDs for a few
-    seconds (a reservation record every 250 ms); then replay resumes with
+    seconds (a reservation record about every 200 ms); then replay resumes with
     strace on the startup process. Old code rewrote and fsynced the state
     file once per record; now it is written at most once per restartpoint
     and when replay ends. The promoted standby still starts above every
