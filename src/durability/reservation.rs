@@ -27,9 +27,16 @@ use snowflake_core::layout::Layout;
 use std::ffi::CStr;
 use std::sync::atomic::Ordering::*;
 
-/// How far beyond the newest ID the state file reserves time, in ms: the
-/// state file is written at most once per this interval per server.
+/// How far beyond the newest ID the state file reserves time, in ms.
 pub const RESERVE_MS: i64 = 250;
+/// How long before the newest ID reaches the reservation it is extended,
+/// in ms: the backend whose ID comes within this of it extends it (if the
+/// lock is free; others go on), so that while one backend writes and
+/// fsyncs, the others keep making IDs below the old reservation instead of
+/// waiting for it. The state file is then written about once per
+/// `RESERVE_MS - EXTEND_AHEAD_MS` per server (200 ms); an extension slower
+/// than this makes the backends that reach the reservation wait, as before.
+pub const EXTEND_AHEAD_MS: i64 = 50;
 /// The state file, relative to the data directory (the server's cwd).
 pub const STATE_FILE: &str = "snowflake_id.state";
 
@@ -77,27 +84,42 @@ pub fn init() {
 }
 
 /// Makes sure the state file reserves at least up to `unix_ms`, writing
-/// it (durably) when needed. Cheap when already reserved.
+/// it (durably) when needed, and extends it ahead of time when `unix_ms`
+/// is within [`EXTEND_AHEAD_MS`] of it. Cheap otherwise.
 #[inline]
 pub fn reserve(header: &Header, unix_ms: i64, layout: &Layout) {
-    if unix_ms > header.reserved_until_ms.load(Acquire) {
+    if unix_ms
+        > header
+            .reserved_until_ms
+            .load(Acquire)
+            .saturating_sub(EXTEND_AHEAD_MS)
+    {
         extend(header, unix_ms, layout);
     }
 }
 
-/// Extends the reservation. The state file's fsync and the WAL flush run
-/// under `reserve_lock`, but no backend waits for that lock
-/// uninterruptibly: others try it without waiting and otherwise sleep on
-/// their latch for 1 ms (cancel, timeouts and postmaster death are served),
-/// and most find the reservation extended when they wake.
+/// Extends the reservation to `RESERVE_MS` beyond `unix_ms`. The state
+/// file's fsync and the WAL flush run under `reserve_lock`, and no backend
+/// waits for that lock uninterruptibly: others try it without waiting.
+/// While `unix_ms` is still reserved (an extension ahead of time) a backend
+/// that does not get the lock returns at once: its IDs are covered, and
+/// whoever holds the lock is extending. Only past the reservation does it
+/// sleep on its latch for 1 ms at a time (cancel, timeouts and postmaster
+/// death are served) until the reservation covers `unix_ms`.
 #[cold]
 fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
     loop {
-        if unix_ms <= header.reserved_until_ms.load(Acquire) {
+        let reserved = header.reserved_until_ms.load(Acquire);
+        if unix_ms <= reserved.saturating_sub(EXTEND_AHEAD_MS) {
             return;
         }
         if let Some(_guard) = header.try_reserve_lock() {
-            if unix_ms <= header.reserved_until_ms.load(Acquire) {
+            if unix_ms
+                <= header
+                    .reserved_until_ms
+                    .load(Acquire)
+                    .saturating_sub(EXTEND_AHEAD_MS)
+            {
                 return;
             }
             // Covers a floor raised by replay (hot standby) as well.
@@ -105,6 +127,9 @@ fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
             write_state_file(header, &layout_to_record(header, layout), until);
             wal::log_reservation(until);
             header.reserved_until_ms.store(until, Release);
+            return;
+        }
+        if unix_ms <= reserved {
             return;
         }
         clock::wait_ms(1);
