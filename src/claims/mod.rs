@@ -4,8 +4,10 @@
 //! compare-and-swap (see `generator` and `shmem`), so a backend alone on an
 //! id is merely uncontended. A backend alone on its id takes up to [`AHEAD`]
 //! sequence numbers of the tick ahead with each compare-and-swap and makes
-//! those IDs without touching the word (`GeneratorState::next_held`); a
-//! session that starts sharing the id meanwhile continues above them.
+//! those IDs without touching the word (`GeneratorState::next_held`, on
+//! the hot path through its held window, `snowflake_core::held`, kept in
+//! [`FAST`]); a session that starts sharing the id meanwhile continues
+//! above them. No held ID is made before the reservation covers its tick.
 //!
 //! Which id a claim takes: the free id (no session holds it) released
 //! longest ago, so a freshly released id is reused last; when no id of the
