@@ -119,7 +119,8 @@ struct Fast {
     sequence: Cell<u32>,
     ids_issued: Cell<u64>,
     /// The claim's slot (its lease bound) and its holder entry (where the
-    /// count is published): `Some` while the window has a claim.
+    /// count is published): `Some` while the window is open (`None`: no
+    /// reading is admitted, whatever `window` says).
     refs: Cell<Option<(&'static Slot, &'static Holder)>>,
     /// The claim's lease epoch.
     epoch: Cell<u64>,
@@ -208,21 +209,16 @@ impl Claim {
         if fast.refs.take().is_some() {
             fast.cursor().fold(&mut self.state, self.layout);
         }
-        fast.window.set(HeldWindow::CLOSED);
     }
 
     /// Opens the held window on the sequence numbers this claim holds
-    /// (`held`), while its lease bound allows its last tick and it has a
-    /// holder entry to publish its count in.
+    /// (`held`), when it has a holder entry to publish its count in. (The
+    /// lease bound is [`next_held_id`]'s to check, on every ID.)
     #[inline]
     fn open_window(&self, max_drift_ms: i64) {
         let Some(holder) = self.holder else {
             return;
         };
-        let (limit, epoch) = self.slot.lease_view();
-        if self.state.last_tick > limit || epoch != self.epoch {
-            return;
-        }
         if let Some((window, cursor)) = HeldWindow::open(
             &self.state,
             self.layout,

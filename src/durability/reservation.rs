@@ -37,6 +37,8 @@ pub const RESERVE_MS: i64 = 250;
 /// `RESERVE_MS - EXTEND_AHEAD_MS` per server (200 ms); an extension slower
 /// than this makes the backends that reach the reservation wait, as before.
 pub const EXTEND_AHEAD_MS: i64 = 50;
+// An extension ahead of time must still raise the reservation.
+const _: () = assert!(EXTEND_AHEAD_MS < RESERVE_MS);
 /// The state file, relative to the data directory (the server's cwd).
 pub const STATE_FILE: &str = "snowflake_id.state";
 
@@ -88,14 +90,16 @@ pub fn init() {
 /// is within [`EXTEND_AHEAD_MS`] of it. Cheap otherwise.
 #[inline]
 pub fn reserve(header: &Header, unix_ms: i64, layout: &Layout) {
-    if unix_ms
-        > header
-            .reserved_until_ms
-            .load(Acquire)
-            .saturating_sub(EXTEND_AHEAD_MS)
-    {
+    if extension_due(unix_ms, header.reserved_until_ms.load(Acquire)) {
         extend(header, unix_ms, layout);
     }
+}
+
+/// Whether an ID at `unix_ms` calls for an extension of the reservation
+/// `reserved`: it is past it or within [`EXTEND_AHEAD_MS`] of its end.
+#[inline]
+fn extension_due(unix_ms: i64, reserved: i64) -> bool {
+    unix_ms > reserved.saturating_sub(EXTEND_AHEAD_MS)
 }
 
 /// Extends the reservation to `RESERVE_MS` beyond `unix_ms`. The state
@@ -110,16 +114,11 @@ pub fn reserve(header: &Header, unix_ms: i64, layout: &Layout) {
 fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
     loop {
         let reserved = header.reserved_until_ms.load(Acquire);
-        if unix_ms <= reserved.saturating_sub(EXTEND_AHEAD_MS) {
+        if !extension_due(unix_ms, reserved) {
             return;
         }
         if let Some(_guard) = header.try_reserve_lock() {
-            if unix_ms
-                <= header
-                    .reserved_until_ms
-                    .load(Acquire)
-                    .saturating_sub(EXTEND_AHEAD_MS)
-            {
+            if !extension_due(unix_ms, header.reserved_until_ms.load(Acquire)) {
                 return;
             }
             // Covers a floor raised by replay (hot standby) as well.

@@ -56,11 +56,10 @@ const CHUNK: usize = 4096;
 /// Called by PostgreSQL's fmgr with a valid `fcinfo`, as declared below.
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn snowflake_nextval_wrapper(
-    fcinfo: pg_sys::FunctionCallInfo,
+    _fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
     // `isnull` is left as fmgr's caller set it, false (as PG_RETURN_INT64
     // leaves it): every caller initializes it before the call.
-    let _ = fcinfo;
     let id = match claims::next_held_id() {
         Some(id) => id,
         None => nextval_shared(),
