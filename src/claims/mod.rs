@@ -513,8 +513,9 @@ fn move_to_another_id<'a>(header: &'static Header, held: &'a mut Option<Claim>) 
 /// the reservation floor instead of failing, in ms. The floor is at most
 /// `reservation::RESERVE_MS` ahead of the last ID made before a restart or
 /// crash (plus any drift those IDs had), so this covers a restart with
-/// `max_drift = 0` with room to spare, and is still short for a client.
-const FLOOR_WAIT_MS: i64 = 1000;
+/// `max_drift = 0` with room to spare (a standby promoted with a clock a
+/// little behind the primary's), and is still short for a client.
+const FLOOR_WAIT_MS: i64 = 2000;
 
 impl Claim {
     /// The generator refused with `err`: waits when the only cause is the

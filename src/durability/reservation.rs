@@ -28,15 +28,23 @@ use std::ffi::CStr;
 use std::sync::atomic::Ordering::*;
 
 /// How far beyond the newest ID the state file reserves time, in ms.
-pub const RESERVE_MS: i64 = 250;
+///
+/// Each extension costs the backend that makes it a state file write and
+/// fsync and a WAL flush (1.3-1.7 ms here), and a session's first ID after
+/// a pause longer than this pays it inline. 1 s keeps that to about one
+/// call per second of ID time and server (250 ms, before 0.7.0, cost case
+/// 1 of the bench 1.5 ns per ID in wall time: every query of 1M IDs made
+/// one); the price is a floor up to 1 s ahead of the clock after a crash
+/// (`claims::FLOOR_WAIT_MS` covers it).
+pub const RESERVE_MS: i64 = 1000;
 /// How long before the newest ID reaches the reservation it is extended,
 /// in ms: the backend whose ID comes within this of it extends it (if the
 /// lock is free; others go on), so that while one backend writes and
 /// fsyncs, the others keep making IDs below the old reservation instead of
 /// waiting for it. The state file is then written about once per
-/// `RESERVE_MS - EXTEND_AHEAD_MS` per server (200 ms); an extension slower
+/// `RESERVE_MS - EXTEND_AHEAD_MS` per server (800 ms); an extension slower
 /// than this makes the backends that reach the reservation wait, as before.
-pub const EXTEND_AHEAD_MS: i64 = 50;
+pub const EXTEND_AHEAD_MS: i64 = 200;
 // An extension ahead of time must still raise the reservation.
 const _: () = assert!(EXTEND_AHEAD_MS < RESERVE_MS);
 /// The state file, relative to the data directory (the server's cwd).

@@ -263,7 +263,7 @@ def test_ids_that_made_live_ids_backfill_only_after_them(make_cluster, registry_
         again = str(e).split("not after ")[1].split(",")[0]
         assert (again == bound) == registry_kept, (bound, again)
         # Without a registry kept, the bound is this start's floor: the
-        # reservation of the first start, which reached 250 ms past the
+        # reservation of the first start, which reached 1 s past the
         # first snowflake_at's time. A time just after it is accepted.
         later = conn.execute(AFTER_BOUND, (again,)).fetchone()[0]
         assert later not in live
