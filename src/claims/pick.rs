@@ -186,7 +186,10 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
         backward_at_issue: state.clock_backward,
         published: state,
         state,
-        fresh_floor: (floor > before).then_some(floor_ms),
+        // Nothing above the floor was issued on this id yet: also when an
+        // earlier claimant (one that waited for the floor, or was
+        // cancelled waiting) already raised the position to it.
+        fresh_floor: (floor >= before && floor_ms > i64::MIN).then_some(floor_ms),
         epoch: slot.lease_epoch.load(Relaxed),
         held: 0,
         id_base: 0,

@@ -456,3 +456,45 @@ def test_a_lease_answered_after_its_own_deadline_is_not_used(make_cluster):
             assert (at(line) - leased[m.group(1)]).total_seconds() > 1.0, (
                 f"block {m.group(1)} was leased (and activated) with its deadline already"
                 f" past:\n{log[-3000:]}")
+
+
+def test_lease_problem_stays_while_a_lock_at_the_registry_holds_the_renewals(make_cluster):
+    """A lock on the registry's blocks table (EXCLUSIVE: reads and new
+    sessions go on, writes wait) holds the holder's renewals: the worker
+    gives each call up at its blocks' deadline, reconnects, which works,
+    and renews again, which waits again. snowflake_config().lease_problem
+    says so the whole time, naming a lock as a possible cause, until a
+    renewal is answered; then it clears by itself. Before, each new
+    session cleared it, so it read NULL for most of the stall while no ID
+    could be made (found by the adversarial review of 0.7.0's deadlock
+    fix)."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "2s"})
+    with a.connect() as conn:
+        assert len(ids(conn, 10)) == 10
+
+    def problem(conn):
+        return conn.execute("SELECT lease_problem FROM snowflake_config()").fetchone()[0]
+
+    seen = []
+    with a.connect() as watch, r.connect() as lock:
+        lock.execute("BEGIN")
+        lock.execute("LOCK TABLE snowflake_lease_blocks IN EXCLUSIVE MODE")
+        try:
+            wait_until(lambda: problem(watch) is not None, timeout=20,
+                       what="a lease problem while the renewals wait")
+            # Several deadlines and new sessions (2 s leases).
+            until = time.monotonic() + 7
+            while time.monotonic() < until:
+                seen.append(problem(watch))
+                time.sleep(0.05)
+            assert not can_make_id(watch), "an ID was made with no renewal answered"
+        finally:
+            lock.execute("COMMIT")
+        cleared = [p for p in seen if p is None]
+        assert not cleared, (f"lease_problem read NULL {len(cleared)} times of {len(seen)}"
+                             f" while the renewals waited: {sorted(set(seen) - {None})}")
+        assert any("did not answer" in p and "lock" in p for p in seen), sorted(set(seen))
+        wait_until(lambda: problem(watch) is None, timeout=30,
+                   what="lease_problem cleared once a renewal was answered")
+        wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")

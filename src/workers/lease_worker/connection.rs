@@ -71,7 +71,7 @@ impl Worker {
         };
         match self.open_session(&target) {
             Ok(registry) => self.connected(registry),
-            Err(problem) => self.unreachable(problem),
+            Err(problem) => self.unreachable(Problem::Other(problem)),
         }
     }
 
@@ -92,6 +92,7 @@ impl Worker {
             client,
             schema: found.schema,
             durable_check: found.durable_check,
+            answered: 0,
         })
     }
 
@@ -206,7 +207,11 @@ impl Worker {
         self.connect_backoff_ms = 0;
         self.unreachable = false;
         self.header.lease.unreachable_since_ms.store(0, Release);
-        self.clear_problem();
+        // Not a lease call that went unanswered: only an answered one
+        // clears that (`Worker::step`).
+        if !matches!(self.problem, Some(Problem::NoAnswer(_))) {
+            self.clear_problem();
+        }
         // Renew at once: confirms the leases held before a restart or an
         // outage, and drops those handed to another server since.
         self.holder.reconnected();
@@ -215,7 +220,7 @@ impl Worker {
     /// The registry did not answer or the connection broke: drops the
     /// session, picks the host to try first and the pause before the next
     /// attempt, and reports `problem`.
-    pub(super) fn unreachable(&mut self, problem: String) {
+    pub(super) fn unreachable(&mut self, problem: Problem) {
         let lease = &self.header.lease;
         if lease.unreachable_since_ms.load(Relaxed) == 0 {
             lease.unreachable_since_ms.store(clock::unix_ms(), Release);
@@ -233,7 +238,7 @@ impl Worker {
         let most = self.timing().renew_every_ms.max(1_000);
         self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
         self.next_connect_mono = self.mono_ms() + self.connect_backoff_ms;
-        self.set_problem(Problem::Other(problem));
+        self.set_problem(problem);
     }
 
     /// Ends `old`, this worker's earlier registry session, if it is still

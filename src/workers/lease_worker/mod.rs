@@ -234,6 +234,7 @@ impl Worker {
         };
         let (ranges, _) = settings::worker_ranges();
         let allowed = lease::allowed_blocks(&ranges, self.holder.id.block_size);
+        let answered = self.client.as_ref().map_or(0, |c| c.answered);
         let result = {
             let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
             let registry = self.client.as_mut().map(|c| c as &mut dyn Registry);
@@ -244,13 +245,18 @@ impl Worker {
         self.report_events();
         match result {
             Ok(()) => {
-                if matches!(self.problem, Some(Problem::Refused(_))) {
+                let answer = self.client.as_ref().is_some_and(|c| c.answered > answered);
+                if matches!(self.problem, Some(Problem::Refused(_)))
+                    || (answer && matches!(self.problem, Some(Problem::NoAnswer(_))))
+                {
                     self.clear_problem();
                 }
             }
             Err(CallError::Unreachable(problem)) => {
                 let display = self.display();
-                self.unreachable(format!("the registry {display} did not answer: {problem}"));
+                self.unreachable(Problem::NoAnswer(format!(
+                    "the registry {display} did not answer: {problem}"
+                )));
             }
             Err(CallError::Refused(problem)) => {
                 let display = self.display();

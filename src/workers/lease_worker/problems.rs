@@ -20,7 +20,14 @@ pub(super) enum Problem {
     /// A grant was committed but is not durable where a failover can
     /// reach it: cleared by the next durable grant.
     NotDurable(String),
-    /// Anything else (unreachable, fenced, no free block, went back in
+    /// The registry did not answer a lease call in time, or the session
+    /// broke during one: cleared when a lease call is answered (the next
+    /// renewal, or the next acquire once a session wants an id). A new
+    /// session alone does not clear it: a call on it may wait as long
+    /// again (a lock held at the registry, a registry that accepts
+    /// connections but cannot commit).
+    NoAnswer(String),
+    /// Anything else (no connection, fenced, no free block, went back in
     /// time): cleared when a new connection works.
     Other(String),
 }
@@ -31,6 +38,7 @@ impl Problem {
             Problem::Citus(t)
             | Problem::Refused(t)
             | Problem::NotDurable(t)
+            | Problem::NoAnswer(t)
             | Problem::Other(t) => t,
         }
     }

@@ -27,6 +27,9 @@ pub(super) struct PgRegistry {
     /// Whether the registry has `snowflake_lease_durable` (0.7.0 and
     /// later); an older one's grants are taken as committed ("unchecked").
     pub(super) durable_check: bool,
+    /// Lease calls answered on this session: what clears
+    /// `Problem::NoAnswer` (`Worker::step`).
+    pub(super) answered: u64,
 }
 
 impl PgRegistry {
@@ -68,6 +71,7 @@ impl PgRegistry {
             }
             other => other?,
         };
+        self.answered += 1;
         let text =
             answer.ok_or_else(|| CallError::Refused(format!("{function} answered nothing")))?;
         serde_json::from_str(&text).map_err(|e| {
