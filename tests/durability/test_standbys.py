@@ -108,9 +108,10 @@ FAILOVER_CASES = {
     # S's clock 3 s behind P's; S streams until P crashes. The copy of
     # snowflake_id.state that pg_basebackup gave S is from backup time, so S
     # is safe only if P's later reservations reach it: through the WAL
-    # records of src/durability/wal.rs. (max_drift 10s: S's IDs then run up to ~3 s
-    # ahead of its clock; with the default 1s S refuses with 55000 "clock
-    # behind" until its clock catches up.)
+    # records of src/durability/wal.rs. (max_drift 10s: S's IDs then run
+    # up to ~4 s ahead of its clock, 3 s plus the 1 s reservation; with
+    # max_drift 1s S refuses with 55000 "clock behind" until its clock
+    # catches up.)
     "standby_clock_behind": dict(offset="-3s", lagging=False),
     # S's clock 3 s behind, and S stopped receiving WAL 2 s before P crashed
     # (a network partition, then failover to the lagging standby).
