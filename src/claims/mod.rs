@@ -514,7 +514,9 @@ fn move_to_another_id<'a>(header: &'static Header, held: &'a mut Option<Claim>) 
 /// `reservation::RESERVE_MS` ahead of the last ID made before a restart or
 /// crash (plus any drift those IDs had), so this covers a restart with
 /// `max_drift = 0` with room to spare (a standby promoted with a clock a
-/// little behind the primary's), and is still short for a client.
+/// little behind the primary's) for ticks up to 250 ms (with ticks of 1 s
+/// the floor may be the next tick's start: up to 2 s), and is still short
+/// for a client.
 const FLOOR_WAIT_MS: i64 = 2000;
 
 impl Claim {
@@ -538,7 +540,11 @@ impl Claim {
             last_tick_ms: layout.tick_start_unix_ms(self.state.last_tick),
             unit_ms: layout.unit_ms,
             max_drift_ms,
-            fresh_floor_ms: self.fresh_floor,
+            // Still at the floor's tick: no sharer issued above it since
+            // the claim (on a refusal the state holds the shared word).
+            fresh_floor_ms: self
+                .fresh_floor
+                .filter(|&f| self.state.last_tick <= layout.tick_at(f)),
             clock_went_back: self.state.clock_backward != self.backward_at_issue,
         };
         match clock_behind::cause(&refused, FLOOR_WAIT_MS) {

@@ -188,8 +188,12 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
         state,
         // Nothing above the floor was issued on this id yet: also when an
         // earlier claimant (one that waited for the floor, or was
-        // cancelled waiting) already raised the position to it.
-        fresh_floor: (floor >= before && floor_ms > i64::MIN).then_some(floor_ms),
+        // cancelled waiting) already raised the position to it. Not for a
+        // floor at or below a never-used id's position (no state file, a
+        // floor before the epoch). `Claim::refused` checks again that the
+        // position is still at the floor's tick.
+        fresh_floor: (floor >= before && floor > GeneratorState::new(layout).word(layout))
+            .then_some(floor_ms),
         epoch: slot.lease_epoch.load(Relaxed),
         held: 0,
         id_base: 0,

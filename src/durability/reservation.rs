@@ -110,7 +110,7 @@ fn extension_due(unix_ms: i64, reserved: i64) -> bool {
     unix_ms > reserved.saturating_sub(EXTEND_AHEAD_MS)
 }
 
-/// Extends the reservation to the last ms of `RESERVE_MS` from `unix_ms`. The state
+/// Extends the reservation to `RESERVE_MS` beyond `unix_ms`. The state
 /// file's fsync and the WAL flush run under `reserve_lock`, and no backend
 /// waits for that lock uninterruptibly: others try it without waiting.
 /// While `unix_ms` is still reserved (an extension ahead of time) a backend
@@ -129,11 +129,11 @@ fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
             if !extension_due(unix_ms, header.reserved_until_ms.load(Acquire)) {
                 return;
             }
-            // Up to the last ms of RESERVE_MS (with 1 s ticks, the end of
-            // this tick rather than the start of the next, which a restart
-            // would then skip whole). Covers a floor raised by replay (hot
-            // standby) as well.
-            let until = (unix_ms + RESERVE_MS - 1).max(header.floor_ms.load(Acquire));
+            // Covers a floor raised by replay (hot standby) as well. (With
+            // ticks of EXTEND_AHEAD_MS or more, this reaches into the next
+            // tick, so that its first ID finds the reservation extended
+            // ahead rather than past; a restart then skips that tick.)
+            let until = (unix_ms + RESERVE_MS).max(header.floor_ms.load(Acquire));
             write_state_file(header, &layout_to_record(header, layout), until);
             wal::log_reservation(until);
             header.reserved_until_ms.store(until, Release);

@@ -151,8 +151,8 @@ def test_reservation_is_extended_before_ids_reach_it(make_cluster):
     writes and syncs instead of sleeping at the reservation until it is
     done (two pgbench clients inserting got 0.72-0.88x bigserial's rate).
     One session alone always gets the lock: after each of its calls the
-    state file reserves at least 200 ms beyond the ID it returned, up to
-    the last ms of the 1 s (RESERVE_MS) from the call that extended it.
+    state file reserves at least 200 ms beyond the ID it returned, and
+    1 s (RESERVE_MS) beyond the ID of the call that extended it.
     Before 0.7.0 it was extended only by an ID past it, so that margin went
     down to 0 ms before each extension; before the 1 s reservation it was
     50-250 ms."""
@@ -172,8 +172,8 @@ def test_reservation_is_extended_before_ids_reach_it(make_cluster):
     # Extended only once that close: not much more than EXTEND_AHEAD_MS
     # left before some extension (calls about 2 ms apart).
     assert min(margins) < EXTEND_AHEAD_MS + 100, (sorted(margins)[:10], len(margins))
-    # The call that extends it gets exactly RESERVE_MS (its last ms).
-    assert max(margins) == RESERVE_MS - 1, sorted(margins)[-10:]
+    # The call that extends it gets exactly RESERVE_MS.
+    assert max(margins) == RESERVE_MS, sorted(margins)[-10:]
 
 
 def test_an_id_after_a_short_pause_does_not_extend_the_reservation(make_cluster):
@@ -197,7 +197,7 @@ def test_an_id_after_a_short_pause_does_not_extend_the_reservation(make_cluster)
             if extended == before:
                 time.sleep(0.05)
                 continue
-            assert extended == ms_of(i) + RESERVE_MS - 1, (extended, ms_of(i))
+            assert extended == ms_of(i) + RESERVE_MS, (extended, ms_of(i))
             started = time.monotonic()
             time.sleep(0.3)
             j = conn.execute("SELECT snowflake_nextval()").fetchone()[0]

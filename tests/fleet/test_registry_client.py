@@ -494,7 +494,8 @@ def test_lease_problem_stays_while_a_lock_at_the_registry_holds_the_renewals(mak
         cleared = [p for p in seen if p is None]
         assert not cleared, (f"lease_problem read NULL {len(cleared)} times of {len(seen)}"
                              f" while the renewals waited: {sorted(set(seen) - {None})}")
-        assert any("did not answer" in p and "lock" in p for p in seen), sorted(set(seen))
+        assert any("did not answer" in p and "lock" in p and "pg_stat_activity" in p
+                   for p in seen), sorted(set(seen))
         wait_until(lambda: problem(watch) is None, timeout=30,
                    what="lease_problem cleared once a renewal was answered")
         wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")

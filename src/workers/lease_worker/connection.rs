@@ -207,11 +207,7 @@ impl Worker {
         self.connect_backoff_ms = 0;
         self.unreachable = false;
         self.header.lease.unreachable_since_ms.store(0, Release);
-        // Not a lease call that went unanswered: only an answered one
-        // clears that (`Worker::step`).
-        if !matches!(self.problem, Some(Problem::NoAnswer(_))) {
-            self.clear_problem();
-        }
+        self.clear_problem();
         // Renew at once: confirms the leases held before a restart or an
         // outage, and drops those handed to another server since.
         self.holder.reconnected();

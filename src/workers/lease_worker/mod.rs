@@ -118,6 +118,10 @@ struct Worker {
     saved_provable: bool,
     next_citus_mono: i64,
     problem: Option<Problem>,
+    /// The last lease call the registry did not answer in time, until one
+    /// is answered: a new session does not answer it (a lock held there
+    /// holds the next call too), nor does another problem's end.
+    unanswered: Option<String>,
     /// This worker's last session on the registry: its backend pid and
     /// start (microseconds since 1970). After a network break that session
     /// can linger there (a half-open connection), still holding the node
@@ -245,18 +249,21 @@ impl Worker {
         self.report_events();
         match result {
             Ok(()) => {
-                let answer = self.client.as_ref().is_some_and(|c| c.answered > answered);
-                if matches!(self.problem, Some(Problem::Refused(_)))
-                    || (answer && matches!(self.problem, Some(Problem::NoAnswer(_))))
-                {
+                if self.client.as_ref().is_some_and(|c| c.answered > answered) {
+                    self.unanswered = None;
+                }
+                if matches!(
+                    self.problem,
+                    Some(Problem::Refused(_) | Problem::NoAnswer(_))
+                ) {
                     self.clear_problem();
                 }
             }
             Err(CallError::Unreachable(problem)) => {
                 let display = self.display();
-                self.unreachable(Problem::NoAnswer(format!(
-                    "the registry {display} did not answer: {problem}"
-                )));
+                let text = format!("the registry {display} did not answer: {problem}");
+                self.unanswered = Some(text.clone());
+                self.unreachable(Problem::NoAnswer(text));
             }
             Err(CallError::Refused(problem)) => {
                 let display = self.display();

@@ -21,11 +21,11 @@ pub(super) enum Problem {
     /// reach it: cleared by the next durable grant.
     NotDurable(String),
     /// The registry did not answer a lease call in time, or the session
-    /// broke during one: cleared when a lease call is answered (the next
-    /// renewal, or the next acquire once a session wants an id). A new
-    /// session alone does not clear it: a call on it may wait as long
-    /// again (a lock held at the registry, a registry that accepts
-    /// connections but cannot commit).
+    /// broke during one: cleared when a lease call is answered (the first
+    /// step on a new session makes one: a renewal, or an acquire). Until
+    /// then no other problem's end clears it (`Worker::unanswered`): a new
+    /// session's call may wait as long again (a lock held at the registry,
+    /// a registry that accepts connections but cannot commit).
     NoAnswer(String),
     /// Anything else (no connection, fenced, no free block, went back in
     /// time): cleared when a new connection works.
@@ -54,7 +54,14 @@ impl Worker {
         self.problem = Some(problem);
     }
 
+    /// Clears the current problem; a lease call still unanswered
+    /// (`Worker::unanswered`) becomes the problem again.
     pub(super) fn clear_problem(&mut self) {
+        if let Some(text) = self.unanswered.clone() {
+            self.header.lease.problem.set(&text);
+            self.problem = Some(Problem::NoAnswer(text));
+            return;
+        }
         if self.problem.take().is_some() {
             pgrx::log!(
                 "snowflake_id lease: the registry {} is reachable again",

@@ -121,6 +121,7 @@ impl Worker {
             saved_provable: false,
             next_citus_mono: 0,
             problem: None,
+            unanswered: None,
             registry_session: None,
             host_index: None,
             next_host: 0,

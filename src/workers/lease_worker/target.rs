@@ -29,6 +29,7 @@ impl Worker {
         let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
         self.holder.forget_all(&mut host);
         self.client = None;
+        self.unanswered = None;
         self.registry_session = None;
         self.host_index = None;
         self.next_host = 0;

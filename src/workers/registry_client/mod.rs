@@ -134,11 +134,11 @@ fn check_signals() -> Result<(), CallError> {
 fn no_answer(limit: &CallLimit, clock: &AnswerBy, what: &str) -> CallError {
     match limit.end {
         CallEnd::Timeout => CallError::Unreachable(format!(
-            "no answer within {} s while {what} (the registry is stalled, the call waits for a lock there: see pg_locks on it, or the network drops packets)",
+            "no answer within {} s while {what} (the registry is stalled or the network drops packets)",
             CALL_TIMEOUT_MS / 1000
         )),
         CallEnd::LeaseDeadline => CallError::Unreachable(format!(
-            "no answer before the lease deadline of this server's blocks while {what} (given up {} ms past it; the registry is stalled, the call waits for a lock there: see pg_locks on it, or the network drops packets): the blocks are not used past their deadline",
+            "no answer before the lease deadline of this server's blocks while {what} (given up {} ms past it; the registry is stalled, the call waits there for a lock or a synchronous standby: see pg_stat_activity on it, or the network drops packets): the blocks are not used past their deadline",
             clock.now_mono_ms().saturating_sub(limit.until_mono_ms)
         )),
     }
