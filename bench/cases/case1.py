@@ -130,6 +130,20 @@ def run_side_by_side(conns: dict, variants: list) -> None:
                 R.add(CASE, label, f"side_{basis}_above_bare_min", "ns",
                       [min(per[label]) - floor], f"N={RATIO_N}",
                       f"minimum {basis} ns per ID over the rounds less the bare count's")
+        # Paired by round: each round's cost above that round's bare count,
+        # over clock_timestamp()'s in the same round; the median over the
+        # rounds. Less at the mercy of one lucky round than the ratio of
+        # minimums (whose denominator is one round's clock_timestamp()),
+        # which the C floors show: they do what clock_timestamp() does.
+        for _, label, *_ in variants:
+            if label in (bare, CLOCK):
+                continue
+            paired = [(x - b) / (c - b) for x, b, c in
+                      zip(per[label], per[bare], per[CLOCK]) if c - b > 0]
+            if paired:
+                R.add(CASE, label, f"side_{basis}_paired_ratio", "x", paired,
+                      f"N={RATIO_N}", f"per round: {basis} above that round's bare count "
+                      "over clock_timestamp()'s above it; the median is the figure")
         # A ratio only of costs that came out positive: with a minimum at or
         # below the bare count's, the rounds were noisier than the cost.
         clock = min(per[CLOCK]) - floor
