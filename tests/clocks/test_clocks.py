@@ -438,13 +438,10 @@ def test_clock_step_back_of_10s_keeps_every_session_inserting(make_cluster):
 
 
 # ------------------------------------------- errors that say what happened
-def test_fresh_claim_waits_for_the_clock_to_pass_the_floor(make_cluster):
-    """max_drift = 0 and a reservation floor just ahead of the clock (as
-    after a crash: the state file reserves 1 s beyond the last ID). A
-    claim that has issued nothing waits for the clock to pass the floor
-    instead of reporting a clock error, and its first ID is above it."""
-    c, clock = faked(make_cluster, **{"snowflake_id.max_drift": "0"})
-    earlier = c.scalar("SELECT snowflake_nextval()")
+def restart_with_the_floor_now(c) -> int:
+    """Restarts `c` with its state file's reservation (the floor of every
+    new claim) set to now, as after a crash right after an extension;
+    returns it (Unix ms)."""
     c.stop()
     path = os.path.join(c.datadir, "snowflake_id.state")
     with open(path) as f:
@@ -454,6 +451,17 @@ def test_fresh_claim_waits_for_the_clock_to_pass_the_floor(make_cluster):
     with open(path, "w") as f:
         json.dump(state, f)
     c.start()
+    return floor_ms
+
+
+def test_fresh_claim_waits_for_the_clock_to_pass_the_floor(make_cluster):
+    """max_drift = 0 and a reservation floor just ahead of the clock (as
+    after a crash: the state file reserves 1 s beyond the last ID). A
+    claim that has issued nothing waits for the clock to pass the floor
+    instead of reporting a clock error, and its first ID is above it."""
+    c, clock = faked(make_cluster, **{"snowflake_id.max_drift": "0"})
+    earlier = c.scalar("SELECT snowflake_nextval()")
+    floor_ms = restart_with_the_floor_now(c)
     with c.connect() as conn:
         # Put the server's clock 1.5 s before the floor (less than the 2 s
         # a fresh claim waits; more than the 1 s it waited with the 250 ms
@@ -485,15 +493,7 @@ def test_a_second_claimant_of_an_id_also_waits_for_the_floor(make_cluster):
     c, clock = faked(make_cluster, **{"snowflake_id.max_drift": "0",
                                       "snowflake_id.worker_ids": "0"})
     c.scalar("SELECT snowflake_nextval()")
-    c.stop()
-    path = os.path.join(c.datadir, "snowflake_id.state")
-    with open(path) as f:
-        state = json.load(f)
-    floor_ms = int(time.time() * 1000)
-    state["reserved_until_ms"] = floor_ms
-    with open(path, "w") as f:
-        json.dump(state, f)
-    c.start()
+    floor_ms = restart_with_the_floor_now(c)
     with c.connect() as first, c.connect() as second:
         clock.set((floor_ms - 1500) / 1000 - time.time())
         skew = server_skew(first)
