@@ -540,8 +540,8 @@ impl Claim {
             last_tick_ms: layout.tick_start_unix_ms(self.state.last_tick),
             unit_ms: layout.unit_ms,
             max_drift_ms,
-            // Still at the floor's tick: no sharer issued above it since
-            // the claim (on a refusal the state holds the shared word).
+            // Still at the floor's tick: nothing was issued above it on
+            // this id (on a refusal the state holds the shared word).
             fresh_floor_ms: self
                 .fresh_floor
                 .filter(|&f| self.state.last_tick <= layout.tick_at(f)),

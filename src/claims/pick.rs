@@ -172,7 +172,7 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
     // grows, so this is a fetch_max even while sharers issue IDs.
     let floor_ms = header.floor_ms.load(Acquire);
     let floor = floor_word(layout, layout.tick_at(floor_ms));
-    let before = slot.position.fetch_max(floor, Relaxed);
+    slot.position.fetch_max(floor, Relaxed);
     // Above this backend's own last ID when it moved from another id (the
     // lease's floor is already in the position: see `lease_worker`).
     let own = floor_word(layout, above.max(-1));
@@ -186,14 +186,13 @@ fn try_claim(header: &'static Header, above: i64) -> Option<Claim> {
         backward_at_issue: state.clock_backward,
         published: state,
         state,
-        // Nothing above the floor was issued on this id yet: also when an
-        // earlier claimant (one that waited for the floor, or was
-        // cancelled waiting) already raised the position to it. Not for a
-        // floor at or below a never-used id's position (no state file, a
-        // floor before the epoch). `Claim::refused` checks again that the
-        // position is still at the floor's tick.
-        fresh_floor: (floor >= before && floor > GeneratorState::new(layout).word(layout))
-            .then_some(floor_ms),
+        // Whether anything above the floor was issued on this id is decided
+        // at a refusal (`Claim::refused`: the shared position still at the
+        // floor's tick), so an earlier claimant that only raised the
+        // position to it, or a sharer that issued since, count as they
+        // should. Not for a floor at or below a never-used id's position
+        // (no state file, a floor before the epoch).
+        fresh_floor: (floor > GeneratorState::new(layout).word(layout)).then_some(floor_ms),
         epoch: slot.lease_epoch.load(Relaxed),
         held: 0,
         id_base: 0,

@@ -275,5 +275,4 @@ def test_standby_replay_does_not_write_the_state_file_per_record(make_cluster):
     wait_until(lambda: not s.scalar("SELECT pg_is_in_recovery()"), what="promotion")
     first = s.scalar("SELECT snowflake_nextval()")
     assert first > max(ids)
-    with open(os.path.join(s.datadir, "snowflake_id.state")) as f:
-        assert json.load(f)["reserved_until_ms"] >= ms_of(max(ids))
+    assert reserved_until(s) >= ms_of(max(ids))
