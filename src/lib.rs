@@ -60,7 +60,7 @@ pub extern "C-unwind" fn _PG_init() {
     no_rust_backtraces();
     // SAFETY: reading a flag PostgreSQL sets while loading preload libraries.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
-    settings::load(preloading);
+    settings::load(preloading, claims::max_drift_changed);
     if preloading {
         settings::warn_if_layout_ends_soon();
         shmem::init(durability::reservation::read_at_startup);

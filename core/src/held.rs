@@ -32,6 +32,10 @@ pub struct HeldWindow {
     pub id_base: i64,
     /// The last ID's tick (for the caller's lease bound).
     pub last_tick: i64,
+    /// The generator's count of IDs issued less the cursor's sequence
+    /// number (wrapping): the count after an ID is this plus the ID's
+    /// sequence number, so the cursor need not carry it.
+    pub ids_base: u64,
 }
 
 /// What moves as held IDs are made through a [`HeldWindow`].
@@ -43,8 +47,6 @@ pub struct HeldCursor {
     pub lo_ms: i64,
     /// The sequence number of the last ID made.
     pub sequence: u32,
-    /// The generator's count of IDs issued.
-    pub ids_issued: u64,
 }
 
 impl HeldWindow {
@@ -54,6 +56,7 @@ impl HeldWindow {
         held: 0,
         id_base: 0,
         last_tick: 0,
+        ids_base: 0,
     };
 
     /// The window of `state` holding sequence numbers up to `held` of its
@@ -83,11 +86,11 @@ impl HeldWindow {
             held,
             id_base,
             last_tick: state.last_tick,
+            ids_base: state.ids_issued.wrapping_sub(u64::from(state.sequence)),
         };
         let cursor = HeldCursor {
             lo_ms,
             sequence: state.sequence,
-            ids_issued: state.ids_issued,
         };
         Some((window, cursor))
     }
@@ -101,21 +104,33 @@ impl HeldWindow {
             return None;
         }
         cursor.sequence += 1;
-        cursor.ids_issued = cursor.ids_issued.wrapping_add(1);
         cursor.lo_ms = now_ms;
         Some(self.id_base | i64::from(cursor.sequence))
     }
-}
 
-impl HeldCursor {
+    /// The generator's count of IDs issued once `cursor` is its state.
+    #[inline(always)]
+    pub fn ids_issued(&self, cursor: &HeldCursor) -> u64 {
+        self.ids_base.wrapping_add(u64::from(cursor.sequence))
+    }
+
+    /// The same window admitting no reading, its cursor still foldable
+    /// (the caller's bounds changed: it must open a new one).
+    pub fn shut(self) -> HeldWindow {
+        HeldWindow {
+            hi_ms: i64::MIN,
+            ..self
+        }
+    }
+
     /// Puts the IDs made through the window into `state` (which the window
     /// was opened from), as `next_held` would have: the sequence number,
     /// the count, and the last reading's tick.
-    pub fn fold(&self, state: &mut GeneratorState, layout: &Layout) {
-        if self.sequence != state.sequence {
-            state.sequence = self.sequence;
-            state.ids_issued = self.ids_issued;
-            state.last_seen = layout.clock_tick(self.lo_ms);
+    pub fn fold(&self, cursor: &HeldCursor, state: &mut GeneratorState, layout: &Layout) {
+        if cursor.sequence != state.sequence {
+            state.sequence = cursor.sequence;
+            state.ids_issued = self.ids_issued(cursor);
+            state.last_seen = layout.clock_tick(cursor.lo_ms);
         }
     }
 }
@@ -147,7 +162,8 @@ mod tests {
         assert_eq!(w.next(&mut c, NOW), Some(base | 4));
         assert_eq!(w.next(&mut c, NOW), Some(base | 5));
         assert_eq!(w.next(&mut c, NOW), None, "all held IDs made");
-        c.fold(&mut g, &l);
+        assert_eq!(w.ids_issued(&c), 2);
+        w.fold(&c, &mut g, &l);
         assert_eq!(
             (g.sequence, g.ids_issued, g.last_seen),
             (5, 2, l.tick_at(NOW))

@@ -117,16 +117,12 @@ struct Fast {
     /// would copy its padding too, on every ID).
     lo_ms: Cell<i64>,
     sequence: Cell<u32>,
-    ids_issued: Cell<u64>,
     /// The claim's slot (its lease bound) and its holder entry (where the
     /// count is published): `Some` while the window is open (`None`: no
     /// reading is admitted, whatever `window` says).
     refs: Cell<Option<(&'static Slot, &'static Holder)>>,
     /// The claim's lease epoch.
     epoch: Cell<u64>,
-    /// `snowflake_id.max_drift` when the window was opened: the window
-    /// admits nothing once it changes.
-    max_drift_ms: Cell<i64>,
 }
 
 impl Fast {
@@ -135,7 +131,6 @@ impl Fast {
         HeldCursor {
             lo_ms: self.lo_ms.get(),
             sequence: self.sequence.get(),
-            ids_issued: self.ids_issued.get(),
         }
     }
 
@@ -143,7 +138,6 @@ impl Fast {
     fn set_cursor(&self, cursor: HeldCursor) {
         self.lo_ms.set(cursor.lo_ms);
         self.sequence.set(cursor.sequence);
-        self.ids_issued.set(cursor.ids_issued);
     }
 }
 
@@ -152,11 +146,19 @@ static FAST: BackendLocal<Fast> = BackendLocal(Fast {
     window: Cell::new(HeldWindow::CLOSED),
     lo_ms: Cell::new(i64::MAX),
     sequence: Cell::new(0),
-    ids_issued: Cell::new(0),
     refs: Cell::new(None),
     epoch: Cell::new(0),
-    max_drift_ms: Cell::new(0),
 });
+
+/// `snowflake_id.max_drift` changed in this process (its assign hook, via
+/// `settings::load`): the held window admits readings by the old bound, so
+/// it admits none from now on; the next ID goes the long way, which folds
+/// it and opens one by the new bound. (The hot path does not read the
+/// setting.)
+pub fn max_drift_changed() {
+    let fast = &FAST.0;
+    fast.window.set(fast.window.get().shut());
+}
 
 /// Sequence numbers a claim takes ahead when it is alone on its worker id
 /// (see `Claim::held`): the IDs of a tick then cost one compare-and-swap
@@ -207,7 +209,9 @@ impl Claim {
     fn take_window(&mut self) {
         let fast = &FAST.0;
         if fast.refs.take().is_some() {
-            fast.cursor().fold(&mut self.state, self.layout);
+            fast.window
+                .get()
+                .fold(&fast.cursor(), &mut self.state, self.layout);
         }
     }
 
@@ -230,7 +234,6 @@ impl Claim {
             fast.window.set(window);
             fast.set_cursor(cursor);
             fast.epoch.set(self.epoch);
-            fast.max_drift_ms.set(max_drift_ms);
             fast.refs.set(Some((self.slot, holder)));
         }
     }
@@ -315,17 +318,14 @@ pub fn next_held_id() -> Option<i64> {
     let window = fast.window.get();
     let mut cursor = fast.cursor();
     let id = window.next(&mut cursor, now_ms)?;
-    // The lease bound as `make_ids` reads it: the limit, then the epoch;
-    // and the drift bound the window was opened with.
+    // The lease bound as `make_ids` reads it: the limit, then the epoch.
+    // (The drift bound is the window's: `max_drift_changed` shuts it.)
     let (limit, epoch) = slot.lease_view();
-    if window.last_tick > limit
-        || epoch != fast.epoch.get()
-        || settings::max_drift_ms() != fast.max_drift_ms.get()
-    {
+    if window.last_tick > limit || epoch != fast.epoch.get() {
         return None;
     }
     fast.set_cursor(cursor);
-    holder.ids_issued.store(cursor.ids_issued, Relaxed);
+    holder.ids_issued.store(window.ids_issued(&cursor), Relaxed);
     Some(id)
 }
 

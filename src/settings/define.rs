@@ -9,8 +9,9 @@
 
 use super::fleet::{check_registry, check_registry_options};
 use super::layout::{
-    check_epoch, check_max_drift, check_sequence_bits, check_time_unit_ms, check_total_bits,
-    show_sequence_bits, show_time_unit, show_total_bits, show_worker_bits, Preset, FROM_PRESET,
+    assign_max_drift, check_epoch, check_max_drift, check_sequence_bits, check_time_unit_ms,
+    check_total_bits, show_sequence_bits, show_time_unit, show_total_bits, show_worker_bits,
+    Preset, FROM_PRESET,
 };
 use super::public_keys::{assign_public_key_file, check_public_key};
 use super::{backfill::check_backfill_worker_ids, worker_ids::check_worker_ids};
@@ -86,6 +87,7 @@ type StringCheck = unsafe extern "C-unwind" fn(
 type IntCheck =
     unsafe extern "C-unwind" fn(*mut i32, *mut *mut c_void, pg_sys::GucSource::Type) -> bool;
 type StringAssign = unsafe extern "C-unwind" fn(*const c_char, *mut c_void);
+type IntAssign = unsafe extern "C-unwind" fn(i32, *mut c_void);
 type Show = unsafe extern "C-unwind" fn() -> *const c_char;
 
 /// The context of the layout settings: postmaster settings when
@@ -131,12 +133,12 @@ fn int(
     (min, max): (i32, i32),
     context: GucContext,
     flags: GucFlags,
-    (check, show): (Option<IntCheck>, Option<Show>),
+    (check, assign, show): (Option<IntCheck>, Option<IntAssign>, Option<Show>),
 ) {
     // SAFETY: as in `string`.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
-            name, short, long, setting, min, max, context, flags, check, None, show,
+            name, short, long, setting, min, max, context, flags, check, assign, show,
         );
     }
 }
@@ -150,7 +152,7 @@ fn layout_int(
     max: i32,
     context: GucContext,
     flags: GucFlags,
-    hooks: (Option<IntCheck>, Option<Show>),
+    (check, show): (Option<IntCheck>, Option<Show>),
 ) {
     int(
         name,
@@ -160,7 +162,7 @@ fn layout_int(
         (FROM_PRESET, max),
         context,
         flags,
-        hooks,
+        (check, None, show),
     );
 }
 
@@ -265,7 +267,7 @@ pub(super) fn define_the_rest(preloading: bool) {
         (0, MAX_DRIFT_LIMIT_MS),
         GucContext::Sighup,
         GucFlags::UNIT_MS,
-        (Some(check_max_drift), None),
+        (Some(check_max_drift), Some(assign_max_drift), None),
     );
     int(
         c"snowflake_id.layout_end_warning",
@@ -276,7 +278,7 @@ pub(super) fn define_the_rest(preloading: bool) {
         (0, 10_000),
         GucContext::Sighup,
         GucFlags::default(),
-        (None, None),
+        (None, None, None),
     );
     define_fleet(preloading);
     define_public_keys();
@@ -324,7 +326,7 @@ fn define_fleet(preloading: bool) {
         (LEASE_TIME_MIN_MS, LEASE_TIME_MAX_MS),
         GucContext::Sighup,
         GucFlags::UNIT_MS,
-        (None, None),
+        (None, None, None),
     );
     GucRegistry::define_enum_guc(
         c"snowflake_id.lease_replication",
@@ -344,7 +346,7 @@ fn define_fleet(preloading: bool) {
         (1, snowflake_core::lease::BLOCKS_PER_LAYOUT as i32),
         GucContext::Sighup,
         GucFlags::default(),
-        (None, None),
+        (None, None, None),
     );
     string(
         c"snowflake_id.registry_options",

@@ -13,6 +13,7 @@ use pgrx::guc::GucSetting;
 use pgrx::{pg_guard, pg_sys, PostgresGucEnum};
 use snowflake_core::layout::{self, Layout, PRESETS};
 use std::ffi::{c_char, c_void, CString};
+use std::sync::OnceLock;
 
 /// `snowflake_id.layout`: the preset the individual layout settings start from.
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
@@ -236,6 +237,29 @@ pub(super) unsafe extern "C-unwind" fn check_sequence_bits(
 ) -> bool {
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
     check_at_least("snowflake_id.sequence_bits", unsafe { *newval }, 1, source)
+}
+
+/// What to do in this process when `snowflake_id.max_drift` changes, set
+/// once by [`super::load`]: `claims` closes its held window, which admits
+/// clock readings by the bound it was opened with, so that the hot path
+/// need not read the setting for every ID.
+static ON_MAX_DRIFT_CHANGE: OnceLock<fn()> = OnceLock::new();
+
+/// Sets [`ON_MAX_DRIFT_CHANGE`] (the first call only).
+pub(super) fn on_max_drift_change(f: fn()) {
+    let _ = ON_MAX_DRIFT_CHANGE.set(f);
+}
+
+/// Assign hook of `snowflake_id.max_drift`: runs in every process that
+/// takes a new value (a reload reaches a backend between statements),
+/// before the value is stored; nothing makes an ID in between.
+#[pg_guard]
+pub(super) unsafe extern "C-unwind" fn assign_max_drift(newval: i32, _extra: *mut c_void) {
+    if i64::from(newval) != max_drift_ms() {
+        if let Some(f) = ON_MAX_DRIFT_CHANGE.get() {
+            f();
+        }
+    }
 }
 
 /// Check hook of `snowflake_id.max_drift`: 0, or at least one tick of the

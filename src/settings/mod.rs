@@ -65,8 +65,11 @@ static CONFIG: OnceLock<Config> = OnceLock::new();
 /// or the load. `preloading`: called while `shared_preload_libraries`
 /// loads (PostgreSQL only allows postmaster settings to be defined then;
 /// loaded on demand, the layout settings are superuser settings, so the
-/// decoders still follow postgresql.conf).
-pub fn load(preloading: bool) -> &'static Config {
+/// decoders still follow postgresql.conf). `on_max_drift_change` runs in
+/// each process whenever `snowflake_id.max_drift` changes there, before the
+/// new value is in force.
+pub fn load(preloading: bool, on_max_drift_change: fn()) -> &'static Config {
+    layout::on_max_drift_change(on_max_drift_change);
     let config = load::load(preloading);
     CONFIG.get_or_init(|| config)
 }

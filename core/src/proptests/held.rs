@@ -51,7 +51,13 @@ proptest! {
                     prop_assert_eq!(Some(id), by_rule.map(|s| id_base | i64::from(s)));
                     rule = tried;
                     let mut folded = state;
-                    cursor.fold(&mut folded, &l);
+                    window.fold(&cursor, &mut folded, &l);
+                    let mut shut = state;
+                    let closed = window.shut();
+                    let mut unmoved = cursor;
+                    prop_assert_eq!(closed.next(&mut unmoved, now_ms), None, "a shut window admits nothing");
+                    closed.fold(&cursor, &mut shut, &l);
+                    prop_assert_eq!(shut, rule, "and folds what the open one made");
                     prop_assert_eq!(folded, rule);
                 }
                 None => {
