@@ -8,6 +8,7 @@ tests/fleet/test_leases.py; the fencing in tests/fleet/test_fencing.py."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,7 +17,7 @@ import psycopg
 import pytest
 
 from harness import AS_ROOT, PG_MAJOR, other_pg_bindir, pg_config, pg_ids, wait_until
-from helpers import can_make_id, config, ids, lease_schema, old_release
+from helpers import can_make_id, config, ids, lease_schema, old_release, sql_error
 from fleet_helpers import LEASE, LEASE_S, holder, leases, registry_server, resume
 
 
@@ -476,7 +477,11 @@ def test_lease_problem_stays_while_a_lock_at_the_registry_holds_the_renewals(mak
     def problem(conn):
         return conn.execute("SELECT lease_problem FROM snowflake_config()").fetchone()[0]
 
-    seen = []
+    def since(conn):
+        return conn.execute(
+            "SELECT registry_unreachable_since FROM snowflake_config()").fetchone()[0]
+
+    seen, seen_since = [], []
     with a.connect() as watch, r.connect() as lock:
         lock.execute("BEGIN")
         lock.execute("LOCK TABLE snowflake_lease_blocks IN EXCLUSIVE MODE")
@@ -487,13 +492,23 @@ def test_lease_problem_stays_while_a_lock_at_the_registry_holds_the_renewals(mak
             until = time.monotonic() + 7
             while time.monotonic() < until:
                 seen.append(problem(watch))
+                seen_since.append(since(watch))
                 time.sleep(0.05)
-            assert not can_make_id(watch), "an ID was made with no renewal answered"
+            e = sql_error(watch, "SELECT snowflake_nextval()")
         finally:
             lock.execute("COMMIT")
         cleared = [p for p in seen if p is None]
         assert not cleared, (f"lease_problem read NULL {len(cleared)} times of {len(seen)}"
                              f" while the renewals waited: {sorted(set(seen) - {None})}")
+        # registry_unreachable_since ("since when the registry does not
+        # answer") stays at the first call given up, and the sessions'
+        # 55000 counts from it: before, each new session cleared it, and
+        # the error said "unreachable for 0 s".
+        assert None not in seen_since and len(set(seen_since)) == 1, sorted(
+            set(seen_since), key=str)
+        assert e.sqlstate == "55000", str(e)
+        m = re.search(r"unreachable for (\d+) s", e.diag.message_primary)
+        assert m and int(m.group(1)) >= 6, e.diag.message_primary
         assert any("did not answer" in p and "lock" in p and "pg_stat_activity" in p
                    for p in seen), sorted(set(seen))
         wait_until(lambda: problem(watch) is None, timeout=30,

@@ -206,7 +206,13 @@ impl Worker {
         self.client = Some(registry);
         self.connect_backoff_ms = 0;
         self.unreachable = false;
-        self.header.lease.unreachable_since_ms.store(0, Release);
+        // While the lease call given up before this session is unanswered
+        // (a lock or a synchronous standby at the registry, which accepts
+        // new sessions), the registry still "does not answer": that ends
+        // when a lease call is answered (`Worker::step`).
+        if self.unanswered.is_none() {
+            self.header.lease.unreachable_since_ms.store(0, Release);
+        }
         self.clear_problem();
         // Renew at once: confirms the leases held before a restart or an
         // outage, and drops those handed to another server since.

@@ -251,6 +251,7 @@ impl Worker {
             Ok(()) => {
                 if self.client.as_ref().is_some_and(|c| c.answered > answered) {
                     self.unanswered = None;
+                    self.header.lease.unreachable_since_ms.store(0, Release);
                 }
                 if matches!(
                     self.problem,

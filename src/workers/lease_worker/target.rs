@@ -36,6 +36,8 @@ impl Worker {
         self.next_connect_mono = 0;
         self.saved_provable = false;
         let lease = &self.header.lease;
+        // Whether the old registry answered says nothing of the new one.
+        lease.unreachable_since_ms.store(0, Release);
         match &target {
             Some(t) => {
                 lease.registry.set(&t.display);
