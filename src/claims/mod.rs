@@ -302,8 +302,9 @@ pub fn generate(function: &str, n: usize, mut emit: impl FnMut(i64)) {
 /// backend's claim already holds in its worker id's position, through the
 /// claim's held window ([`FAST`]): no compare-and-swap, no lock, no
 /// reservation to extend (the tick is the last ID's), and nothing that can
-/// raise an error or panic (no PostgreSQL call but reading a setting's
-/// variable, no allocation, no arithmetic that can panic), so its caller
+/// raise an error or panic (no PostgreSQL call, no allocation, no
+/// arithmetic that can panic; not even a setting: a change of
+/// `snowflake_id.max_drift` shuts the window), so its caller
 /// needs no error guard. `None` when the window does not admit the clock's
 /// reading (or there is no claim yet): then [`generate_one`].
 ///

@@ -63,10 +63,10 @@ pub fn preset_name() -> &'static str {
 
 /// `snowflake_id.max_drift` in milliseconds.
 ///
-/// Read on every ID (the held path of `snowflake_nextval()`), so without
-/// `GucSetting::get`'s thread check (a thread-local lookup, a fifth of the
-/// held path's instructions): this extension starts no threads, and only
-/// PostgreSQL's GUC machinery writes the variable, on this same thread.
+/// Read by every call that goes through the position (and by the assign
+/// hook), so without `GucSetting::get`'s thread check (a thread-local
+/// lookup): this extension starts no threads, and only PostgreSQL's GUC
+/// machinery writes the variable, on this same thread.
 #[inline(always)]
 pub fn max_drift_ms() -> i64 {
     // SAFETY: the pointer is to the setting's own static storage, valid

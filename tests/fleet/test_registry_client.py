@@ -514,3 +514,52 @@ def test_lease_problem_stays_while_a_lock_at_the_registry_holds_the_renewals(mak
         wait_until(lambda: problem(watch) is None, timeout=30,
                    what="lease_problem cleared once a renewal was answered")
         wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")
+
+
+def test_a_refusal_after_unanswered_calls_is_an_answer(make_cluster):
+    """After lease calls went unanswered (a lock on the registry's blocks
+    table), the registry refuses the renewals with an error of its own (a
+    trigger here; a limit, a privilege in life): that is an answer.
+    registry_unreachable_since clears and lease_problem names the
+    refusal, while no ID can be made. Only the registry's own timeouts
+    (lock_timeout, statement_timeout) are not answers. Found by the review
+    of the change that keeps registry_unreachable_since through new
+    sessions: it stayed set through refusals."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "2s"})
+    with a.connect() as conn:
+        assert len(ids(conn, 10)) == 10
+    r.sql("CREATE TABLE refuse (why text)")
+    # The lease functions run with search_path = pg_catalog, pg_temp.
+    r.sql("""CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF EXISTS (SELECT 1 FROM public.refuse) THEN
+                 RAISE EXCEPTION 'refused by the test' USING ERRCODE = '22023';
+               END IF;
+               RETURN NEW;
+             END $$""")
+    r.sql("CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON snowflake_lease_blocks "
+          "FOR EACH ROW EXECUTE FUNCTION public.refuse()")
+
+    def cfg(conn):
+        return conn.execute("SELECT registry_unreachable_since, lease_problem "
+                            "FROM snowflake_config()").fetchone()
+
+    with a.connect() as watch:
+        with r.connect() as lock:
+            lock.execute("BEGIN")
+            lock.execute("LOCK TABLE snowflake_lease_blocks IN EXCLUSIVE MODE")
+            try:
+                wait_until(lambda: cfg(watch)[0] is not None, timeout=20,
+                           what="registry_unreachable_since while the renewals wait")
+                r.sql("INSERT INTO refuse VALUES ('on')")
+            finally:
+                lock.execute("COMMIT")
+        wait_until(lambda: cfg(watch)[0] is None, timeout=20,
+                   what="registry_unreachable_since cleared by a refusal")
+        since, problem = cfg(watch)
+        assert problem and "refused by the test" in problem, problem
+        assert not can_make_id(watch), "an ID was made while every lease call was refused"
+        r.sql("DELETE FROM refuse")
+        wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")
+

@@ -56,6 +56,7 @@ proptest! {
                     let closed = window.shut();
                     let mut unmoved = cursor;
                     prop_assert_eq!(closed.next(&mut unmoved, now_ms), None, "a shut window admits nothing");
+                    prop_assert_eq!(unmoved, cursor, "and leaves its cursor alone");
                     closed.fold(&cursor, &mut shut, &l);
                     prop_assert_eq!(shut, rule, "and folds what the open one made");
                     prop_assert_eq!(folded, rule);

@@ -247,12 +247,14 @@ impl Worker {
         // A call given up at a block's deadline: revoke it now.
         self.expire_due();
         self.report_events();
+        // A lease call answered in this step (also when a later one was
+        // refused): the registry answers again.
+        if self.client.as_ref().is_some_and(|c| c.answered > answered) {
+            self.unanswered = None;
+            self.header.lease.unreachable_since_ms.store(0, Release);
+        }
         match result {
             Ok(()) => {
-                if self.client.as_ref().is_some_and(|c| c.answered > answered) {
-                    self.unanswered = None;
-                    self.header.lease.unreachable_since_ms.store(0, Release);
-                }
                 if matches!(
                     self.problem,
                     Some(Problem::Refused(_) | Problem::NoAnswer(_))

@@ -16,6 +16,11 @@ const INVALID_SCHEMA_NAME: &str = "3F000";
 /// SQLSTATE of a request beyond the registry's limits (0.7.0:
 /// `snowflake_lease_limits`, checked by `snowflake_lease_check`).
 const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
+/// SQLSTATEs of a call the registry gave up itself at the session's
+/// `lock_timeout` or `statement_timeout` (`connection::SESSION_OPTIONS`):
+/// a wait there (a lock, a synchronous standby), not an answer.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+const QUERY_CANCELED: &str = "57014";
 
 /// The registry over a client session that took the node's lock.
 pub(super) struct PgRegistry {
@@ -27,8 +32,10 @@ pub(super) struct PgRegistry {
     /// Whether the registry has `snowflake_lease_durable` (0.7.0 and
     /// later); an older one's grants are taken as committed ("unchecked").
     pub(super) durable_check: bool,
-    /// Lease calls answered on this session: what clears
-    /// `Problem::NoAnswer` (`Worker::step`).
+    /// Lease calls answered on this session, with a value or an error of
+    /// the registry's own (not its timeouts): what clears
+    /// `Problem::NoAnswer` and `registry_unreachable_since`
+    /// (`Worker::step`).
     pub(super) answered: u64,
 }
 
@@ -64,10 +71,22 @@ impl PgRegistry {
             Err(CallError::Refused(message))
                 if self.client.last_sqlstate() == Some(PROGRAM_LIMIT_EXCEEDED) =>
             {
+                self.answered += 1;
                 return Err(CallError::Refused(format!(
                     "{message} [this server: {}]",
                     own_settings()
                 )));
+            }
+            // Any other error the registry raised is an answer too, but
+            // for its own timeouts, which are the wait itself.
+            Err(refused @ CallError::Refused(_))
+                if !matches!(
+                    self.client.last_sqlstate(),
+                    None | Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED)
+                ) =>
+            {
+                self.answered += 1;
+                return Err(refused);
             }
             other => other?,
         };

@@ -440,14 +440,14 @@ impl Connection {
         }
     }
 
-    /// The SQLSTATE of the last call's error when the server refused it
-    /// (`None` after a success, or when no answer came).
     /// Whether a call on this connection got no answer in time (the host
     /// stalled, as opposed to a broken or refused connection).
     pub fn stalled(&self) -> bool {
         self.stalled
     }
 
+    /// The SQLSTATE of the last call's error when the server refused it
+    /// (`None` after a success, or when no answer came).
     pub fn last_sqlstate(&self) -> Option<&str> {
         self.last_sqlstate.as_deref()
     }
