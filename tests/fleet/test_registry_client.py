@@ -516,6 +516,27 @@ def test_lease_problem_stays_while_a_lock_at_the_registry_holds_the_renewals(mak
         wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")
 
 
+def refuse_when_flagged(r, sqlstate: str) -> None:
+    """A trigger on the registry's blocks table that fails every lease call
+    that writes it with `sqlstate` while the table `refuse` has a row."""
+    r.sql("CREATE TABLE refuse (why text)")
+    # The lease functions run with search_path = pg_catalog, pg_temp.
+    r.sql(f"""CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF EXISTS (SELECT 1 FROM public.refuse) THEN
+                 RAISE EXCEPTION 'refused by the test' USING ERRCODE = '{sqlstate}';
+               END IF;
+               RETURN NEW;
+             END $$""")
+    r.sql("CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON snowflake_lease_blocks "
+          "FOR EACH ROW EXECUTE FUNCTION public.refuse()")
+
+
+def unreachable_since_and_problem(conn):
+    return conn.execute("SELECT registry_unreachable_since, lease_problem "
+                        "FROM snowflake_config()").fetchone()
+
+
 def test_a_refusal_after_unanswered_calls_is_an_answer(make_cluster):
     """After lease calls went unanswered (a lock on the registry's blocks
     table), the registry refuses the renewals with an error of its own (a
@@ -529,22 +550,8 @@ def test_a_refusal_after_unanswered_calls_is_an_answer(make_cluster):
     a = holder(make_cluster, r, **{"snowflake_id.lease_time": "2s"})
     with a.connect() as conn:
         assert len(ids(conn, 10)) == 10
-    r.sql("CREATE TABLE refuse (why text)")
-    # The lease functions run with search_path = pg_catalog, pg_temp.
-    r.sql("""CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN
-               IF EXISTS (SELECT 1 FROM public.refuse) THEN
-                 RAISE EXCEPTION 'refused by the test' USING ERRCODE = '22023';
-               END IF;
-               RETURN NEW;
-             END $$""")
-    r.sql("CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON snowflake_lease_blocks "
-          "FOR EACH ROW EXECUTE FUNCTION public.refuse()")
-
-    def cfg(conn):
-        return conn.execute("SELECT registry_unreachable_since, lease_problem "
-                            "FROM snowflake_config()").fetchone()
-
+    refuse_when_flagged(r, "22023")
+    cfg = unreachable_since_and_problem
     with a.connect() as watch:
         with r.connect() as lock:
             lock.execute("BEGIN")
@@ -563,3 +570,31 @@ def test_a_refusal_after_unanswered_calls_is_an_answer(make_cluster):
         r.sql("DELETE FROM refuse")
         wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")
 
+
+def test_a_call_the_registry_times_out_is_not_answered(make_cluster):
+    """A lease call the registry gives up at its lock_timeout (55P03: a
+    lock held longer than 5 s, before a default 10 min lease's deadline;
+    raised by a trigger here) got no answer: registry_unreachable_since is
+    set and stays, lease_problem says the registry did not answer in time,
+    and no ID is made once the blocks ran out; all of it clears when a
+    call is answered. Before, it was an ordinary refusal: NULL, and
+    sessions waited 30 s rather than 2 (found by the review of 0.7.0's
+    lease answers)."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "2s"})
+    with a.connect() as conn:
+        assert len(ids(conn, 10)) == 10
+    refuse_when_flagged(r, "55P03")
+    cfg = unreachable_since_and_problem
+    with a.connect() as watch:
+        r.sql("INSERT INTO refuse VALUES ('on')")
+        wait_until(lambda: cfg(watch)[0] is not None, timeout=20,
+                   what="registry_unreachable_since after a lock timeout at the registry")
+        first, problem = cfg(watch)
+        assert problem and "did not answer in time" in problem \
+            and "refused by the test" in problem, problem
+        wait_until(lambda: not can_make_id(watch), timeout=20, what="the blocks running out")
+        assert cfg(watch)[0] == first, (cfg(watch), first)
+        r.sql("DELETE FROM refuse")
+        wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")
+        wait_until(lambda: cfg(watch) == (None, None), timeout=20, what="both cleared")

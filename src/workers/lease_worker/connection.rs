@@ -93,6 +93,7 @@ impl Worker {
             schema: found.schema,
             durable_check: found.durable_check,
             answered: 0,
+            timed_out: false,
         })
     }
 
@@ -219,14 +220,20 @@ impl Worker {
         self.holder.reconnected();
     }
 
-    /// The registry did not answer or the connection broke: drops the
-    /// session, picks the host to try first and the pause before the next
-    /// attempt, and reports `problem`.
-    pub(super) fn unreachable(&mut self, problem: Problem) {
+    /// The registry does not answer (from now, unless already so): shown
+    /// as `registry_unreachable_since` until a lease call is answered.
+    pub(super) fn not_answering(&self) {
         let lease = &self.header.lease;
         if lease.unreachable_since_ms.load(Relaxed) == 0 {
             lease.unreachable_since_ms.store(clock::unix_ms(), Release);
         }
+    }
+
+    /// The registry did not answer or the connection broke: drops the
+    /// session, picks the host to try first and the pause before the next
+    /// attempt, and reports `problem`.
+    pub(super) fn unreachable(&mut self, problem: Problem) {
+        self.not_answering();
         // With several hosts in the connection string: the next attempt
         // begins with the host of the session that ended, unless that host
         // stalled (no answer within the call timeout: a frozen VM), then

@@ -268,6 +268,19 @@ impl Worker {
                 self.unanswered = Some(text.clone());
                 self.unreachable(Problem::NoAnswer(text));
             }
+            // Given up by the registry at its lock_timeout or
+            // statement_timeout (a lock, a synchronous standby): no answer,
+            // as a call given up here at a deadline, but the session
+            // stays (nothing is wrong with it).
+            Err(CallError::Refused(problem))
+                if self.client.as_ref().is_some_and(|c| c.timed_out) =>
+            {
+                let display = self.display();
+                let text = format!("the registry {display} did not answer in time: {problem}");
+                self.unanswered = Some(text.clone());
+                self.not_answering();
+                self.set_problem(Problem::NoAnswer(text));
+            }
             Err(CallError::Refused(problem)) => {
                 let display = self.display();
                 self.set_problem(Problem::Refused(format!(

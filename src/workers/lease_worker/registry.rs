@@ -37,6 +37,11 @@ pub(super) struct PgRegistry {
     /// `Problem::NoAnswer` and `registry_unreachable_since`
     /// (`Worker::step`).
     pub(super) answered: u64,
+    /// Whether the last call was given up by the registry itself, at the
+    /// session's `lock_timeout` or `statement_timeout`: refused, so
+    /// nothing of it was done, but not answered either (`Worker::step`
+    /// reports it as a call that got no answer).
+    pub(super) timed_out: bool,
 }
 
 impl PgRegistry {
@@ -48,6 +53,7 @@ impl PgRegistry {
         let body = serde_json::to_string(req)
             .map_err(|e| CallError::Refused(format!("request not encoded: {e}")))?;
         let sql = format!("SELECT {}.{function}($1::jsonb)::text", self.schema);
+        self.timed_out = false;
         let answer = match self.client.value(&sql, &[&body]) {
             // The function or its schema is gone from where this session
             // found it: the registry's extension was updated (0.6.0 moved
@@ -86,6 +92,10 @@ impl PgRegistry {
                 ) =>
             {
                 self.answered += 1;
+                return Err(refused);
+            }
+            Err(refused @ CallError::Refused(_)) => {
+                self.timed_out = self.client.last_sqlstate().is_some();
                 return Err(refused);
             }
             other => other?,
