@@ -532,6 +532,18 @@ def refuse_when_flagged(r, sqlstate: str) -> None:
           "FOR EACH ROW EXECUTE FUNCTION public.refuse()")
 
 
+def holder_of_a_refusing_registry(make_cluster, sqlstate: str):
+    """A registry whose lease calls fail with `sqlstate` once flagged
+    (`refuse_when_flagged`), and a holder of it with 2 s leases that has
+    made IDs."""
+    r = registry_server(make_cluster)
+    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "2s"})
+    with a.connect() as conn:
+        assert len(ids(conn, 10)) == 10
+    refuse_when_flagged(r, sqlstate)
+    return r, a
+
+
 def unreachable_since_and_problem(conn):
     return conn.execute("SELECT registry_unreachable_since, lease_problem "
                         "FROM snowflake_config()").fetchone()
@@ -546,11 +558,7 @@ def test_a_refusal_after_unanswered_calls_is_an_answer(make_cluster):
     (lock_timeout, statement_timeout) are not answers. Found by the review
     of the change that keeps registry_unreachable_since through new
     sessions: it stayed set through refusals."""
-    r = registry_server(make_cluster)
-    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "2s"})
-    with a.connect() as conn:
-        assert len(ids(conn, 10)) == 10
-    refuse_when_flagged(r, "22023")
+    r, a = holder_of_a_refusing_registry(make_cluster, "22023")
     cfg = unreachable_since_and_problem
     with a.connect() as watch:
         with r.connect() as lock:
@@ -580,11 +588,7 @@ def test_a_call_the_registry_times_out_is_not_answered(make_cluster):
     call is answered. Before, it was an ordinary refusal: NULL, and
     sessions waited 30 s rather than 2 (found by the review of 0.7.0's
     lease answers)."""
-    r = registry_server(make_cluster)
-    a = holder(make_cluster, r, **{"snowflake_id.lease_time": "2s"})
-    with a.connect() as conn:
-        assert len(ids(conn, 10)) == 10
-    refuse_when_flagged(r, "55P03")
+    r, a = holder_of_a_refusing_registry(make_cluster, "55P03")
     cfg = unreachable_since_and_problem
     with a.connect() as watch:
         r.sql("INSERT INTO refuse VALUES ('on')")
