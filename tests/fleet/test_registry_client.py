@@ -599,6 +599,11 @@ def test_a_call_the_registry_times_out_is_not_answered(make_cluster):
             and "refused by the test" in problem, problem
         wait_until(lambda: not can_make_id(watch), timeout=20, what="the blocks running out")
         assert cfg(watch)[0] == first, (cfg(watch), first)
+        # Said once in the log, as the problem, not as a refusal each round.
+        warnings = [line for line in a.log().splitlines()
+                    if "WARNING:" in line and "snowflake_id lease:" in line
+                    and "refused by the test" in line]
+        assert len(warnings) == 1 and "did not answer in time" in warnings[0], warnings
         r.sql("DELETE FROM refuse")
         wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")
         wait_until(lambda: cfg(watch) == (None, None), timeout=20, what="both cleared")

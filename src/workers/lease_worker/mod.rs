@@ -269,7 +269,7 @@ impl Worker {
                 self.unreachable(Problem::NoAnswer(text));
             }
             // Given up by the registry at its lock_timeout or
-            // statement_timeout (a lock, a synchronous standby): no answer,
+            // statement_timeout (a lock held there): no answer,
             // as a call given up here at a deadline, but the session
             // stays (nothing is wrong with it).
             Err(CallError::Refused(problem))

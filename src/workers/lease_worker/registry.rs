@@ -18,7 +18,8 @@ const INVALID_SCHEMA_NAME: &str = "3F000";
 const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 /// SQLSTATEs of a call the registry gave up itself at the session's
 /// `lock_timeout` or `statement_timeout` (`connection::SESSION_OPTIONS`):
-/// a wait there (a lock, a synchronous standby), not an answer.
+/// a wait there (a lock; not the commit's wait for a synchronous standby,
+/// which no timeout ends), not an answer. The statement rolled back.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 const QUERY_CANCELED: &str = "57014";
 
@@ -50,10 +51,10 @@ impl PgRegistry {
         function: &str,
         req: &impl Serialize,
     ) -> Result<T, CallError> {
+        self.timed_out = false;
         let body = serde_json::to_string(req)
             .map_err(|e| CallError::Refused(format!("request not encoded: {e}")))?;
         let sql = format!("SELECT {}.{function}($1::jsonb)::text", self.schema);
-        self.timed_out = false;
         let answer = match self.client.value(&sql, &[&body]) {
             // The function or its schema is gone from where this session
             // found it: the registry's extension was updated (0.6.0 moved
