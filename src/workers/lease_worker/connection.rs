@@ -229,6 +229,14 @@ impl Worker {
         }
     }
 
+    /// The registry answers (a lease call was answered), or another one
+    /// is used: no call is unanswered, and `registry_unreachable_since`
+    /// is cleared.
+    pub(super) fn answering(&mut self) {
+        self.unanswered = None;
+        self.header.lease.unreachable_since_ms.store(0, Release);
+    }
+
     /// The registry did not answer or the connection broke: drops the
     /// session, picks the host to try first and the pause before the next
     /// attempt, and reports `problem`.

@@ -250,8 +250,7 @@ impl Worker {
         // A lease call answered in this step (also when a later one was
         // refused): the registry answers again.
         if self.client.as_ref().is_some_and(|c| c.answered > answered) {
-            self.unanswered = None;
-            self.header.lease.unreachable_since_ms.store(0, Release);
+            self.answering();
         }
         match result {
             Ok(()) => {

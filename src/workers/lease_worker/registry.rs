@@ -86,17 +86,12 @@ impl PgRegistry {
             }
             // Any other error the registry raised is an answer too, but
             // for its own timeouts, which are the wait itself.
-            Err(refused @ CallError::Refused(_))
-                if !matches!(
-                    self.client.last_sqlstate(),
-                    None | Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED)
-                ) =>
-            {
-                self.answered += 1;
-                return Err(refused);
-            }
             Err(refused @ CallError::Refused(_)) => {
-                self.timed_out = self.client.last_sqlstate().is_some();
+                match self.client.last_sqlstate() {
+                    Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED) => self.timed_out = true,
+                    Some(_) => self.answered += 1,
+                    None => {}
+                }
                 return Err(refused);
             }
             other => other?,

@@ -29,15 +29,14 @@ impl Worker {
         let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
         self.holder.forget_all(&mut host);
         self.client = None;
-        self.unanswered = None;
+        // Whether the old registry answered says nothing of the new one.
+        self.answering();
         self.registry_session = None;
         self.host_index = None;
         self.next_host = 0;
         self.next_connect_mono = 0;
         self.saved_provable = false;
         let lease = &self.header.lease;
-        // Whether the old registry answered says nothing of the new one.
-        lease.unreachable_since_ms.store(0, Release);
         match &target {
             Some(t) => {
                 lease.registry.set(&t.display);
