@@ -45,112 +45,10 @@
 //!   never hands sessions a block already past its deadline.
 
 use crate::lease::{self, Held, Plan, Timing, Usage};
-use serde::{Deserialize, Serialize};
-
-/// One block in a request or reply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BlockMark {
-    pub block: u32,
-    /// Request: the mark the holder holds (re-assertion). Reply: the
-    /// block's mark before this call (the floor a new holder starts above).
-    #[serde(alias = "floor_ms")]
-    pub high_ms: i64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AcquireRequest {
-    pub node: String,
-    pub name: String,
-    pub layout: String,
-    pub block_size: u32,
-    pub max_worker_id: u32,
-    pub allowed: Vec<u32>,
-    pub want: u32,
-    pub lease_ms: i64,
-    pub grace_ms: i64,
-    pub high_ms: i64,
-    pub incarnation: String,
-    pub lsn: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RenewRequest {
-    pub node: String,
-    /// With a re-assertion to a registry that forgot the blocks' rows.
-    pub layout: String,
-    pub block_size: u32,
-    pub max_worker_id: u32,
-    pub blocks: Vec<BlockMark>,
-    pub lease_ms: i64,
-    pub grace_ms: i64,
-    pub high_ms: i64,
-    pub incarnation: String,
-    pub lsn: String,
-    /// The registry session this holder used before its current one
-    /// (`pid:start`, '' for none): blocks leased in that session stay its
-    /// own; blocks leased in a session it cannot name pass to it only
-    /// after their lease and grace ran out.
-    pub previous_session: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ReleaseRequest {
-    pub node: String,
-    pub block: u32,
-    pub high_ms: i64,
-    pub incarnation: String,
-    pub lsn: String,
-    pub previous_session: String,
-}
-
-/// The registry's reply to an acquire or a renewal.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct Reply {
-    pub incarnation: String,
-    pub lsn: String,
-    /// Registry-clock Unix ms until which no block is leased anew.
-    #[serde(default)]
-    pub fenced_until_ms: Option<i64>,
-    /// Acquire: the blocks granted, each with its floor. Renew: the blocks
-    /// still held, each with its mark before the renewal.
-    #[serde(default)]
-    pub blocks: Vec<BlockMark>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct ReleaseReply {
-    pub incarnation: String,
-    pub lsn: String,
-    pub released: bool,
-}
-
-/// Whether what the holder's registry session committed is where a
-/// failover can reach it (the registry's `snowflake_lease_durable`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct Durability {
-    pub durable: bool,
-    /// `synchronous` (checked against synchronous standbys), `local` (none
-    /// named: the registry's own flush), `asynchronous` (none named, but
-    /// standbys stream: a failover to one loses grants and is fenced), or
-    /// `unchecked` (a registry whose extension predates the check).
-    pub mode: String,
-    /// Synchronous standbys needed by `synchronous_standby_names`.
-    #[serde(default)]
-    pub needed: u32,
-    /// Of those, how many flushed the position checked.
-    #[serde(default)]
-    pub flushed: u32,
-    /// The registry's WAL position checked.
-    #[serde(default)]
-    pub lsn: String,
-    /// Failover candidates (standbys a promotion of which needs no fence)
-    /// that have not flushed it yet: not durable until they have, or stop
-    /// being candidates.
-    #[serde(default)]
-    pub behind: Vec<String>,
-}
-
-pub const MODE_SYNCHRONOUS: &str = "synchronous";
+pub use crate::protocol::{
+    format_lsn, parse_lsn, AcquireRequest, BlockFloor, BlockMark, Durability, DurabilityMode,
+    ReleaseReply, ReleaseRequest, RenewRequest, Reply, ReplyHead, Seen,
+};
 
 /// What the holder requires of a grant before it uses it
 /// (`snowflake_id.lease_replication`).
@@ -266,7 +164,7 @@ pub enum Event {
     /// How the registry's grants are made durable changed (first seen,
     /// or e.g. synchronous to local): for the log.
     DurabilityMode {
-        mode: String,
+        mode: DurabilityMode,
     },
 }
 
@@ -289,6 +187,10 @@ pub struct Holder {
     pub incarnation: String,
     /// The highest registry WAL position seen from that incarnation.
     pub lsn: u64,
+    /// The registry's token for that incarnation and position ('' from a
+    /// registry before 0.8.0): presented with every request, so that the
+    /// registry believes what the holder says it saw (`registry::token`).
+    pub token: String,
     /// Monotonic ms when the last confirmed renewal was sent.
     pub last_renew_mono: Option<i64>,
     /// Saved blocks may be used before a renewal confirms them (set by the
@@ -303,7 +205,7 @@ pub struct Holder {
     /// An older incarnation first seen replaced in an acquire's reply: the
     /// next renewal presents it, so that the registry takes it as a
     /// re-assertion of the blocks held.
-    pub reassert_from: Option<String>,
+    pub reassert_from: Option<Seen>,
     /// Blocks leased by a grant that is not durable yet: never used nor
     /// saved; renewed with the blocks held, and moved to `held` by the
     /// first durable renewal that keeps them (dropped at a new incarnation
@@ -312,7 +214,7 @@ pub struct Holder {
     /// The last grant was not durable (a `NotDurable` was reported).
     pub not_durable: bool,
     /// The durability mode last reported.
-    pub durability_mode: String,
+    pub durability_mode: Option<DurabilityMode>,
     /// The registry session before the current one (`pid:start`; set by
     /// the glue when it reconnects; '' for none, as after a restart): a
     /// copy of this data directory cannot name it.
@@ -340,6 +242,7 @@ impl Holder {
             held: Vec::new(),
             incarnation: String::new(),
             lsn: 0,
+            token: String::new(),
             last_renew_mono: None,
             trust_saved: false,
             from_backup: false,
@@ -347,7 +250,7 @@ impl Holder {
             reassert_from: None,
             pending: Vec::new(),
             not_durable: false,
-            durability_mode: String::new(),
+            durability_mode: None,
             previous_session: String::new(),
             events: Vec::new(),
         }
@@ -377,6 +280,7 @@ impl Holder {
         self.pending.clear();
         self.incarnation.clear();
         self.lsn = 0;
+        self.token.clear();
         self.last_renew_mono = None;
     }
 
@@ -506,12 +410,18 @@ impl Holder {
         }
     }
 
-    fn lsn_text(&self) -> String {
-        format_lsn(self.lsn)
+    /// What the holder presents of the registry it saw.
+    pub fn seen(&self) -> Seen {
+        Seen {
+            incarnation: self.incarnation.clone(),
+            lsn: format_lsn(self.lsn),
+            token: self.token.clone(),
+        }
     }
 
     /// Checks a reply's incarnation and WAL position; false: not usable.
-    fn accept(&mut self, incarnation: &str, lsn: &str) -> bool {
+    fn accept(&mut self, head: &ReplyHead) -> bool {
+        let (incarnation, lsn) = (head.incarnation.as_str(), head.lsn.as_str());
         let Some(lsn) = parse_lsn(lsn) else {
             self.events.push(Event::Refused(format!(
                 "invalid WAL position {lsn:?} in a reply"
@@ -528,6 +438,7 @@ impl Holder {
             });
             self.incarnation = incarnation.to_string();
             self.lsn = lsn;
+            self.token.clone_from(&head.token);
             return true;
         }
         if lsn < self.lsn {
@@ -538,6 +449,7 @@ impl Holder {
             return false;
         }
         self.lsn = lsn;
+        self.token.clone_from(&head.token);
         true
     }
 
@@ -566,11 +478,12 @@ impl Holder {
             Err(e) => return self.failed(e).map(|()| false),
         };
         let usable = durability.durable
-            && (now.replication == Replication::Auto || durability.mode == MODE_SYNCHRONOUS);
-        if durability.mode != self.durability_mode {
-            self.durability_mode = durability.mode.clone();
+            && (now.replication == Replication::Auto
+                || durability.mode == DurabilityMode::Synchronous);
+        if Some(durability.mode) != self.durability_mode {
+            self.durability_mode = Some(durability.mode);
             self.events.push(Event::DurabilityMode {
-                mode: durability.mode.clone(),
+                mode: durability.mode,
             });
         }
         if usable {
@@ -598,25 +511,29 @@ impl Holder {
         let req = RenewRequest {
             node: self.id.node.clone(),
             layout: self.id.layout.clone(),
-            block_size: self.id.block_size,
-            max_worker_id: self.id.max_worker_id,
+            block_size: self.id.block_size.into(),
+            max_worker_id: self.id.max_worker_id.into(),
             blocks: self
                 .held
                 .iter()
                 .chain(&self.pending)
                 .map(|h| BlockMark {
-                    block: h.block,
+                    block: h.block.into(),
                     high_ms: h.high_ms,
                 })
                 .collect(),
             lease_ms: now.timing.lease_ms,
             grace_ms: now.timing.grace_ms,
             high_ms: grant.high_ms,
-            incarnation: self
-                .reassert_from
-                .take()
-                .unwrap_or_else(|| self.incarnation.clone()),
-            lsn: self.lsn_text(),
+            // A re-assertion names the older incarnation (with its token)
+            // at the position seen since.
+            seen: match self.reassert_from.take() {
+                Some(old) => Seen {
+                    lsn: format_lsn(self.lsn),
+                    ..old
+                },
+                None => self.seen(),
+            },
             previous_session: self.previous_session.clone(),
         };
         self.bound(registry, Some(grant.deadline_mono_ms));
@@ -624,12 +541,12 @@ impl Holder {
             Ok(reply) => reply,
             Err(e) => return self.failed(e),
         };
-        if !self.accept(&reply.incarnation, &reply.lsn) {
+        if !self.accept(&reply.head) {
             return Ok(());
         }
-        self.note_fence(reply.fenced_until_ms);
-        let asked: Vec<u32> = req.blocks.iter().map(|b| b.block).collect();
-        let kept: Vec<BlockMark> = reply
+        self.note_fence(reply.head.fenced_until_ms);
+        let asked: Vec<u32> = self.held.iter().chain(&self.pending).map(|h| h.block).collect();
+        let kept: Vec<BlockFloor> = reply
             .blocks
             .iter()
             .filter(|b| asked.contains(&b.block))
@@ -674,7 +591,7 @@ impl Holder {
             if !h.confirmed && self.from_backup {
                 // A backup's saved block: its IDs since the backup are
                 // unknown here, the registry's mark bounds them.
-                h.floor_ms = h.floor_ms.max(k.high_ms);
+                h.floor_ms = h.floor_ms.max(k.floor_ms);
             }
             h.confirmed = true;
             h.high_ms = h.high_ms.max(grant.high_ms);
@@ -699,15 +616,14 @@ impl Holder {
             node: self.id.node.clone(),
             name: self.id.name.clone(),
             layout: self.id.layout.clone(),
-            block_size: self.id.block_size,
-            max_worker_id: self.id.max_worker_id,
-            allowed: allowed.to_vec(),
-            want,
+            block_size: self.id.block_size.into(),
+            max_worker_id: self.id.max_worker_id.into(),
+            allowed: allowed.iter().map(|&b| b.into()).collect(),
+            want: want.into(),
             lease_ms: now.timing.lease_ms,
             grace_ms: now.timing.grace_ms,
             high_ms: grant.high_ms,
-            incarnation: self.incarnation.clone(),
-            lsn: self.lsn_text(),
+            seen: self.seen(),
         };
         self.bound(registry, Some(grant.deadline_mono_ms));
         let reply = match registry.acquire(&req) {
@@ -716,18 +632,18 @@ impl Holder {
         };
         // A new incarnation seen here: the blocks held were not re-asserted
         // by this call; the next renewal does that (at once).
-        let known = self.incarnation.clone();
-        if !self.accept(&reply.incarnation, &reply.lsn) {
+        let known = self.seen();
+        if !self.accept(&reply.head) {
             return Ok(());
         }
-        if known != self.incarnation && !self.held.is_empty() {
+        if known.incarnation != self.incarnation && !self.held.is_empty() {
             self.last_renew_mono = None;
-            if !known.is_empty() {
+            if !known.incarnation.is_empty() {
                 self.reassert_from = Some(known);
             }
         }
-        self.note_fence(reply.fenced_until_ms);
-        if reply.blocks.is_empty() && self.held.is_empty() && reply.fenced_until_ms.is_none() {
+        self.note_fence(reply.head.fenced_until_ms);
+        if reply.blocks.is_empty() && self.held.is_empty() && reply.head.fenced_until_ms.is_none() {
             self.events.push(Event::NoFreeBlock);
         }
         // A failed check leaves the blocks leased here as pending, so that
@@ -753,7 +669,7 @@ impl Holder {
                 {
                     self.pending.push(Held {
                         block: b.block,
-                        floor_ms: b.high_ms,
+                        floor_ms: b.floor_ms,
                         high_ms: grant.high_ms,
                         deadline_mono_ms: grant.deadline_mono_ms,
                         active: false,
@@ -765,7 +681,7 @@ impl Holder {
             }
             self.events.push(Event::Leased {
                 block: b.block,
-                floor_ms: b.high_ms,
+                floor_ms: b.floor_ms,
             });
             // A block this server still counts as held (the registry's
             // clock ran its lease out first): one entry, the new grant,
@@ -773,7 +689,7 @@ impl Holder {
             if let Some(h) = self.held.iter_mut().find(|h| h.block == b.block) {
                 h.high_ms = h.high_ms.max(grant.high_ms);
                 h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
-                h.floor_ms = h.floor_ms.max(b.high_ms);
+                h.floor_ms = h.floor_ms.max(b.floor_ms);
                 h.confirmed = true;
                 if h.active {
                     host.activate(h.block, h.floor_ms, h.high_ms);
@@ -782,14 +698,14 @@ impl Holder {
             }
             self.held.push(Held {
                 block: b.block,
-                floor_ms: b.high_ms,
+                floor_ms: b.floor_ms,
                 high_ms: grant.high_ms,
                 deadline_mono_ms: grant.deadline_mono_ms,
                 active: false,
                 confirmed: true,
                 idle_since_mono_ms: None,
             });
-            if b.high_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
+            if b.floor_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
                 self.activate(b.block, host);
             }
         }
@@ -816,10 +732,9 @@ impl Holder {
         host.save(self);
         let req = ReleaseRequest {
             node: self.id.node.clone(),
-            block,
+            block: block.into(),
             high_ms: lease::release_mark(h.floor_ms, newest),
-            incarnation: self.incarnation.clone(),
-            lsn: self.lsn_text(),
+            seen: self.seen(),
             previous_session: self.previous_session.clone(),
         };
         // On failure the block simply expires at the registry, with the
@@ -827,7 +742,7 @@ impl Holder {
         self.bound(registry, None);
         match registry.release(&req) {
             Ok(reply) => {
-                if self.accept(&reply.incarnation, &reply.lsn) && reply.released {
+                if self.accept(&reply.head) && reply.released {
                     self.events.push(Event::Released { block });
                 }
                 Ok(())
@@ -846,18 +761,6 @@ impl Holder {
 
 /// The longest a durability check waits for the registry's standbys.
 pub const DURABLE_WAIT_MAX_MS: i64 = 2_000;
-
-/// A WAL position as PostgreSQL prints it (`16/B374D848`).
-pub fn parse_lsn(text: &str) -> Option<u64> {
-    let (hi, lo) = text.split_once('/')?;
-    let hi = u32::from_str_radix(hi, 16).ok()?;
-    let lo = u32::from_str_radix(lo, 16).ok()?;
-    Some(u64::from(hi) << 32 | u64::from(lo))
-}
-
-pub fn format_lsn(lsn: u64) -> String {
-    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
-}
 
 #[cfg(test)]
 mod tests;

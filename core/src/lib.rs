@@ -15,6 +15,7 @@
 //! - `lease`      fleet leases of worker-id blocks: the rules and the safety argument
 //! - `holder`     the holder side of leases, a state machine over a registry client
 //! - `node`       a node's identity over restarts and copies: which saved leases a start uses
+//! - `protocol`   the fleet wire protocol: requests, replies, the named invariants
 //! - `public_id`  the keyed, reversible text form of IDs
 //! - `key_file`   reading and checking the public key file's contents
 //! - `conninfo`   reading libpq connection strings (secrets, problems)
@@ -31,6 +32,7 @@ pub mod key_file;
 pub mod layout;
 pub mod lease;
 pub mod node;
+pub mod protocol;
 pub mod public_id;
 pub mod ranges;
 

@@ -184,15 +184,8 @@ impl FakeRegistry {
         (self.now < self.stored.fenced_until).then_some(self.stored.fenced_until)
     }
 
-    fn reply(&self, blocks: Vec<BlockMark>) -> Reply {
-        let mut blocks = blocks;
-        if let Some(b) = self.extra_block {
-            blocks.push(BlockMark {
-                block: b,
-                high_ms: 0,
-            });
-        }
-        Reply {
+    fn head(&self) -> ReplyHead {
+        ReplyHead {
             incarnation: self
                 .stored
                 .incarnation
@@ -200,7 +193,21 @@ impl FakeRegistry {
                 .map(|i| i.0)
                 .unwrap_or_default(),
             lsn: format_lsn(self.lsn),
+            token: String::new(),
             fenced_until_ms: self.fenced(),
+        }
+    }
+
+    fn reply(&self, blocks: Vec<BlockFloor>) -> Reply {
+        let mut blocks = blocks;
+        if let Some(b) = self.extra_block {
+            blocks.push(BlockFloor {
+                block: b,
+                floor_ms: 0,
+            });
+        }
+        Reply {
+            head: self.head(),
             blocks,
         }
     }
@@ -212,7 +219,7 @@ impl FakeRegistry {
 
 impl Registry for FakeRegistry {
     fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
-        self.begin(&req.incarnation, &req.lsn, req.lease_ms, req.grace_ms)?;
+        self.begin(&req.seen.incarnation, &req.seen.lsn, req.lease_ms, req.grace_ms)?;
         if let Some(r) = self.replay.take() {
             return Ok(r);
         }
@@ -220,7 +227,8 @@ impl Registry for FakeRegistry {
         let mut granted = Vec::new();
         if self.fenced().is_none() {
             for &b in &req.allowed {
-                if granted.len() as u32 >= req.want {
+                let b = b as u32;
+                if granted.len() as i64 >= req.want {
                     break;
                 }
                 let floor = self.stored.fence_floor;
@@ -230,9 +238,9 @@ impl Registry for FakeRegistry {
                 });
                 let free = row.holder.is_none() || row.expires + row.grace < self.now;
                 if free {
-                    granted.push(BlockMark {
+                    granted.push(BlockFloor {
                         block: b,
-                        high_ms: row.mark,
+                        floor_ms: row.mark,
                     });
                     row.holder = Some(req.node.clone());
                     row.expires = self.now + req.lease_ms;
@@ -246,7 +254,7 @@ impl Registry for FakeRegistry {
     }
 
     fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
-        self.begin(&req.incarnation, &req.lsn, req.lease_ms, req.grace_ms)?;
+        self.begin(&req.seen.incarnation, &req.seen.lsn, req.lease_ms, req.grace_ms)?;
         if let Some(r) = self.replay.take() {
             return Ok(r);
         }
@@ -257,21 +265,22 @@ impl Registry for FakeRegistry {
             .clone()
             .map(|i| i.0)
             .unwrap_or_default();
-        let reassert = self.fenced().is_some() && req.incarnation != current;
+        let reassert = self.fenced().is_some() && req.seen.incarnation != current;
         let now = self.now;
         let mut kept = Vec::new();
         let floor = self.stored.fence_floor;
         for b in &req.blocks {
-            let row = self.stored.rows.entry(b.block).or_insert_with(|| Row {
+            let block = b.block as u32;
+            let row = self.stored.rows.entry(block).or_insert_with(|| Row {
                 mark: floor,
                 ..Row::default()
             });
             let mine = row.holder.as_deref() == Some(req.node.as_str());
             let free = row.holder.is_none() || row.expires + row.grace < now;
             if mine || (reassert && free) {
-                kept.push(BlockMark {
-                    block: b.block,
-                    high_ms: row.mark,
+                kept.push(BlockFloor {
+                    block,
+                    floor_ms: row.mark,
                 });
                 row.holder = Some(req.node.clone());
                 row.expires = now + req.lease_ms;
@@ -287,18 +296,16 @@ impl Registry for FakeRegistry {
     }
 
     fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
-        self.begin(&req.incarnation, &req.lsn, 0, 0)?;
-        let row = self.stored.rows.entry(req.block).or_default();
+        self.begin(&req.seen.incarnation, &req.seen.lsn, 0, 0)?;
+        let row = self.stored.rows.entry(req.block as u32).or_default();
         let released = row.holder.as_deref() == Some(req.node.as_str());
         if released {
             row.holder = None;
             row.mark = req.high_ms;
         }
         self.commit();
-        let reply = self.reply(Vec::new());
         Ok(ReleaseReply {
-            incarnation: reply.incarnation,
-            lsn: reply.lsn,
+            head: self.head(),
             released,
         })
     }
@@ -318,12 +325,12 @@ impl Registry for FakeRegistry {
         }
         let flushed = self.standbys.iter().filter(|s| !s.stalled).count() as u32;
         let (mode, needed) = match self.sync {
-            Sync::None => ("local", 0),
-            Sync::First(n) | Sync::Any(n) => (MODE_SYNCHRONOUS, n),
+            Sync::None => (DurabilityMode::Local, 0),
+            Sync::First(n) | Sync::Any(n) => (DurabilityMode::Synchronous, n),
         };
         Ok(Durability {
             durable: self.trust_commits || flushed >= needed,
-            mode: mode.into(),
+            mode,
             needed,
             flushed,
             lsn: format_lsn(self.lsn),
@@ -650,12 +657,14 @@ fn a_reply_from_the_past_is_not_used() {
     run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
     let high = a.host.active[&0].1;
     let stale = Reply {
-        incarnation: a.holder.incarnation.clone(),
-        lsn: format_lsn(1),
-        fenced_until_ms: None,
-        blocks: vec![BlockMark {
+        head: ReplyHead {
+            incarnation: a.holder.incarnation.clone(),
+            lsn: format_lsn(1),
+            ..ReplyHead::default()
+        },
+        blocks: vec![BlockFloor {
             block: 0,
-            high_ms: 0,
+            floor_ms: 0,
         }],
     };
     reg.replay = Some(stale);
@@ -854,9 +863,9 @@ fn replies_parse_from_the_registrys_json() {
     .expect("valid reply");
     assert_eq!(
         r.blocks,
-        vec![BlockMark {
+        vec![BlockFloor {
             block: 3,
-            high_ms: 7
+            floor_ms: 7
         }]
     );
 }
@@ -1042,7 +1051,7 @@ fn synchronous_replication_required_refuses_a_registry_without_standbys() {
     run(&mut [&mut b], &mut reg, T0, T0 + 2_000, &[0]);
     assert!(b.host.active.contains_key(&0));
     assert!(b.holder.events.contains(&Event::DurabilityMode {
-        mode: "local".into()
+        mode: DurabilityMode::Local
     }));
 }
 

@@ -47,6 +47,10 @@ pub(super) struct LeaseFile {
     pub(super) incarnation: String,
     #[serde(default)]
     pub(super) lsn: String,
+    /// The registry's token for the incarnation and position
+    /// (`snowflake_core::protocol::ReplyHead::token`).
+    #[serde(default)]
+    pub(super) token: String,
     /// Some saved block was not confirmed by the registry since this
     /// server started (it started from a backup, or the registry has been
     /// unreachable since): not provably this directory's at the next start.
@@ -85,6 +89,7 @@ pub(super) fn save_lease_file(ctx: &mut FileContext, holder: &Holder) {
         from_backup: holder.from_backup && holder.held.iter().any(|h| !h.confirmed),
         incarnation: holder.incarnation.clone(),
         lsn: holder::format_lsn(holder.lsn),
+        token: holder.token.clone(),
         blocks: holder
             .held
             .iter()

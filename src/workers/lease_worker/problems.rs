@@ -4,7 +4,7 @@
 
 use super::Worker;
 
-use snowflake_core::holder::{Durability, Event, Replication};
+use snowflake_core::holder::{Durability, DurabilityMode, Event, Replication};
 use snowflake_core::layout::format_unix_ms;
 
 /// What keeps the lease worker from leasing, by cause: the cause decides
@@ -132,17 +132,17 @@ impl Worker {
                         self.header.lease.problem.set("");
                     }
                 }
-                Event::DurabilityMode { mode } => match mode.as_str() {
-                    "synchronous" => pgrx::log!(
+                Event::DurabilityMode { mode } => match mode {
+                    DurabilityMode::Synchronous => pgrx::log!(
                         "snowflake_id lease: grants from the registry {display} are used once its synchronous standbys have them"
                     ),
-                    "asynchronous" => pgrx::warning!(
+                    DurabilityMode::Asynchronous => pgrx::warning!(
                         "snowflake_id lease: the registry {display} names no synchronous standby but has standbys streaming: a grant is used once flushed there alone, and a failover to a standby fences the fleet (set synchronous_standby_names on the registry, or snowflake_id.lease_replication = synchronous here to insist)"
                     ),
-                    "unchecked" => pgrx::warning!(
+                    DurabilityMode::Unchecked => pgrx::warning!(
                         "snowflake_id lease: the snowflake_id extension at the registry {display} cannot say whether a grant reached its standbys (it predates 0.7.0): a grant is used once committed there; run ALTER EXTENSION snowflake_id UPDATE there"
                     ),
-                    _ => {}
+                    DurabilityMode::Local => {}
                 },
             }
         }
@@ -156,7 +156,7 @@ fn not_durable_text(display: &str, what: &str, d: &Durability, required: Replica
     // (before that, the standbys it names are what to look at).
     if !d.behind.is_empty()
         && d.flushed >= d.needed
-        && (d.mode == "synchronous" || required == Replication::Auto)
+        && (d.mode == DurabilityMode::Synchronous || required == Replication::Auto)
     {
         return format!(
             "a {what} from the registry {display} is committed there but not yet on {} (failover candidates that a promotion trusts to have every durable grant; WAL position {}): it is not used until they have it or, about 45 s after they fell behind, stop being candidates; check the registry's standbys (pg_stat_replication there)",
@@ -164,16 +164,18 @@ fn not_durable_text(display: &str, what: &str, d: &Durability, required: Replica
             d.lsn
         );
     }
-    match (d.mode.as_str(), required) {
-        ("synchronous", _) => format!(
+    match (d.mode, required) {
+        (DurabilityMode::Synchronous, _) => format!(
             "a {what} from the registry {display} is committed there but not on its synchronous standbys ({} of {} flushed WAL position {}): it is not used, and this server keeps what it holds until it is; check the registry's standbys (pg_stat_replication there)",
             d.flushed, d.needed, d.lsn
         ),
         (mode, Replication::Synchronous) => format!(
-            "a {what} from the registry {display} is not on a synchronous standby (the registry's durability: {mode}; synchronous_standby_names is empty there, or its extension predates 0.7.0) and snowflake_id.lease_replication = synchronous: it is not used; give the registry a synchronous standby (synchronous_standby_names), update its extension, or set snowflake_id.lease_replication = auto here"
+            "a {what} from the registry {display} is not on a synchronous standby (the registry's durability: {}; synchronous_standby_names is empty there, or its extension predates 0.7.0) and snowflake_id.lease_replication = synchronous: it is not used; give the registry a synchronous standby (synchronous_standby_names), update its extension, or set snowflake_id.lease_replication = auto here",
+            mode.as_str()
         ),
         (mode, Replication::Auto) => format!(
-            "a {what} from the registry {display} is not durable there (durability: {mode}): it is not used"
+            "a {what} from the registry {display} is not durable there (durability: {}): it is not used",
+            mode.as_str()
         ),
     }
 }

@@ -5,7 +5,7 @@ use crate::settings;
 use crate::workers::registry_client::Connection;
 use serde::{Deserialize, Serialize};
 use snowflake_core::holder::{
-    AcquireRequest, CallError, Durability, Registry, ReleaseReply, ReleaseRequest, RenewRequest,
+    AcquireRequest, CallError, Durability, DurabilityMode, Registry, ReleaseReply, ReleaseRequest, RenewRequest,
     Reply,
 };
 use snowflake_core::lease::Timing;
@@ -124,7 +124,7 @@ impl Registry for PgRegistry {
         if !self.durable_check {
             return Ok(Durability {
                 durable: true,
-                mode: "unchecked".into(),
+                mode: DurabilityMode::Unchecked,
                 ..Durability::default()
             });
         }
