@@ -545,7 +545,12 @@ impl Holder {
             return Ok(());
         }
         self.note_fence(reply.head.fenced_until_ms);
-        let asked: Vec<u32> = self.held.iter().chain(&self.pending).map(|h| h.block).collect();
+        let asked: Vec<u32> = self
+            .held
+            .iter()
+            .chain(&self.pending)
+            .map(|h| h.block)
+            .collect();
         let kept: Vec<BlockFloor> = reply
             .blocks
             .iter()

@@ -16,6 +16,7 @@
 //! - `holder`     the holder side of leases, a state machine over a registry client
 //! - `node`       a node's identity over restarts and copies: which saved leases a start uses
 //! - `protocol`   the fleet wire protocol: requests, replies, the named invariants
+//! - `registry`   the registry side of leases: decisions over gathered facts, and the rules over rows in memory
 //! - `public_id`  the keyed, reversible text form of IDs
 //! - `key_file`   reading and checking the public key file's contents
 //! - `conninfo`   reading libpq connection strings (secrets, problems)
@@ -35,6 +36,7 @@ pub mod node;
 pub mod protocol;
 pub mod public_id;
 pub mod ranges;
+pub mod registry;
 
 #[cfg(test)]
 mod proptests;

@@ -45,6 +45,18 @@ pub enum Invariant {
 }
 
 impl Invariant {
+    /// Its name, as the code cites it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Invariant::DisjointBlocks => "DisjointBlocks",
+            Invariant::MarkRisesWhileHeld => "MarkRisesWhileHeld",
+            Invariant::ReleaseNotBelowFloor => "ReleaseNotBelowFloor",
+            Invariant::FenceFromLimits => "FenceFromLimits",
+            Invariant::DurableBeforeUse => "DurableBeforeUse",
+            Invariant::PromotionNeedsProof => "PromotionNeedsProof",
+        }
+    }
+
     pub const ALL: [Invariant; 6] = [
         Invariant::DisjointBlocks,
         Invariant::MarkRisesWhileHeld,

@@ -219,7 +219,12 @@ impl FakeRegistry {
 
 impl Registry for FakeRegistry {
     fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
-        self.begin(&req.seen.incarnation, &req.seen.lsn, req.lease_ms, req.grace_ms)?;
+        self.begin(
+            &req.seen.incarnation,
+            &req.seen.lsn,
+            req.lease_ms,
+            req.grace_ms,
+        )?;
         if let Some(r) = self.replay.take() {
             return Ok(r);
         }
@@ -254,7 +259,12 @@ impl Registry for FakeRegistry {
     }
 
     fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
-        self.begin(&req.seen.incarnation, &req.seen.lsn, req.lease_ms, req.grace_ms)?;
+        self.begin(
+            &req.seen.incarnation,
+            &req.seen.lsn,
+            req.lease_ms,
+            req.grace_ms,
+        )?;
         if let Some(r) = self.replay.take() {
             return Ok(r);
         }

@@ -5,8 +5,8 @@ use crate::settings;
 use crate::workers::registry_client::Connection;
 use serde::{Deserialize, Serialize};
 use snowflake_core::holder::{
-    AcquireRequest, CallError, Durability, DurabilityMode, Registry, ReleaseReply, ReleaseRequest, RenewRequest,
-    Reply,
+    AcquireRequest, CallError, Durability, DurabilityMode, Registry, ReleaseReply, ReleaseRequest,
+    RenewRequest, Reply,
 };
 use snowflake_core::lease::Timing;
 

@@ -1,0 +1,325 @@
+//! The start of every lease call: the caller's authority, and the
+//! registry's incarnation. A registry that may have forgotten grants it
+//! confirmed (a new timeline, its WAL below a position a holder saw, its
+//! row gone, a restart with fsync off, a holder of an older incarnation
+//! soon after an unfenced one began) starts a new incarnation; when
+//! holders may be using grants it forgot, it is fenced
+//! ([`Invariant::FenceFromLimits`]), unless this server proves it kept
+//! every durable grant ([`Invariant::PromotionNeedsProof`], [`Proof`]).
+//!
+//! What a request says it saw (an incarnation, a WAL position) is evidence
+//! only when the registry can believe it: it carries the registry's token
+//! for the pair ([`super::token`]), or, from a holder before 0.8.0 (no
+//! token), its node holds blocks here. A token that does not verify is
+//! not evidence, except on a registry whose row was made anew (its key is
+//! new, and older tokens cannot verify).
+//!
+//! [`Invariant::FenceFromLimits`]: crate::protocol::Invariant::FenceFromLimits
+//! [`Invariant::PromotionNeedsProof`]: crate::protocol::Invariant::PromotionNeedsProof
+
+use super::limits::InForce;
+use super::token;
+use super::{Call, Refusal, Rows, Server, SqlState};
+use crate::protocol::parse_lsn;
+use serde::{Deserialize, Serialize};
+
+/// The one row of `snowflake_lease_registry`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncarnationRow {
+    pub incarnation: String,
+    pub timeline: u32,
+    pub postmaster_start_ms: i64,
+    pub started_at_ms: i64,
+    #[serde(default)]
+    pub fenced_until_ms: Option<i64>,
+    #[serde(default)]
+    pub fence_floor_ms: i64,
+    /// The largest lease time, grace and lead of a mark holders asked for:
+    /// shown for choosing the limits, never what a fence rests on.
+    #[serde(default)]
+    pub max_lease_ms: i64,
+    #[serde(default)]
+    pub max_grace_ms: i64,
+    #[serde(default)]
+    pub max_ahead_ms: i64,
+    pub cause: String,
+    /// The incarnation this one continues without a fence (a proven
+    /// promotion): its holders are not evidence.
+    #[serde(default)]
+    pub previous_incarnation: Option<String>,
+    /// The key of the registry's tokens (hex), kept from one incarnation to
+    /// the next; new when the row was made anew.
+    #[serde(default)]
+    pub token_key: String,
+    /// The key was made with this incarnation (the row was gone): tokens
+    /// of older incarnations cannot verify.
+    #[serde(default)]
+    pub new_key: bool,
+}
+
+/// What shows that this server, promoted, has every grant any holder used.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proof {
+    /// `snowflake_id.registry_standby_name` from the configuration files
+    /// only (a session could SET it): '' for none.
+    #[serde(default)]
+    pub standby_name: String,
+    /// The failover candidates' row this server has (written on the old
+    /// timeline by the old primary).
+    #[serde(default)]
+    pub candidates: Option<super::durable::CandidatesRow>,
+    /// The last line of this timeline's history file: parent timeline,
+    /// switch point, reason. `None`: unreadable.
+    #[serde(default)]
+    pub history: Option<(u32, String, String)>,
+}
+
+/// How a call began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Begun {
+    /// The row in force after this call.
+    pub row: IncarnationRow,
+    /// The row is to be written.
+    pub write: bool,
+    /// A fence began: every block's mark rises to at least this.
+    pub raise_marks_to: Option<i64>,
+    pub log: Vec<String>,
+}
+
+/// Why a new incarnation begins.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Cause {
+    NoRow,
+    Timeline { old: u32, proven: Option<String> },
+    Rollback { seen: u64 },
+    FsyncOffRestart,
+    OlderIncarnation { known: String },
+}
+
+impl Cause {
+    fn text(&self, server: &Server, node: &str) -> String {
+        match self {
+            Cause::NoRow => "a registry with no incarnation (new, made again, lease table emptied or restored)".into(),
+            Cause::Timeline { old, proven } => {
+                let base = format!(
+                    "WAL timeline {}, was {old} (promotion or point-in-time recovery)",
+                    server.timeline
+                );
+                match proven {
+                    Some(p) => format!("{base}: {p}"),
+                    None => base,
+                }
+            }
+            Cause::Rollback { seen } => format!(
+                "a holder saw WAL position {}, above this server's {} (the registry went back in time)",
+                crate::protocol::format_lsn(*seen),
+                crate::protocol::format_lsn(server.insert_lsn)
+            ),
+            Cause::FsyncOffRestart => "a restart with fsync off".into(),
+            Cause::OlderIncarnation { known } => format!("node {node} knew incarnation {known}"),
+        }
+    }
+}
+
+/// Whether this server, promoted from timeline `old` to its own, has every
+/// grant a holder used: named in the last candidates' row it received
+/// (written on `old`), before that row's `valid_until` by its own clock
+/// (the old primary kept each candidate's clock within
+/// [`super::durable::MAX_CANDIDATE_SKEW_MS`] of its own, and drops a
+/// candidate only [`super::durable::DROP_MARGIN_MS`] after
+/// `valid_until`), and its history says a promotion ended recovery (not a
+/// recovery target: a point-in-time recovery stops before grants it then
+/// lacks). With fsync off a crash may have lost WAL it reported flushed.
+pub fn promotion_proven(server: &Server, old: u32) -> Option<String> {
+    let proof = &server.proof;
+    let me = proof.standby_name.as_str();
+    if me.is_empty() || server.fsync_off {
+        return None;
+    }
+    let w = proof.candidates.as_ref()?;
+    if w.timeline != old || !w.members.iter().any(|m| m == me) || server.now_ms >= w.valid_until_ms
+    {
+        return None;
+    }
+    let (parent, switch, reason) = proof.history.as_ref()?;
+    if *parent != old || reason != "no recovery target specified" {
+        return None;
+    }
+    Some(format!(
+        "standby {me} promoted at {switch}, a failover candidate until {} (Unix ms): it has every durable grant",
+        w.valid_until_ms
+    ))
+}
+
+/// The caller's authority, and the incarnation this call runs in.
+pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result<Begun, Refusal> {
+    let node = call.node();
+    if server.synchronous_commit_off {
+        return Err(Refusal::new(SqlState::NotInPrerequisiteState, "lease sessions must commit synchronously")
+            .detail("synchronous_commit is off in this session: a grant could be lost in a crash after the holder used it.")
+            .hint("Do not set synchronous_commit = off for the role the lease workers connect as (the lease worker asks for on)."));
+    }
+    if !server.node_locked {
+        return Err(Refusal::new(
+            SqlState::InsufficientPrivilege,
+            format!("this session does not hold the lock of node {node}"),
+        )
+        .detail("Only the registry session of the server that is this node (after snowflake_lease_hello) may lease, renew or release its blocks.")
+        .hint("Lease functions are called by the snowflake_id lease worker of each server; do not call them by hand."));
+    }
+    let (seen, (lease_ms, grace_ms, high_ms)) = match call {
+        Call::Acquire(r) => (&r.seen, (r.lease_ms, r.grace_ms, Some(r.high_ms))),
+        Call::Renew(r) => (&r.seen, (r.lease_ms, r.grace_ms, Some(r.high_ms))),
+        Call::Release(r) => (&r.seen, (0, 0, None)),
+    };
+    let seen_lsn = parse_lsn(&seen.lsn).unwrap_or(0);
+    let known = seen.incarnation.as_str();
+    let now = server.now_ms;
+    let holds_blocks = rows
+        .blocks
+        .iter()
+        .any(|b| b.holder_node.as_deref() == Some(node));
+    let mut log = Vec::new();
+    // Whether what the request says it saw can be believed (module header).
+    // `made_anew`: a token of an older incarnation of a registry whose row
+    // was made anew cannot verify, and counts (an incarnation only).
+    let believed = |row: &IncarnationRow, made_anew: bool| -> bool {
+        if seen.token.is_empty() {
+            return holds_blocks;
+        }
+        (made_anew && row.new_key) || token::verify(&row.token_key, known, seen_lsn, &seen.token)
+    };
+    let (cause, evidence) = match &rows.registry {
+        None => {
+            let evidence = !known.is_empty()
+                || !server.locked.is_empty()
+                || rows.blocks.iter().any(|b| b.holder_node.is_some())
+                || server.others_lock_blocks;
+            (Some(Cause::NoRow), evidence)
+        }
+        Some(r) if r.timeline != server.timeline => {
+            let proven = promotion_proven(server, r.timeline);
+            let evidence = proven.is_none();
+            (
+                Some(Cause::Timeline {
+                    old: r.timeline,
+                    proven,
+                }),
+                evidence,
+            )
+        }
+        Some(r)
+            if seen_lsn > server.insert_lsn && r.previous_incarnation.as_deref() != Some(known) =>
+        {
+            // (A holder of the incarnation a proven promotion continued may
+            // have seen a position of the old timeline past the promotion:
+            // a grant that never became durable, which it did not use.)
+            if believed(r, false) {
+                (Some(Cause::Rollback { seen: seen_lsn }), true)
+            } else {
+                log.push(format!(
+                    "node {node} says it saw WAL position {}, above this server's, with no token this registry issued: not believed",
+                    seen.lsn
+                ));
+                (None, false)
+            }
+        }
+        Some(r) if server.fsync_off && r.postmaster_start_ms != server.postmaster_start_ms => {
+            (Some(Cause::FsyncOffRestart), true)
+        }
+        Some(r)
+            if !known.is_empty()
+                && known != r.incarnation
+                && r.previous_incarnation.as_deref() != Some(known)
+                && r.fenced_until_ms.is_none_or(|f| f < now)
+                && now < r.started_at_ms + lim.fence_ms() =>
+        {
+            // A holder of an older incarnation soon after this one began
+            // unfenced: it may be using a grant this one forgot.
+            if seen.token.is_empty() || believed(r, true) {
+                (
+                    Some(Cause::OlderIncarnation {
+                        known: known.to_string(),
+                    }),
+                    true,
+                )
+            } else {
+                log.push(format!(
+                    "node {node} names incarnation {known} with a token this registry did not issue: not believed"
+                ));
+                (None, false)
+            }
+        }
+        Some(_) => (None, false),
+    };
+    let Some(cause) = cause else {
+        let mut row = rows.registry.clone().unwrap_or_default();
+        // What holders ask for, shown for choosing the limits.
+        let ahead = high_ms.map_or(0, |h| h.saturating_sub(now));
+        let write =
+            lease_ms > row.max_lease_ms || grace_ms > row.max_grace_ms || ahead > row.max_ahead_ms;
+        row.max_lease_ms = row.max_lease_ms.max(lease_ms);
+        row.max_grace_ms = row.max_grace_ms.max(grace_ms);
+        row.max_ahead_ms = row.max_ahead_ms.max(ahead);
+        return Ok(Begun {
+            row,
+            write,
+            raise_marks_to: None,
+            log,
+        });
+    };
+    let old = rows.registry.clone();
+    let proven = matches!(
+        cause,
+        Cause::Timeline {
+            proven: Some(_),
+            ..
+        }
+    );
+    let text = cause.text(server, node);
+    let mut row = IncarnationRow {
+        incarnation: server.fresh_incarnation.clone(),
+        timeline: server.timeline,
+        postmaster_start_ms: server.postmaster_start_ms,
+        started_at_ms: now,
+        fenced_until_ms: None,
+        fence_floor_ms: old.as_ref().map_or(0, |o| o.fence_floor_ms),
+        max_lease_ms: old.as_ref().map_or(0, |o| o.max_lease_ms).max(lease_ms),
+        max_grace_ms: old.as_ref().map_or(0, |o| o.max_grace_ms).max(grace_ms),
+        max_ahead_ms: old
+            .as_ref()
+            .map_or(0, |o| o.max_ahead_ms)
+            .max(high_ms.map_or(0, |h| h.saturating_sub(now))),
+        cause: text.clone(),
+        previous_incarnation: if proven {
+            old.as_ref().map(|o| o.incarnation.clone())
+        } else {
+            None
+        },
+        token_key: old
+            .as_ref()
+            .map_or_else(|| server.fresh_key.clone(), |o| o.token_key.clone()),
+        new_key: old.is_none(),
+    };
+    let mut raise = None;
+    if evidence {
+        // Invariant::FenceFromLimits: every grant it may have forgotten has
+        // run out at its holder by then, and allowed no mark above this
+        // floor.
+        row.fenced_until_ms = Some(now + lim.fence_ms());
+        row.fence_floor_ms = lim.fence_floor_ms(now);
+        raise = Some(row.fence_floor_ms);
+        log.push(format!(
+            "new incarnation {} after {text}: no block is leased anew until {} (Unix ms), and every block's floor is raised to {}",
+            row.incarnation, now + lim.fence_ms(), row.fence_floor_ms
+        ));
+    } else {
+        log.push(format!("new incarnation {} ({text})", row.incarnation));
+    }
+    Ok(Begun {
+        row,
+        write: true,
+        raise_marks_to: raise,
+        log,
+    })
+}

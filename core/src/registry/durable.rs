@@ -1,0 +1,289 @@
+//! `snowflake_lease_durable`: whether what a holder's session committed is
+//! where a failover can reach it ([`Invariant::DurableBeforeUse`]), and the
+//! registry's failover candidates ([`Invariant::PromotionNeedsProof`]).
+//!
+//! A grant is durable once enough synchronous standbys flushed it to
+//! satisfy `synchronous_standby_names` (`FIRST n`, `ANY n`, or a plain
+//! list: n standbys whose `sync_state` is `sync` or `quorum`), and every
+//! failover candidate flushed it too. Candidates are synchronous standbys
+//! that flushed every grant reported durable since they were added; each
+//! stays one until `valid_until` (about [`CANDIDATE_TTL_MS`] ahead, moved on
+//! while all keep up). A candidate that falls behind (or goes, or streams
+//! under a name another standby uses too, or whose clock strays more than
+//! [`MAX_CANDIDATE_SKEW_MS`] from this server's) holds every durable report
+//! back until [`DROP_MARGIN_MS`] past `valid_until`, and is then dropped.
+//!
+//! So a candidate promoted before the `valid_until` of the last row it has
+//! (by its own clock, at most [`MAX_CANDIDATE_SKEW_MS`] off this server's
+//! when it was last kept, less than the margin) has every grant any holder
+//! used: its old primary could not have dropped it yet
+//! (`begin::promotion_proven`). The skew is read from the standby's own
+//! `reply_time`, so the proof rests on no assumption about offsets between
+//! the registry's servers beyond what is measured.
+//!
+//! [`Invariant::DurableBeforeUse`]: crate::protocol::Invariant::DurableBeforeUse
+//! [`Invariant::PromotionNeedsProof`]: crate::protocol::Invariant::PromotionNeedsProof
+
+use crate::protocol::{format_lsn, Durability, DurabilityMode};
+use serde::{Deserialize, Serialize};
+
+/// How long a candidate stays one without keeping up.
+pub const CANDIDATE_TTL_MS: i64 = 30_000;
+/// How long past `valid_until` a candidate that fell behind holds durable
+/// reports back before it is dropped.
+pub const DROP_MARGIN_MS: i64 = 15_000;
+/// How far a candidate's clock (its last `reply_time`) may be from this
+/// server's: well within the margin.
+pub const MAX_CANDIDATE_SKEW_MS: i64 = 5_000;
+/// The longest a durability check waits for the standbys.
+pub const MAX_WAIT_MS: i64 = 5_000;
+
+/// The one row of `snowflake_lease_standbys`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CandidatesRow {
+    pub members: Vec<String>,
+    /// Unix ms (`i64::MIN` for `-infinity`).
+    pub valid_until_ms: i64,
+    pub timeline: u32,
+    pub updated_at_ms: i64,
+}
+
+/// One row of `pg_stat_replication`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Standby {
+    pub application_name: String,
+    /// `sync`, `quorum`, `potential`, `async`.
+    pub sync_state: String,
+    #[serde(default)]
+    pub flush_lsn: Option<u64>,
+    /// A physical WAL sender (a logical one, which has a database, never
+    /// stands for a candidate).
+    pub physical: bool,
+    #[serde(default)]
+    pub streaming: bool,
+    /// The standby's clock when it sent its last reply, Unix ms.
+    #[serde(default)]
+    pub reply_time_ms: Option<i64>,
+}
+
+impl Standby {
+    fn synchronous(&self) -> bool {
+        self.sync_state == "sync" || self.sync_state == "quorum"
+    }
+    fn flushed(&self, target: u64) -> bool {
+        self.flush_lsn.is_some_and(|f| f >= target)
+    }
+}
+
+/// The facts of one check.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Facts {
+    pub now_ms: i64,
+    pub synchronous_standby_names: String,
+    /// This server's `snowflake_id.registry_standby_name` (files only).
+    #[serde(default)]
+    pub me: String,
+    /// This server's flush position when the check began.
+    pub target: u64,
+    pub timeline: u32,
+    /// The registry's row is of this timeline (a lease call began its
+    /// incarnation since a promotion).
+    pub incarnation_here: bool,
+    #[serde(default)]
+    pub standbys: Vec<Standby>,
+    /// The candidates' row (read `FOR UPDATE` for the final decision).
+    #[serde(default)]
+    pub candidates: Option<CandidatesRow>,
+}
+
+/// `synchronous_standby_names` read: how many standbys must have a grant.
+pub fn needed(names: &str) -> u32 {
+    let s = names.trim();
+    if s.is_empty() {
+        return 0;
+    }
+    let lower = s.to_ascii_lowercase();
+    let rest = lower
+        .strip_prefix("first")
+        .or_else(|| lower.strip_prefix("any"))
+        .filter(|r| r.starts_with(char::is_whitespace))
+        .map_or(lower.as_str(), str::trim_start);
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    match (
+        digits.parse::<u32>(),
+        rest[digits.len()..].trim_start().starts_with('('),
+    ) {
+        (Ok(n), true) => n,
+        _ => 1,
+    }
+}
+
+fn mode(facts: &Facts) -> DurabilityMode {
+    if facts.synchronous_standby_names.trim().is_empty() {
+        if facts.standbys.iter().any(|s| s.streaming) {
+            DurabilityMode::Asynchronous
+        } else {
+            DurabilityMode::Local
+        }
+    } else {
+        DurabilityMode::Synchronous
+    }
+}
+
+/// Where the check stands: the synchronous standbys that flushed the
+/// target, and the candidates that have not.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub flushed: u32,
+    pub behind: Vec<String>,
+    /// Nothing left to wait for.
+    pub done: bool,
+}
+
+/// The candidate named `name` is one that may stay one: exactly one
+/// physical standby streams under it, it flushed `target`, and its clock
+/// is within [`MAX_CANDIDATE_SKEW_MS`] of this server's.
+fn keeps_up(facts: &Facts, name: &str) -> bool {
+    let mut under = facts
+        .standbys
+        .iter()
+        .filter(|s| s.physical && s.application_name == name);
+    match (under.next(), under.next()) {
+        (Some(s), None) => {
+            s.flushed(facts.target)
+                && s.reply_time_ms
+                    .is_some_and(|r| (r - facts.now_ms).abs() <= MAX_CANDIDATE_SKEW_MS)
+        }
+        _ => false,
+    }
+}
+
+fn members(facts: &Facts) -> Vec<String> {
+    facts
+        .candidates
+        .as_ref()
+        .map(|c| {
+            c.members
+                .iter()
+                .filter(|m| **m != facts.me)
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One look at the standbys, while the check waits.
+pub fn progress(facts: &Facts) -> Progress {
+    let flushed = facts
+        .standbys
+        .iter()
+        .filter(|s| s.synchronous() && s.flushed(facts.target))
+        .count() as u32;
+    let mut behind: Vec<String> = members(facts)
+        .into_iter()
+        .filter(|m| !keeps_up(facts, m))
+        .collect();
+    behind.sort();
+    Progress {
+        done: flushed >= needed(&facts.synchronous_standby_names) && behind.is_empty(),
+        flushed,
+        behind,
+    }
+}
+
+/// The decision, after the wait.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub reply: Durability,
+    /// The candidates' row to write.
+    pub write: Option<CandidatesRow>,
+    pub log: Vec<String>,
+}
+
+/// Whether the grant is durable, and the candidates' row after it.
+pub fn decide(facts: &Facts) -> Decision {
+    let needed = needed(&facts.synchronous_standby_names);
+    let mut reply = Durability {
+        durable: false,
+        mode: mode(facts),
+        needed,
+        flushed: 0,
+        lsn: format_lsn(facts.target),
+        behind: Vec::new(),
+    };
+    if !facts.incarnation_here {
+        // Promoted, and no lease call began its incarnation yet.
+        return Decision {
+            reply,
+            ..Decision::default()
+        };
+    }
+    let p = progress(facts);
+    reply.flushed = p.flushed;
+    reply.behind.clone_from(&p.behind);
+    let mut out = Decision::default();
+    let mut durable = p.flushed >= needed;
+    let Some(row) = facts.candidates.as_ref() else {
+        // Deleted by hand: made again, with no candidate; ask again.
+        out.write = Some(CandidatesRow {
+            members: Vec::new(),
+            valid_until_ms: i64::MIN,
+            timeline: facts.timeline,
+            updated_at_ms: facts.now_ms,
+        });
+        out.reply = reply;
+        return out;
+    };
+    if durable
+        && !p.behind.is_empty()
+        && facts.now_ms <= row.valid_until_ms.saturating_add(DROP_MARGIN_MS)
+    {
+        // A candidate that may be promoted without a fence lacks it.
+        durable = false;
+    }
+    if durable {
+        // The members that kept up, and every synchronous standby that has
+        // it (added: a row it receives names it, and it has everything
+        // before that row).
+        let mut keep: Vec<String> = members(facts)
+            .into_iter()
+            .filter(|m| !p.behind.contains(m))
+            .chain(
+                facts
+                    .standbys
+                    .iter()
+                    .filter(|s| {
+                        s.synchronous()
+                            && s.flushed(facts.target)
+                            && !s.application_name.is_empty()
+                            && s.application_name != facts.me
+                            && keeps_up(facts, &s.application_name)
+                    })
+                    .map(|s| s.application_name.clone()),
+            )
+            .collect();
+        keep.sort();
+        keep.dedup();
+        let fresh = row.valid_until_ms >= facts.now_ms + CANDIDATE_TTL_MS - 5_000;
+        if !(p.behind.is_empty() && row.timeline == facts.timeline && keep == row.members && fresh)
+        {
+            // valid_until never moves back: a candidate may have read it.
+            out.write = Some(CandidatesRow {
+                members: keep,
+                valid_until_ms: row.valid_until_ms.max(facts.now_ms + CANDIDATE_TTL_MS),
+                timeline: facts.timeline,
+                updated_at_ms: facts.now_ms,
+            });
+            if !p.behind.is_empty() {
+                out.log.push(format!(
+                    "standby {} dropped from the failover candidates (a candidate until {} (Unix ms), and behind since)",
+                    p.behind.join(", "),
+                    row.valid_until_ms
+                ));
+            }
+        }
+    }
+    reply.durable = durable;
+    out.reply = reply;
+    out
+}

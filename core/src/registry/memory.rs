@@ -1,0 +1,316 @@
+//! The registry's rules over rows kept in memory: what `leases.sql` does
+//! with PostgreSQL's tables, for the holder's tests and the simulation.
+//! Gathering and applying are as plain as the SQL's; every decision is
+//! [`super::decide`] or [`super::durable::decide`], so a test that passes
+//! here passes against the rules the registry runs.
+
+use super::durable::{self, CandidatesRow, Standby};
+use super::{token, Call, IncarnationRow, LimitsRow, Refusal, Rows, Server, SqlState};
+use crate::protocol::{format_lsn, Durability, ReleaseReply, Reply, ReplyHead};
+use std::collections::BTreeMap;
+
+/// Everything a registry keeps in its tables: what a crash, a restore or a
+/// failover takes back to an earlier state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tables {
+    pub rows: Rows,
+    pub candidates: Option<CandidatesRow>,
+}
+
+/// One registry session: its pid, start, and advisory locks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Session {
+    pub id: String,
+    pub node: Option<String>,
+    pub blocks: Vec<u32>,
+}
+
+/// A registry server in memory.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pub tables: Tables,
+    /// The WAL position of the last commit.
+    pub lsn: u64,
+    pub timeline: u32,
+    pub postmaster_start_ms: i64,
+    pub fsync_off: bool,
+    /// `snowflake_id.registry_standby_name` in its configuration files.
+    pub standby_name: String,
+    /// The last line of its timeline's history (after a promotion).
+    pub history: Option<(u32, String, String)>,
+    /// `synchronous_standby_names`.
+    pub synchronous_standby_names: String,
+    pub sessions: BTreeMap<u64, Session>,
+    /// Where fresh incarnation names and keys come from (deterministic).
+    pub seed: u64,
+    names: u64,
+}
+
+impl Store {
+    /// A registry made with `CREATE EXTENSION` at `now_ms`: its first
+    /// incarnation, unfenced, and an empty candidates' row.
+    pub fn created(now_ms: i64, seed: u64) -> Store {
+        let mut s = Store {
+            tables: Tables::default(),
+            lsn: 0x100_0000,
+            timeline: 1,
+            postmaster_start_ms: now_ms,
+            fsync_off: false,
+            standby_name: String::new(),
+            history: None,
+            synchronous_standby_names: String::new(),
+            sessions: BTreeMap::new(),
+            seed,
+            names: 0,
+        };
+        s.create_extension(now_ms);
+        s
+    }
+
+    /// `CREATE EXTENSION` (after a `DROP EXTENSION`, or the first): new
+    /// tables; the incarnation row only when no session holds block locks.
+    pub fn create_extension(&mut self, now_ms: i64) {
+        let live = self.sessions.values().any(|s| !s.blocks.is_empty());
+        let (name, key) = (self.fresh_name(), self.fresh_key());
+        self.tables = Tables {
+            rows: Rows {
+                registry: (!live).then(|| IncarnationRow {
+                    incarnation: name,
+                    timeline: self.timeline,
+                    postmaster_start_ms: self.postmaster_start_ms,
+                    started_at_ms: now_ms,
+                    cause: "created".into(),
+                    token_key: key,
+                    new_key: true,
+                    ..IncarnationRow::default()
+                }),
+                blocks: Vec::new(),
+                limits: None,
+            },
+            candidates: Some(CandidatesRow {
+                members: Vec::new(),
+                valid_until_ms: i64::MIN,
+                timeline: self.timeline,
+                updated_at_ms: now_ms,
+            }),
+        };
+        self.commit();
+    }
+
+    pub fn set_limits(&mut self, limits: Option<LimitsRow>) {
+        self.tables.rows.limits = limits;
+        self.commit();
+    }
+
+    fn fresh_name(&mut self) -> String {
+        self.names += 1;
+        format!("inc-{:x}-{}", self.seed, self.names)
+    }
+
+    fn fresh_key(&mut self) -> String {
+        self.names += 1;
+        let a = self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.names;
+        format!("{a:016x}{:016x}", a.rotate_left(17) ^ 0x5851_F42D_4C95_7F2D)
+    }
+
+    /// A commit: the WAL moves on.
+    pub fn commit(&mut self) -> u64 {
+        self.lsn += 0x100;
+        self.lsn
+    }
+
+    /// A new session; its id, `pid:start`.
+    pub fn connect(&mut self, pid: u64, now_ms: i64) -> u64 {
+        self.sessions.insert(
+            pid,
+            Session {
+                id: format!("{pid}:{now_ms}"),
+                node: None,
+                blocks: Vec::new(),
+            },
+        );
+        pid
+    }
+
+    /// A session ends: its advisory locks go.
+    pub fn disconnect(&mut self, pid: u64) {
+        self.sessions.remove(&pid);
+    }
+
+    /// `snowflake_lease_hello`: takes the node's lock; false when another
+    /// session holds it.
+    pub fn hello(&mut self, pid: u64, node: &str) -> Result<bool, Refusal> {
+        if self
+            .sessions
+            .iter()
+            .any(|(p, s)| *p != pid && s.node.as_deref() == Some(node))
+        {
+            return Ok(false);
+        }
+        let Some(s) = self.sessions.get_mut(&pid) else {
+            return Ok(false);
+        };
+        match s.node.as_deref() {
+            Some(n) if n != node => Err(Refusal::new(
+                SqlState::ProgramLimitExceeded,
+                format!(
+                    "lease request of node {node} refused: this session is another node already"
+                ),
+            )),
+            _ => {
+                s.node = Some(node.to_string());
+                Ok(true)
+            }
+        }
+    }
+
+    fn server(&mut self, pid: u64, node: &str, now_ms: i64) -> Server {
+        let session = self.sessions.get(&pid).cloned().unwrap_or_default();
+        let others = self
+            .sessions
+            .iter()
+            .any(|(p, s)| *p != pid && !s.blocks.is_empty());
+        Server {
+            now_ms,
+            timeline: self.timeline,
+            insert_lsn: self.lsn,
+            session: session.id.clone(),
+            postmaster_start_ms: self.postmaster_start_ms,
+            fsync_off: self.fsync_off,
+            synchronous_commit_off: false,
+            node_locked: session.node.as_deref() == Some(node),
+            locked: session.blocks.clone(),
+            others_lock_blocks: others,
+            proof: super::Proof {
+                standby_name: self.standby_name.clone(),
+                candidates: self.tables.candidates.clone(),
+                history: self.history.clone(),
+            },
+            fresh_incarnation: self.fresh_name(),
+            fresh_key: self.fresh_key(),
+        }
+    }
+
+    /// One lease call in session `pid`: gathers, decides, applies, commits.
+    fn call(
+        &mut self,
+        pid: u64,
+        call: &Call,
+        now_ms: i64,
+    ) -> Result<(super::Answer, ReplyHead), Refusal> {
+        let server = self.server(pid, call.node(), now_ms);
+        let out = super::decide(call, &server, &self.tables.rows)?;
+        let w = out.writes;
+        if let Some(r) = w.registry {
+            self.tables.rows.registry = Some(r);
+        }
+        for b in w.blocks {
+            match self
+                .tables
+                .rows
+                .blocks
+                .iter_mut()
+                .find(|r| r.block == b.block)
+            {
+                Some(r) => *r = b,
+                None => self.tables.rows.blocks.push(b),
+            }
+        }
+        if let Some(s) = self.sessions.get_mut(&pid) {
+            s.blocks.retain(|b| !w.unlock.contains(b));
+            for b in w.lock {
+                let free = !self.sessions.values().any(|o| o.blocks.contains(&b));
+                if let (true, Some(s)) = (free, self.sessions.get_mut(&pid)) {
+                    s.blocks.push(b);
+                }
+            }
+        }
+        let lsn = self.commit();
+        let key = self
+            .tables
+            .rows
+            .registry
+            .as_ref()
+            .map(|r| r.token_key.clone())
+            .unwrap_or_default();
+        let head = ReplyHead {
+            token: token::sign(&key, &out.answer.incarnation, lsn),
+            incarnation: out.answer.incarnation.clone(),
+            lsn: format_lsn(lsn),
+            fenced_until_ms: out.answer.fenced_until_ms,
+        };
+        Ok((out.answer, head))
+    }
+
+    pub fn lease(&mut self, pid: u64, call: &Call, now_ms: i64) -> Result<Reply, Refusal> {
+        let (answer, head) = self.call(pid, call, now_ms)?;
+        Ok(Reply {
+            head,
+            blocks: answer.blocks,
+        })
+    }
+
+    pub fn release(&mut self, pid: u64, call: &Call, now_ms: i64) -> Result<ReleaseReply, Refusal> {
+        let (answer, head) = self.call(pid, call, now_ms)?;
+        Ok(ReleaseReply {
+            head,
+            released: answer.released.unwrap_or(false),
+        })
+    }
+
+    /// `snowflake_lease_durable` once the standbys are as `standbys` say,
+    /// for a commit at `target`.
+    pub fn durable(&mut self, now_ms: i64, target: u64, standbys: &[Standby]) -> Durability {
+        let facts = durable::Facts {
+            now_ms,
+            synchronous_standby_names: self.synchronous_standby_names.clone(),
+            me: self.standby_name.clone(),
+            target,
+            timeline: self.timeline,
+            incarnation_here: self
+                .tables
+                .rows
+                .registry
+                .as_ref()
+                .is_some_and(|r| r.timeline == self.timeline),
+            standbys: standbys.to_vec(),
+            candidates: self.tables.candidates.clone(),
+        };
+        let d = durable::decide(&facts);
+        if let Some(row) = d.write {
+            self.tables.candidates = Some(row);
+            // Written with synchronous_commit = local: not waited for.
+            self.commit();
+        }
+        d.reply
+    }
+
+    /// This server promoted from a copy of another's tables at `lsn`: a
+    /// new timeline whose history says a promotion ended recovery.
+    pub fn promoted_from(
+        tables: Tables,
+        lsn: u64,
+        old_timeline: u32,
+        standby_name: &str,
+        now_ms: i64,
+        seed: u64,
+    ) -> Store {
+        Store {
+            tables,
+            lsn,
+            timeline: old_timeline + 1,
+            postmaster_start_ms: now_ms,
+            fsync_off: false,
+            standby_name: standby_name.to_string(),
+            history: Some((
+                old_timeline,
+                format_lsn(lsn),
+                "no recovery target specified".into(),
+            )),
+            synchronous_standby_names: String::new(),
+            sessions: BTreeMap::new(),
+            seed,
+            names: 0,
+        }
+    }
+}
