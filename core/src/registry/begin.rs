@@ -9,10 +9,12 @@
 //!
 //! What a request says it saw (an incarnation, a WAL position) is evidence
 //! only when the registry can believe it: it carries the registry's token
-//! for the pair ([`super::token`]), or, from a holder before 0.8.0 (no
-//! token), its node holds blocks here. A token that does not verify is
-//! not evidence, except on a registry whose row was made anew (its key is
-//! new, and older tokens cannot verify).
+//! for the pair ([`super::token`]), or, while the DBA lets requests without
+//! one count (`LimitsRow::unsigned_evidence`, for holders before 0.8.0),
+//! its node holds blocks here. A token that does not verify is not
+//! evidence, except of an incarnation on a registry whose row was made
+//! anew (its key is new, and older tokens cannot verify): so a request can
+//! fence a registry at most once after its row was made.
 //!
 //! [`Invariant::FenceFromLimits`]: crate::protocol::Invariant::FenceFromLimits
 //! [`Invariant::PromotionNeedsProof`]: crate::protocol::Invariant::PromotionNeedsProof
@@ -132,7 +134,10 @@ impl Cause {
 /// lacks). With fsync off a crash may have lost WAL it reported flushed.
 pub fn promotion_proven(server: &Server, old: u32) -> Option<String> {
     let proof = &server.proof;
-    let me = proof.standby_name.as_str();
+    let claimed = super::mutation::active(super::mutation::Mutation::CandidateFromSession)
+        .then(|| proof.candidates.as_ref().and_then(|c| c.members.first()))
+        .flatten();
+    let me = claimed.map_or(proof.standby_name.as_str(), String::as_str);
     if me.is_empty() || server.fsync_off {
         return None;
     }
@@ -175,20 +180,26 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
     let seen_lsn = parse_lsn(&seen.lsn).unwrap_or(0);
     let known = seen.incarnation.as_str();
     let now = server.now_ms;
-    let holds_blocks = rows
-        .blocks
-        .iter()
-        .any(|b| b.holder_node.as_deref() == Some(node));
+    let unsigned_counts = rows.limits.as_ref().is_some_and(|l| l.unsigned_evidence)
+        && rows.blocks.iter().any(|b| b.holder_node.as_deref() == Some(node));
     let mut log = Vec::new();
     // Whether what the request says it saw can be believed (module header).
     // `made_anew`: a token of an older incarnation of a registry whose row
     // was made anew cannot verify, and counts (an incarnation only).
     let believed = |row: &IncarnationRow, made_anew: bool| -> bool {
         if seen.token.is_empty() {
-            return holds_blocks;
+            return unsigned_counts;
         }
         (made_anew && row.new_key) || token::verify(&row.token_key, known, seen_lsn, &seen.token)
     };
+    if rows.registry.as_ref().is_some_and(|r| {
+        seen_lsn > server.insert_lsn && r.timeline == server.timeline && !believed(r, false)
+    }) {
+        log.push(format!(
+            "node {node} says it saw WAL position {}, above this server's, with no token this registry issued: not believed",
+            seen.lsn
+        ));
+    }
     let (cause, evidence) = match &rows.registry {
         None => {
             let evidence = !known.is_empty()
@@ -209,20 +220,14 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             )
         }
         Some(r)
-            if seen_lsn > server.insert_lsn && r.previous_incarnation.as_deref() != Some(known) =>
+            if seen_lsn > server.insert_lsn
+                && r.previous_incarnation.as_deref() != Some(known)
+                && believed(r, false) =>
         {
             // (A holder of the incarnation a proven promotion continued may
             // have seen a position of the old timeline past the promotion:
             // a grant that never became durable, which it did not use.)
-            if believed(r, false) {
-                (Some(Cause::Rollback { seen: seen_lsn }), true)
-            } else {
-                log.push(format!(
-                    "node {node} says it saw WAL position {}, above this server's, with no token this registry issued: not believed",
-                    seen.lsn
-                ));
-                (None, false)
-            }
+            (Some(Cause::Rollback { seen: seen_lsn }), true)
         }
         Some(r) if server.fsync_off && r.postmaster_start_ms != server.postmaster_start_ms => {
             (Some(Cause::FsyncOffRestart), true)
@@ -236,7 +241,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         {
             // A holder of an older incarnation soon after this one began
             // unfenced: it may be using a grant this one forgot.
-            if seen.token.is_empty() || believed(r, true) {
+            if believed(r, true) {
                 (
                     Some(Cause::OlderIncarnation {
                         known: known.to_string(),
@@ -245,7 +250,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 )
             } else {
                 log.push(format!(
-                    "node {node} names incarnation {known} with a token this registry did not issue: not believed"
+                    "node {node} names incarnation {known} without a token this registry issued: not believed"
                 ));
                 (None, false)
             }
@@ -306,8 +311,17 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         // Invariant::FenceFromLimits: every grant it may have forgotten has
         // run out at its holder by then, and allowed no mark above this
         // floor.
-        row.fenced_until_ms = Some(now + lim.fence_ms());
-        row.fence_floor_ms = lim.fence_floor_ms(now);
+        if super::mutation::active(super::mutation::Mutation::FenceFromRequests) {
+            let old = old.as_ref();
+            let (lease, grace, ahead) = old.map_or((lease_ms, grace_ms, 0), |o| {
+                (o.max_lease_ms.max(lease_ms), o.max_grace_ms.max(grace_ms), o.max_ahead_ms)
+            });
+            row.fenced_until_ms = Some(now + lease + grace);
+            row.fence_floor_ms = now + ahead + grace;
+        } else {
+            row.fenced_until_ms = Some(now + lim.fence_ms());
+            row.fence_floor_ms = lim.fence_floor_ms(now);
+        }
         raise = Some(row.fence_floor_ms);
         log.push(format!(
             "new incarnation {} after {text}: no block is leased anew until {} (Unix ms), and every block's floor is raised to {}",
@@ -322,4 +336,27 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         raise_marks_to: raise,
         log,
     })
+}
+
+/// Rows of the lease table deleted, truncated or restored (the
+/// `snowflake_lease_forget` trigger): the registry forgot grants, so a new
+/// incarnation begins at once, fenced, also with no holder connected. The
+/// row stays (a tombstone); with none, nothing to do. Returns the new row;
+/// every block's mark rises to its `fence_floor_ms`.
+pub fn forget(
+    row: Option<&IncarnationRow>,
+    lim: &InForce,
+    now_ms: i64,
+    fresh_incarnation: &str,
+    cause: &str,
+) -> Option<IncarnationRow> {
+    let mut r = row?.clone();
+    r.incarnation = fresh_incarnation.to_string();
+    r.started_at_ms = now_ms;
+    r.cause = format!("rows of the lease table were {cause}");
+    // Invariant::FenceFromLimits.
+    r.fenced_until_ms = Some(now_ms + lim.fence_ms());
+    r.fence_floor_ms = lim.fence_floor_ms(now_ms);
+    r.previous_incarnation = None;
+    Some(r)
 }

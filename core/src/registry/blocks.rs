@@ -77,10 +77,11 @@ impl BlockRow {
     /// (or before 0.7.0, when rows recorded no session).
     fn owned_by(&self, node: &str, session: &str, previous: &str) -> bool {
         self.holder_node.as_deref() == Some(node)
-            && match self.holder_session.as_deref() {
+            && (super::mutation::active(super::mutation::Mutation::BlocksToAnySession)
+                || match self.holder_session.as_deref() {
                 None => true,
-                Some(s) => s == session || (!previous.is_empty() && s == previous),
-            }
+                    Some(s) => s == session || (!previous.is_empty() && s == previous),
+                })
     }
 }
 
@@ -101,11 +102,13 @@ impl Context<'_> {
     }
 
     /// The layout block rows are made under: the DBA's, else that of the
-    /// rows there are, else the request's.
+    /// rows there are, else this registry server's own settings; a
+    /// request's only where none of those is known.
     fn fleet_layout<'r>(&'r self, rows: &'r [BlockRow], asked: &'r str) -> &'r str {
         self.layout
             .as_deref()
             .or_else(|| rows.first().map(|r| r.layout.as_str()))
+            .or(self.server.layout.as_deref())
             .unwrap_or(asked)
     }
 
@@ -369,7 +372,11 @@ pub fn release(req: &ReleaseRequest, ctx: &Context, rows: &mut [BlockRow]) -> Do
         r.released_at_ms = Some(ctx.server.now_ms);
         r.expires_at_ms = None;
         // Invariant::ReleaseNotBelowFloor.
-        r.high_water_ms = r.floor_ms.max(req.high_ms);
+        r.high_water_ms = if super::mutation::active(super::mutation::Mutation::ReleaseBelowFloor) {
+            req.high_ms
+        } else {
+            r.floor_ms.max(req.high_ms)
+        };
         done.released = true;
         done.changed.push(block);
     }

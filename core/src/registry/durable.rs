@@ -158,17 +158,17 @@ fn keeps_up(facts: &Facts, name: &str) -> bool {
     }
 }
 
+/// The candidates of this timeline, but this server. A row of an older
+/// timeline (written by the primary before a promotion) names none: it
+/// proves no promotion from this timeline, so its members hold nothing
+/// back (a promoted server without its name would otherwise wait for
+/// itself until that row's `valid_until` plus the margin).
 fn members(facts: &Facts) -> Vec<String> {
     facts
         .candidates
         .as_ref()
-        .map(|c| {
-            c.members
-                .iter()
-                .filter(|m| **m != facts.me)
-                .cloned()
-                .collect()
-        })
+        .filter(|c| c.timeline == facts.timeline)
+        .map(|c| c.members.iter().filter(|m| **m != facts.me).cloned().collect())
         .unwrap_or_default()
 }
 
@@ -270,7 +270,11 @@ pub fn decide(facts: &Facts) -> Decision {
             // valid_until never moves back: a candidate may have read it.
             out.write = Some(CandidatesRow {
                 members: keep,
-                valid_until_ms: row.valid_until_ms.max(facts.now_ms + CANDIDATE_TTL_MS),
+                valid_until_ms: if super::mutation::active(super::mutation::Mutation::ValidUntilBack) {
+                    facts.now_ms + CANDIDATE_TTL_MS
+                } else {
+                    row.valid_until_ms.max(facts.now_ms + CANDIDATE_TTL_MS)
+                },
                 timeline: facts.timeline,
                 updated_at_ms: facts.now_ms,
             });
@@ -283,7 +287,7 @@ pub fn decide(facts: &Facts) -> Decision {
             }
         }
     }
-    reply.durable = durable;
+    reply.durable = durable || super::mutation::active(super::mutation::Mutation::TrustCancelledCommit);
     out.reply = reply;
     out
 }

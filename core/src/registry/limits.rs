@@ -46,6 +46,12 @@ pub struct LimitsRow {
     /// layout => ...)`): block rows are made and kept under it only.
     #[serde(default)]
     pub layout: Option<String>,
+    /// What a request without a token says it saw counts, from a node
+    /// that holds blocks (holders before 0.8.0 send none): set by the
+    /// upgrade from 0.7.0, cleared by the DBA once every holder runs
+    /// 0.8.0. A lease role can fence the fleet with such requests.
+    #[serde(default)]
+    pub unsigned_evidence: bool,
 }
 
 /// The limits in force, and the higher ones fences still use.

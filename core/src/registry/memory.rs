@@ -40,6 +40,8 @@ pub struct Store {
     pub history: Option<(u32, String, String)>,
     /// `synchronous_standby_names`.
     pub synchronous_standby_names: String,
+    /// Its own layout settings.
+    pub layout: Option<String>,
     pub sessions: BTreeMap<u64, Session>,
     /// Where fresh incarnation names and keys come from (deterministic).
     pub seed: u64,
@@ -59,6 +61,7 @@ impl Store {
             standby_name: String::new(),
             history: None,
             synchronous_standby_names: String::new(),
+            layout: Some("classic".into()),
             sessions: BTreeMap::new(),
             seed,
             names: 0,
@@ -95,6 +98,34 @@ impl Store {
             }),
         };
         self.commit();
+    }
+
+    /// Rows of the lease table deleted or restored (`cause`: "deleted",
+    /// "restored"): the trigger's new, fenced incarnation.
+    pub fn forget(&mut self, now_ms: i64, cause: &str) {
+        let lim = super::limits::in_force(self.tables.rows.limits.as_ref(), now_ms);
+        let fresh = self.fresh_name();
+        if let Some(r) = super::begin::forget(self.tables.rows.registry.as_ref(), &lim, now_ms, &fresh, cause) {
+            for b in &mut self.tables.rows.blocks {
+                b.high_water_ms = b.high_water_ms.max(r.fence_floor_ms);
+            }
+            self.tables.rows.registry = Some(r);
+        }
+        self.commit();
+    }
+
+    /// A `pg_dump` of `dumped` restored into a new `CREATE EXTENSION` on
+    /// this server: the block rows and limits come back (the incarnation
+    /// and the candidates are not dumped); leased rows fire the trigger.
+    pub fn restore_dump(&mut self, dumped: &Tables, now_ms: i64) {
+        self.create_extension(now_ms);
+        self.tables.rows.blocks = dumped.rows.blocks.clone();
+        self.tables.rows.limits = dumped.rows.limits.clone();
+        if self.tables.rows.blocks.iter().any(|b| b.holder_node.is_some()) {
+            self.forget(now_ms, "restored");
+        } else {
+            self.commit();
+        }
     }
 
     pub fn set_limits(&mut self, limits: Option<LimitsRow>) {
@@ -186,6 +217,7 @@ impl Store {
                 candidates: self.tables.candidates.clone(),
                 history: self.history.clone(),
             },
+            layout: self.layout.clone(),
             fresh_incarnation: self.fresh_name(),
             fresh_key: self.fresh_key(),
         }
@@ -308,6 +340,7 @@ impl Store {
                 "no recovery target specified".into(),
             )),
             synchronous_standby_names: String::new(),
+            layout: Some("classic".into()),
             sessions: BTreeMap::new(),
             seed,
             names: 0,

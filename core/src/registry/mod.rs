@@ -32,6 +32,7 @@ pub mod blocks;
 pub mod durable;
 pub mod limits;
 pub mod memory;
+pub mod mutation;
 pub mod token;
 
 #[cfg(test)]
@@ -143,6 +144,11 @@ pub struct Server {
     /// Facts that prove a promotion kept every durable grant.
     #[serde(default)]
     pub proof: Proof,
+    /// This registry server's own layout settings, as a holder would send
+    /// them (`None`: unknown): the fleet's layout on a registry with no
+    /// rows and none fixed by the DBA, so that no request can fix it.
+    #[serde(default)]
+    pub layout: Option<String>,
     /// A fresh random name, used when a new incarnation begins.
     pub fresh_incarnation: String,
     /// A fresh random token key, used when the registry's row is made

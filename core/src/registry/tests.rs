@@ -138,9 +138,18 @@ fn a_signed_position_above_the_registrys_fences() {
 }
 
 #[test]
-fn an_unsigned_position_counts_from_a_node_that_holds_blocks() {
-    // A holder before 0.8.0 sends no token: believed from a node with blocks.
+fn an_unsigned_position_counts_only_where_the_dba_lets_it() {
+    // A holder before 0.8.0 sends no token: believed from a node with
+    // blocks while unsigned_evidence is on (after an upgrade from 0.7.0).
     let mut s = store_with(&["a"]);
+    s.set_limits(Some(LimitsRow {
+        max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
+        max_grace_ms: limits::DEFAULT_MAX_GRACE_MS,
+        max_ahead_ms: limits::DEFAULT_MAX_AHEAD_MS,
+        max_blocks_per_node: limits::DEFAULT_MAX_BLOCKS_PER_NODE,
+        unsigned_evidence: true,
+        ..LimitsRow::default()
+    }));
     let reply = s
         .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
         .unwrap();
@@ -196,6 +205,14 @@ fn a_request_cannot_fix_the_layout_for_others() {
     if let Call::Acquire(r) = &mut req {
         r.layout = "not a layout".into();
     }
+    // The registry's own layout decides on a registry with no rows.
+    let refused = s.lease(100, &req, T0).unwrap_err();
+    assert_eq!(refused.code, SqlState::NotInPrerequisiteState);
+    assert!(s.tables.rows.blocks.is_empty());
+    // Where the registry's layout is not known, rows are made only for
+    // the blocks granted, and the DBA fixes the fleet's layout: the free
+    // rows follow it.
+    s.layout = None;
     s.lease(100, &req, T0).unwrap();
     assert_eq!(
         s.tables.rows.blocks.len(),
@@ -427,5 +444,25 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_lease_role_holding_blocks_cannot_fence_with_unsigned_claims() {
+    // Found by the simulation: with unsigned claims counted from any node
+    // holding blocks, a lease role that leased one fenced the fleet every
+    // few seconds.
+    let mut s = store_with(&["rogue"]);
+    let r = s.lease(100, &acquire("rogue", 1, Seen::default(), T0), T0).unwrap();
+    let first = r.head.incarnation.clone();
+    for (incarnation, lsn) in [(first.as_str(), "FFFFFFFF/FFFFFFFF"), ("never-issued", "0/0")] {
+        let forged = Seen {
+            incarnation: incarnation.into(),
+            lsn: lsn.into(),
+            token: String::new(),
+        };
+        let reply = s.lease(100, &renew("rogue", &[r.blocks[0].block], forged, T0), T0).unwrap();
+        assert_eq!(reply.head.incarnation, first);
+        assert_eq!(reply.head.fenced_until_ms, None);
     }
 }

@@ -1,0 +1,66 @@
+//! Reverted fixes, for the simulation's mutation proof (`sim/`): with the
+//! `mutations` feature a test thread may switch one on, and the rule that
+//! cites it behaves as it did before the fix. Without the feature (the
+//! extension's build) [`active`] is `false` and the compiler drops the
+//! old behaviour.
+
+/// A fix of the registry's or the holder's rules, reverted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mutation {
+    /// A grant counts as durable whatever the standbys flushed (a commit
+    /// whose synchronous wait was cancelled is trusted).
+    TrustCancelledCommit = 1,
+    /// A fence rests on the lease times and marks requests carried (which
+    /// a failover loses with the grants), not on the limits.
+    FenceFromRequests,
+    /// A release sets the mark it is given, below the floor too.
+    ReleaseBelowFloor,
+    /// A node's blocks pass to any session of that node.
+    BlocksToAnySession,
+    /// The promoted server's candidate name comes from a session (it can
+    /// name any candidate).
+    CandidateFromSession,
+    /// A candidates' row's `valid_until` may move back.
+    ValidUntilBack,
+    /// Grants are committed asynchronously: a crash of the registry loses
+    /// the last ones without the WAL position going back for good.
+    AsyncGrantCommit,
+}
+
+impl Mutation {
+    pub const ALL: [Mutation; 7] = [
+        Mutation::TrustCancelledCommit,
+        Mutation::FenceFromRequests,
+        Mutation::ReleaseBelowFloor,
+        Mutation::BlocksToAnySession,
+        Mutation::CandidateFromSession,
+        Mutation::ValidUntilBack,
+        Mutation::AsyncGrantCommit,
+    ];
+}
+
+#[cfg(feature = "mutations")]
+thread_local! {
+    static ACTIVE: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// Switches `m` on (or every mutation off) for this thread.
+#[cfg(feature = "mutations")]
+pub fn set(m: Option<Mutation>) {
+    ACTIVE.with(|a| a.set(m.map_or(0, |m| m as u8)));
+}
+
+/// Whether `m` is switched on in this thread.
+#[inline]
+pub fn active(m: Mutation) -> bool {
+    #[cfg(feature = "mutations")]
+    {
+        ACTIVE.with(|a| a.get() == m as u8)
+    }
+    #[cfg(not(feature = "mutations"))]
+    {
+        let _ = m;
+        false
+    }
+}

@@ -1,0 +1,234 @@
+//! The faults the simulation injects, each labelled: kept (no duplicate,
+//! whatever the seed) or outside the assumptions (duplicates may follow,
+//! and the simulation shows them). [`FAULTS`] is the one table of labels;
+//! `docs/design/fleet-fencing.md` ("When the registry forgets") and
+//! `docs/design/limitations.md` are checked against it (`tests`).
+
+use crate::rng::Rng;
+
+/// One fault, at a simulated time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The registry's primary crashes and restarts (fsync on: it keeps
+    /// every commit).
+    RegistryCrash,
+    /// A standby is promoted; `named`: it carries its candidate name
+    /// (`snowflake_id.registry_standby_name`); `old_runs`: the old primary
+    /// keeps running and holders may still reach it.
+    Failover { named: bool, old_runs: bool, to: Option<usize> },
+    /// A snapshot of the registry restored in place (same timeline, its
+    /// WAL back), holders calling before its WAL passes theirs.
+    RestoreSnapshot,
+    /// As above, but the restored registry's WAL passes every position its
+    /// holders saw before any of them calls.
+    RestoreSnapshotWalPassed,
+    /// `DROP EXTENSION` and `CREATE EXTENSION` on the registry.
+    DropCreate,
+    /// The registry's database restored from a `pg_dump` taken earlier.
+    DumpRestore,
+    /// A copy of holder `n`'s data directory starts, keeping its node id,
+    /// while the original is cut off; later the copy is cut off and the
+    /// original comes back. `detected`: its lease file tells it is a copy
+    /// (saved blocks only above the registry's mark), as the lease worker
+    /// does; not: a copy it cannot tell (a cloned volume).
+    CopyDataDir { holder: usize, detected: bool },
+    /// Holder `n` crashes and restarts from its lease file.
+    HolderRestart { holder: usize },
+    /// Holder `n`'s lease worker stalls (its sessions go on).
+    HolderStall { holder: usize, ms: i64 },
+    /// The registry's primary stalls.
+    RegistryStall { ms: i64 },
+    /// Standby `n` stalls (SIGSTOP): its copy and its replies stop.
+    StandbyStall { standby: usize, ms: i64 },
+    /// Holder `n` is cut off from the registry.
+    Partition { holder: usize, ms: i64 },
+    /// Holder `n`'s wall clock steps (its monotonic clock does not).
+    ClockStep { holder: usize, ms: i64 },
+    /// A holder's or registry server's clock runs at a rate off by
+    /// `ppm` millionths, within the documented bound.
+    ClockRate { process: usize, ppm: i64 },
+    /// Clock rates beyond the bound: holder `n`'s clock runs 30 % slow.
+    ClockRateBeyond { holder: usize },
+    /// The registry primary's clock steps by `ms`.
+    RegistryClockStep { ms: i64 },
+    /// Standby `n`'s clock is set `ms` off.
+    StandbyClock { standby: usize, ms: i64 },
+    /// The lease role sends whatever it may for a while.
+    Hostile { ms: i64 },
+}
+
+/// How a fault stands against the documented assumptions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Label {
+    Kept,
+    Outside,
+}
+
+/// One row of the table: a fault's name, label and why.
+pub struct Row {
+    pub name: &'static str,
+    pub label: Label,
+    pub why: &'static str,
+}
+
+/// The labels, one row per fault (and per replication mode where it
+/// decides).
+pub const FAULTS: &[Row] = &[
+    Row { name: "registry crash and restart", label: Label::Kept, why: "every grant used was flushed first" },
+    Row { name: "promotion of a synchronous candidate, named", label: Label::Kept, why: "it has every durable grant: no fence, proven" },
+    Row { name: "promotion without a candidate's name", label: Label::Kept, why: "a new timeline, unproven: fenced from the limits" },
+    Row { name: "old primary left running, one synchronous standby", label: Label::Kept, why: "it can make no grant durable once its standby is promoted" },
+    Row { name: "old primary left running, two candidates (ANY 1)", label: Label::Outside, why: "split brain: it drops the promoted candidate after the margin and grants on through the other" },
+    Row { name: "split brain on asynchronous replication", label: Label::Outside, why: "the old primary's own flush makes a grant durable: fence the old primary, as any failover must" },
+    Row { name: "snapshot restored in place, holders call first", label: Label::Kept, why: "a holder's signed WAL position above the registry's starts a fenced incarnation" },
+    Row { name: "snapshot restored in place, its WAL passes the holders' positions", label: Label::Outside, why: "nothing the registry has shows it went back: restore a registry with recovery (a new timeline), never in place" },
+    Row { name: "DROP and CREATE EXTENSION", label: Label::Kept, why: "live block locks, or a holder naming the older incarnation, fence it" },
+    Row { name: "pg_dump restore", label: Label::Kept, why: "restored leased rows fire the trigger's fence; the incarnation is not dumped" },
+    Row { name: "copy of a data directory keeping its node id", label: Label::Kept, why: "blocks stay with the registry session that leased them" },
+    Row { name: "holder crash and restart", label: Label::Kept, why: "saved blocks are used once a renewal confirms them" },
+    Row { name: "stalls of a holder, the registry or a standby", label: Label::Kept, why: "marks bound IDs; the registry hands over after expiry plus grace" },
+    Row { name: "partitions and lost answers", label: Label::Kept, why: "a grant is used only once the registry said it is durable" },
+    Row { name: "clock offsets and steps", label: Label::Kept, why: "marks are in ID time; a new holder waits for its floor" },
+    Row { name: "clock rates within the bound", label: Label::Kept, why: "grace (a fifth of the lease) covers rate differences up to 1000 ppm many times over" },
+    Row { name: "clock rates beyond the bound", label: Label::Kept, why: "IDs stay within marks, which are in ID time: a rate only delays when a block is used again" },
+    Row { name: "a standby's clock far off the primary's", label: Label::Kept, why: "a standby whose reply_time strays more than 5 s is never a failover candidate" },
+    Row { name: "the registry's clock stepping back by less than the grace", label: Label::Kept, why: "a fence's floor is above every forgotten mark while the step is within the grace" },
+    Row { name: "the registry's clock stepping back by more than the grace", label: Label::Outside, why: "a fence's floor, read from its clock, can fall below a forgotten mark (not shown to duplicate by the simulation: a new holder must also have a clock behind the old one's)" },
+    Row { name: "a copy of a data directory its lease file cannot tell from the original, while the registry forgets its rows", label: Label::Outside, why: "the copy re-asserts the original's blocks with the marks it saved, below the original's later IDs" },
+    Row { name: "a hostile lease role", label: Label::Kept, why: "requests are checked against the limits; what they say they saw counts only with the registry's token" },
+];
+
+/// Which faults a run draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Every fault labelled kept, with synchronous standbys (`FIRST 1`).
+    KeptFirst,
+    /// Every fault labelled kept, with a quorum (`ANY 1` of two).
+    KeptAny,
+    /// Kept faults with asynchronous standbys only (no split brain).
+    KeptAsync,
+    /// Split brain on asynchronous replication (outside).
+    SplitBrainAsync,
+    /// A copy its lease file cannot tell from the original, while the
+    /// registry forgets its rows (outside).
+    UndetectedCopy,
+    /// A snapshot restored in place whose WAL passes the holders' (outside).
+    RestoreWalPassed,
+}
+
+impl Scenario {
+    pub const KEPT: [Scenario; 3] = [Scenario::KeptFirst, Scenario::KeptAny, Scenario::KeptAsync];
+    pub const OUTSIDE: [Scenario; 3] = [Scenario::SplitBrainAsync, Scenario::UndetectedCopy, Scenario::RestoreWalPassed];
+
+    pub fn parse(text: &str) -> Option<Scenario> {
+        Scenario::KEPT
+            .into_iter()
+            .chain(Scenario::OUTSIDE)
+            .find(|s| format!("{s:?}") == text)
+    }
+
+    /// `synchronous_standby_names` of the registry's primary.
+    pub fn synchronous_standby_names(self) -> &'static str {
+        match self {
+            Scenario::KeptAny => "ANY 1 (s1, s2)",
+            Scenario::KeptAsync | Scenario::SplitBrainAsync => "",
+            _ => "FIRST 1 (s1, s2)",
+        }
+    }
+}
+
+/// Holders, standbys and processes of every run.
+pub const HOLDERS: usize = 4;
+pub const STANDBYS: usize = 2;
+
+/// The faults of a run: a few at random times, drawn from what the
+/// scenario allows.
+pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fault)> {
+    let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
+    let mut out = Vec::new();
+    let n = rng.range(5, 13);
+    // The last fifth is quiet: every holder should lease again by its end.
+    let until = duration_ms * 4 / 5;
+    for _ in 0..n {
+        let at = rng.range(5_000, until.max(5_001));
+        let holder = rng.range(0, HOLDERS as i64) as usize;
+        let ms = rng.range(500, 15_000);
+        let f = match rng.range(0, 22) {
+            0 | 19 => Fault::RegistryCrash,
+            20 => {
+                // The table made again while a holder is cut off: its
+                // grants run on while others lease.
+                out.push((at + 1, Fault::Partition { holder, ms: 12_000 }));
+                Fault::DropCreate
+            }
+            21 => Fault::Failover {
+                named: false,
+                old_runs: false,
+                to: None,
+            },
+            1 => Fault::Failover {
+                named: rng.chance(0.7),
+                old_runs: scenario == Scenario::KeptFirst && rng.chance(0.3),
+                to: None,
+            },
+            2 => Fault::RestoreSnapshot,
+            3 => Fault::DropCreate,
+            4 => Fault::DumpRestore,
+            5 => Fault::CopyDataDir { holder, detected: true },
+            6 => Fault::HolderRestart { holder },
+            7 => Fault::HolderStall { holder, ms },
+            8 => Fault::RegistryStall { ms: ms / 2 },
+            9 => Fault::StandbyStall {
+                standby: rng.range(0, STANDBYS as i64) as usize,
+                ms: ms * 3,
+            },
+            10 => Fault::Partition { holder, ms },
+            11 => Fault::ClockStep {
+                holder,
+                ms: rng.range(-10_000, 3_000),
+            },
+            12 => Fault::ClockRate {
+                process: rng.range(0, (HOLDERS + 1 + STANDBYS) as i64) as usize,
+                ppm: rng.range(-1_000, 1_000),
+            },
+            13 => Fault::RegistryClockStep {
+                ms: rng.range(-1_000, 3_000),
+            },
+            14 => Fault::ClockRateBeyond { holder },
+            15 => {
+                // A candidate stalls until it is dropped, then is promoted
+                // under its name; its clock may be far behind (the 0.7.0
+                // attack on the promotion proof).
+                let standby = rng.range(0, STANDBYS as i64) as usize;
+                if rng.chance(0.5) {
+                    out.push((at, Fault::StandbyClock { standby, ms: -60_000 }));
+                }
+                out.push((at + 100, Fault::StandbyStall { standby, ms: 60_000 }));
+                Fault::Failover {
+                    named: true,
+                    old_runs: false,
+                    to: Some(standby),
+                }
+            }
+            _ => Fault::Hostile { ms },
+        };
+        let at = if let Fault::Failover { to: Some(_), .. } = f { at + rng.range(1_000, 50_000) } else { at };
+        out.push((at, f));
+    }
+    // The fault the scenario is about, at least twice.
+    for _ in 0..2 {
+        let at = rng.range(5_000, until.max(5_001));
+        let holder = rng.range(0, HOLDERS as i64) as usize;
+        match scenario {
+            Scenario::SplitBrainAsync => out.push((at, Fault::Failover { named: false, old_runs: true, to: None })),
+            Scenario::UndetectedCopy => {
+                out.push((at, Fault::CopyDataDir { holder, detected: false }));
+                out.push((at + rng.range(500, 3_000), Fault::DropCreate));
+            }
+            Scenario::RestoreWalPassed => out.push((at, Fault::RestoreSnapshotWalPassed)),
+            _ => {}
+        }
+    }
+    out.sort_by_key(|f| f.0);
+    out
+}

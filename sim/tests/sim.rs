@@ -1,0 +1,108 @@
+//! The simulation in CI: a fixed budget of seeds (SNOWFLAKE_SIM_SEEDS
+//! seeds per scenario, default 40; raise it for a soak), each mutation
+//! caught, every fault outside the assumptions shown to duplicate, and a
+//! replay of one seed (SNOWFLAKE_SIM_SEED, SNOWFLAKE_SIM_SCENARIO).
+
+use snowflake_core::registry::mutation::Mutation;
+use snowflake_sim::faults::Scenario;
+use snowflake_sim::{report, run, shrink};
+
+/// Simulated time of one run: the last fifth is quiet, longer than a
+/// fence (lease + grace) and the wait for a fence's floor.
+const DURATION_MS: i64 = 90_000;
+
+fn seeds() -> u64 {
+    std::env::var("SNOWFLAKE_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40)
+}
+
+/// The longest a holder may wait for a block after a fault: a fence
+/// (lease + grace), the wait for its floor (lead + grace, less max_drift),
+/// and a renewal or two.
+const DOCUMENTED_WAIT_MS: i64 = 6_000 + 1_200 + (10_000 + 1_200 - 1_000) + 2 * 600 + 5_000;
+
+#[test]
+fn kept_faults_never_make_a_duplicate() {
+    let mut worst = 0;
+    for scenario in Scenario::KEPT {
+        for seed in 0..seeds() {
+            let o = run(seed, scenario, DURATION_MS, None);
+            if o.violation.is_some() {
+                let small = shrink(&o, DURATION_MS, None);
+                panic!("{}", report(&small));
+            }
+            assert!(o.ids > 1_000, "seed {seed} {scenario:?}: only {} IDs", o.ids);
+            worst = worst.max(o.longest_wait_ms);
+        }
+    }
+    println!("longest wait for a block after a fault: {worst} ms (documented bound {DOCUMENTED_WAIT_MS} ms)");
+}
+
+#[test]
+fn faults_outside_the_assumptions_show_duplicates() {
+    for scenario in Scenario::OUTSIDE {
+        let found = (0..seeds().max(20)).find_map(|seed| {
+            let o = run(seed, scenario, DURATION_MS, None);
+            o.violation.is_some().then_some(o)
+        });
+        let Some(o) = found else {
+            panic!("{scenario:?}: no seed showed a duplicate: the checker could not fail there");
+        };
+        println!("{scenario:?}: seed {} duplicated ({} IDs)", o.seed, o.duplicates);
+    }
+}
+
+#[test]
+fn every_reverted_fix_is_caught() {
+    let mut missed = Vec::new();
+    for m in Mutation::ALL {
+        let found = Scenario::KEPT.into_iter().find_map(|scenario| {
+            (0..seeds() * 2).find_map(|seed| {
+                let o = run(seed, scenario, DURATION_MS, Some(m));
+                // Caught: this seed fails with the fix reverted and passes
+                // with it.
+                (o.violation.is_some() && run(seed, scenario, DURATION_MS, None).violation.is_none())
+                    .then_some(o)
+            })
+        });
+        match found {
+            Some(o) => println!(
+                "{m:?}: caught by seed {} ({:?}) after {} ms simulated: {}",
+                o.seed,
+                o.scenario,
+                o.at_ms.unwrap_or(-1),
+                o.violation.as_deref().unwrap_or("")
+            ),
+            None => missed.push(m),
+        }
+    }
+    assert!(missed.is_empty(), "mutations no seed caught: {missed:?}");
+}
+
+#[test]
+fn replay() {
+    let Some(seed) = std::env::var("SNOWFLAKE_SIM_SEED").ok().and_then(|s| s.parse().ok()) else {
+        return;
+    };
+    let scenario = std::env::var("SNOWFLAKE_SIM_SCENARIO")
+        .ok()
+        .and_then(|s| Scenario::parse(&s))
+        .unwrap_or(Scenario::KeptFirst);
+    let o = run(seed, scenario, DURATION_MS, None);
+    println!("{}", report(&o));
+}
+
+#[test]
+#[ignore]
+fn debug_trace() {
+    let seed: u64 = std::env::var("S").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let m = Mutation::ALL.into_iter().find(|m| Some(format!("{m:?}")) == std::env::var("M").ok());
+    let scenario = std::env::var("SC").ok().and_then(|s| Scenario::parse(&s)).unwrap_or(Scenario::KeptFirst);
+    let o = run(seed, scenario, DURATION_MS, m);
+    for l in &o.trace {
+        println!("{l}");
+    }
+    println!("{:?} {}", o.violation, o.ids);
+}
