@@ -17,8 +17,9 @@
 #      ruff, shellcheck, dead paths): stops the run when it fails
 #   2. the Rust tests, once (they do not depend on the PostgreSQL version):
 #      `cargo test -p snowflake_core` (the pure core's unit and property
-#      tests, no PostgreSQL) and the extension crate's own unit tests built
-#      against the first version
+#      tests, no PostgreSQL), `cargo test -p snowflake_sim --release` (the
+#      fleet simulation, sim/: a fixed budget of seeds) and the extension
+#      crate's own unit tests built against the first version
 #   3. for each version NN in PG_VERSIONS (15 16 17 18 19; SNOWFLAKE_PG_VERSIONS
 #      narrows it):
 #      a. `cargo pgrx install --release` into that PostgreSQL
@@ -71,6 +72,9 @@ fi
 first="${PG_VERSIONS[0]}"
 log "cargo test -p snowflake_core (the pure core: no PostgreSQL)"
 cargo test -p snowflake_core 2>&1 | tee "$RESULTS/cargo-core.log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+log "cargo test -p snowflake_sim --release (the fleet simulation: a fixed budget of seeds, SNOWFLAKE_SIM_SEEDS per scenario)"
+cargo test -p snowflake_sim --release 2>&1 | tee "$RESULTS/cargo-sim.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 log "cargo test --lib (the extension's own unit tests, built for PostgreSQL $first)"
 cargo test --lib --no-default-features --features "pg$first" 2>&1 | tee "$RESULTS/cargo-extension.log"

@@ -222,8 +222,8 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
         match scenario {
             Scenario::SplitBrainAsync => out.push((at, Fault::Failover { named: false, old_runs: true, to: None })),
             Scenario::UndetectedCopy => {
-                out.push((at, Fault::CopyDataDir { holder, detected: false }));
-                out.push((at + rng.range(500, 3_000), Fault::DropCreate));
+                out.push((at, Fault::DropCreate));
+                out.push((at + 1, Fault::CopyDataDir { holder, detected: false }));
             }
             Scenario::RestoreWalPassed => out.push((at, Fault::RestoreSnapshotWalPassed)),
             _ => {}

@@ -752,7 +752,7 @@ impl World {
                 let back = t + self.rng.range(1_000, 8_000);
                 self.nodes[holder].cut_until = back;
                 // The copy is cut off in its turn, once the original is back.
-                self.cuts.push((back + self.rng.range(0, 3_000), self.nodes.len(), self.rng.range(2_000, 9_000)));
+                self.cuts.push((back - self.rng.range(200, 1_000), self.nodes.len(), self.rng.range(2_000, 9_000)));
                 self.drop_conn(holder);
                 let orig = &self.nodes[holder];
                 let mut h = Holder::new(orig.holder.id.clone());

@@ -4,8 +4,9 @@
 //! replay of one seed (SNOWFLAKE_SIM_SEED, SNOWFLAKE_SIM_SCENARIO).
 
 use snowflake_core::registry::mutation::Mutation;
-use snowflake_sim::faults::Scenario;
-use snowflake_sim::{report, run, shrink};
+use snowflake_sim::faults::{Fault, Scenario};
+use snowflake_sim::world::TICK_MS;
+use snowflake_sim::{report, run, run_schedule, shrink, Outcome};
 
 /// Simulated time of one run: the last fifth is quiet, longer than a
 /// fence (lease + grace) and the wait for a fence's floor.
@@ -40,42 +41,66 @@ fn kept_faults_never_make_a_duplicate() {
     println!("longest wait for a block after a fault: {worst} ms (documented bound {DOCUMENTED_WAIT_MS} ms)");
 }
 
+/// Each scenario outside the assumptions makes duplicates for some seed,
+/// and that seed makes none without the scenario's own faults: the
+/// checker can fail, and fails on what it should.
 #[test]
 fn faults_outside_the_assumptions_show_duplicates() {
     for scenario in Scenario::OUTSIDE {
         let found = (0..seeds().max(20)).find_map(|seed| {
             let o = run(seed, scenario, DURATION_MS, None);
-            o.violation.is_some().then_some(o)
+            let own = |f: &Fault| match scenario {
+                Scenario::SplitBrainAsync => matches!(f, Fault::Failover { old_runs: true, .. }),
+                Scenario::UndetectedCopy => matches!(f, Fault::CopyDataDir { detected: false, .. }),
+                _ => matches!(f, Fault::RestoreSnapshotWalPassed),
+            };
+            let without: Vec<(i64, Fault)> = o.schedule.iter().copied().filter(|(_, f)| !own(f)).collect();
+            let clean = run_schedule(seed, scenario, DURATION_MS, None, &without).violation.is_none();
+            (o.violation.is_some() && clean).then_some(o)
         });
         let Some(o) = found else {
-            panic!("{scenario:?}: no seed showed a duplicate: the checker could not fail there");
+            panic!("{scenario:?}: no seed showed a duplicate of its own: the checker could not fail there");
         };
-        println!("{scenario:?}: seed {} duplicated ({} IDs)", o.seed, o.duplicates);
+        println!("{scenario:?}: seed {} duplicated at {} ms: {}", o.seed, o.at_ms.unwrap_or(-1), o.violation.as_deref().unwrap_or(""));
     }
+}
+
+/// Reverted fixes the simulation cannot reach, and why: each is checked
+/// to stay uncaught, so that this list is revisited when the simulation
+/// learns more.
+const UNREACHED: [(Mutation, &str); 1] = [(
+    Mutation::ValidUntilBack,
+    "a valid_until moving back matters only when a durability check's now() lags the clock by more than the drop margin less the skew bound (10 s), which no simulated call does: calls here are atomic",
+)];
+
+/// The first seed (of any kept scenario) that fails with `m` switched on
+/// and passes without it.
+fn caught(m: Mutation) -> Option<Outcome> {
+    Scenario::KEPT.into_iter().find_map(|scenario| {
+        (0..seeds() * 2).find_map(|seed| {
+            let o = run(seed, scenario, DURATION_MS, Some(m));
+            (o.violation.is_some() && run(seed, scenario, DURATION_MS, None).violation.is_none()).then_some(o)
+        })
+    })
 }
 
 #[test]
 fn every_reverted_fix_is_caught() {
     let mut missed = Vec::new();
     for m in Mutation::ALL {
-        let found = Scenario::KEPT.into_iter().find_map(|scenario| {
-            (0..seeds() * 2).find_map(|seed| {
-                let o = run(seed, scenario, DURATION_MS, Some(m));
-                // Caught: this seed fails with the fix reverted and passes
-                // with it.
-                (o.violation.is_some() && run(seed, scenario, DURATION_MS, None).violation.is_none())
-                    .then_some(o)
-            })
-        });
-        match found {
-            Some(o) => println!(
-                "{m:?}: caught by seed {} ({:?}) after {} ms simulated: {}",
+        let unreached = UNREACHED.iter().find(|u| u.0 == m);
+        match (caught(m), unreached) {
+            (Some(o), None) => println!(
+                "{m:?}: caught by seed {} ({:?}) after {} ms simulated ({} steps of {TICK_MS} ms): {}",
                 o.seed,
                 o.scenario,
                 o.at_ms.unwrap_or(-1),
+                o.at_ms.unwrap_or(-1) / TICK_MS,
                 o.violation.as_deref().unwrap_or("")
             ),
-            None => missed.push(m),
+            (Some(o), Some(_)) => panic!("{m:?} is listed as unreached, but seed {} catches it: take it off UNREACHED", o.seed),
+            (None, Some((_, why))) => println!("{m:?}: not reached: {why}"),
+            (None, None) => missed.push(m),
         }
     }
     assert!(missed.is_empty(), "mutations no seed caught: {missed:?}");
