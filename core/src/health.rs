@@ -117,7 +117,7 @@ pub struct Facts {
     pub now_ms: i64,
     /// Years until the layout's time field ends (negative: ended).
     pub years_left: f64,
-    /// `snowflake_id.layout_end_warning_years`.
+    /// `snowflake_id.layout_end_warning`.
     pub warning_years: u32,
     /// `None`: worker ids from `snowflake_id.worker_ids`, no leases.
     pub lease: Option<Lease>,
@@ -191,7 +191,7 @@ fn layout_years_left(f: &Facts) -> Check {
         status,
         format!("{:.1} years", f.years_left),
         format!(
-            "warn below {} years (snowflake_id.layout_end_warning_years), critical below {}",
+            "warn below {} years (snowflake_id.layout_end_warning), critical below {}",
             f.warning_years, LAYOUT_CRITICAL_YEARS
         ),
         "Plan a layout with a later end before the time field runs out (docs/reference/layout.md).",
