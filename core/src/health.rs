@@ -216,7 +216,7 @@ fn lease_deadline_margin(f: &Facts) -> Check {
     );
     let (status, value) = match lease.deadline_ms {
         Some(deadline) if lease.blocks_held > 0 => {
-            let margin = deadline - f.now_ms;
+            let margin = deadline.saturating_sub(f.now_ms);
             let status = if margin < lease.lease_time_ms / 5 {
                 Status::Critical
             } else if margin < lease.lease_time_ms / 2 {
@@ -272,7 +272,7 @@ fn registry_unreachable(f: &Facts) -> Check {
     let (status, value) = match lease.unreachable_since_ms {
         None => (Status::Ok, "reachable".to_string()),
         Some(since) => {
-            let for_ms = (f.now_ms - since).max(0);
+            let for_ms = f.now_ms.saturating_sub(since).max(0);
             let status = if for_ms >= lease.lease_time_ms / 2 {
                 Status::Critical
             } else {
@@ -311,8 +311,8 @@ fn worker_ids_in_use(f: &Facts) -> Check {
 }
 
 fn reservation_ahead(f: &Facts) -> Check {
-    let ahead = (f.floor_ms - f.now_ms).max(0);
-    let status = if ahead > f.max_drift_ms + f.floor_wait_ms {
+    let ahead = f.floor_ms.saturating_sub(f.now_ms).max(0);
+    let status = if ahead > f.max_drift_ms.saturating_add(f.floor_wait_ms) {
         Status::Critical
     } else if ahead > f.max_drift_ms {
         Status::Warn
@@ -326,7 +326,7 @@ fn reservation_ahead(f: &Facts) -> Check {
         format!(
             "warn beyond {} (snowflake_id.max_drift: new sessions wait), critical beyond {} (they refuse)",
             seconds(f.max_drift_ms),
-            seconds(f.max_drift_ms + f.floor_wait_ms)
+            seconds(f.max_drift_ms.saturating_add(f.floor_wait_ms))
         ),
         "The clock is behind IDs already made (a clock set back, a far-future snowflake_advance_past()): fix the clock, or wait until it passes the reservation.",
     )
@@ -485,6 +485,7 @@ mod tests {
             (Some(NOW + 12_000), 4, Warn),
             (Some(NOW + 11_999), 4, Critical),
             (Some(NOW - 1), 1, Critical),
+            (Some(i64::MIN), 1, Critical),
             (None, 0, Critical),
             (Some(NOW + 55_000), 0, Critical),
         ] {
@@ -535,6 +536,7 @@ mod tests {
             (Some(NOW - 29_999), Warn),
             (Some(NOW - 30_000), Critical),
             (Some(NOW + 5), Warn),
+            (Some(i64::MIN), Critical),
         ] {
             let f = Facts {
                 lease: Some(Lease {
@@ -588,6 +590,8 @@ mod tests {
             (NOW + 3_000, Warn),
             (NOW + 3_001, Critical),
             (NOW + 86_400_000, Critical),
+            (i64::MIN, Ok),
+            (i64::MAX, Critical),
         ] {
             let f = Facts {
                 floor_ms: floor,
