@@ -278,7 +278,8 @@ fn registry_unreachable(f: &Facts) -> Check {
             } else {
                 Status::Warn
             };
-            (status, format!("for {}", seconds(for_ms)))
+            let since = crate::layout::format_unix_ms(since);
+            (status, format!("since {since} ({})", seconds(for_ms)))
         }
     };
     check(
@@ -552,6 +553,17 @@ mod tests {
             );
         }
         assert_eq!(status(&local(), CheckName::RegistryUnreachable), Ok);
+        let f = Facts {
+            lease: Some(Lease {
+                unreachable_since_ms: Some(NOW - 1_500),
+                ..leased()
+            }),
+            ..local()
+        };
+        assert_eq!(
+            checks(&f)[3].value,
+            "since 2027-01-15 07:59:58.500Z (1.5 s)"
+        );
     }
 
     #[test]
