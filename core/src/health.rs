@@ -121,6 +121,8 @@ pub struct Facts {
     pub warning_years: u32,
     /// `None`: worker ids from `snowflake_id.worker_ids`, no leases.
     pub lease: Option<Lease>,
+    /// The worker ids this server may hold at once: its range, or in a
+    /// fleet what `snowflake_id.max_blocks` blocks of it hold.
     pub worker_ids_total: u64,
     pub worker_ids_held: u64,
     /// Every claim starts above this (the reservation made before a

@@ -51,6 +51,13 @@ fn snowflake_health() -> TableIterator<
         }
     });
     let (_, total, held) = claims::range_usage();
+    // A holder uses at most snowflake_id.max_blocks blocks of the range.
+    let capacity = if leased {
+        let block = snowflake_core::lease::block_size(layout.max_worker_id());
+        total.min(u64::from(settings::max_blocks()) * u64::from(block))
+    } else {
+        total
+    };
     let backfill = settings::backfill_space().map(|space| Backfill {
         grants: header
             .backfill()
@@ -71,7 +78,7 @@ fn snowflake_health() -> TableIterator<
         years_left: layout.years_left(now_ms),
         warning_years: settings::layout_end_warning_years(),
         lease,
-        worker_ids_total: total,
+        worker_ids_total: capacity,
         worker_ids_held: held,
         floor_ms: header.floor_ms.load(Relaxed),
         max_drift_ms: settings::max_drift_ms(),

@@ -85,6 +85,8 @@ def test_a_holder_without_its_registry_is_critical_and_hides_the_address(make_cl
                what="the unreachable registry noticed")
     h = health(c)
     assert h["lease_deadline_margin"][:2] == ("critical", "no block held")
+    # A holder's capacity: snowflake_id.max_blocks (8) blocks of 16 ids.
+    assert h["worker_ids_in_use"][:2] == ("ok", "0 of 128")
     wait_until(lambda: health(c)["lease_problem"][0] == "critical", timeout=30,
                what="the lease problem reported")
     assert "127.0.0.1" in health(c)["lease_problem"][1]
