@@ -126,6 +126,7 @@ DEB_PACKAGES=(
     build-essential sudo faketime unzip strace
     debootstrap shellcheck
     patroni etcd-server   # a registry under Patroni (tests/fleet/test_patroni.py)
+    prometheus-postgres-exporter   # snowflake_health() scraped (tests/sql_api/test_health.py)
 )
 # What building the extension and its packages needs (scripts/package.sh).
 BUILD_DEB_PACKAGES=(

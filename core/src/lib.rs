@@ -20,6 +20,7 @@
 //! - `public_id`  the keyed, reversible text form of IDs
 //! - `key_file`   reading and checking the public key file's contents
 //! - `conninfo`   reading libpq connection strings (secrets, problems)
+//! - `health`     snowflake_health(): each check's status, threshold and what to do
 #![forbid(unsafe_code)]
 
 pub mod backfill;
@@ -27,6 +28,7 @@ pub mod backfill_ids;
 pub mod clock_behind;
 pub mod conninfo;
 pub mod generator;
+pub mod health;
 pub mod held;
 pub mod holder;
 pub mod key_file;

@@ -518,7 +518,7 @@ fn move_to_another_id<'a>(header: &'static Header, held: &'a mut Option<Claim>) 
 /// little behind the primary's) for ticks up to 250 ms (with ticks of 1 s
 /// the floor may be the next tick's start: up to 2 s), and is still short
 /// for a client.
-const FLOOR_WAIT_MS: i64 = 2000;
+pub(crate) const FLOOR_WAIT_MS: i64 = 2000;
 
 impl Claim {
     /// The generator refused with `err`: waits when the only cause is the

@@ -60,6 +60,7 @@ pub use startup::init;
 
 use pgrx::pg_sys;
 use snowflake_core::generator::GeneratorState;
+use snowflake_core::health::RegistryTable;
 use snowflake_core::layout::Layout;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
@@ -99,6 +100,9 @@ pub struct Header {
     pub registry_pending: AtomicBool,
     /// The layout recorded in the state file differs from the one in use.
     pub layout_changed: AtomicBool,
+    /// What the registry worker last found of its table
+    /// (`registry_table()`, `set_registry_table()`): for `snowflake_health()`.
+    registry_table: AtomicU8,
     /// The layout recorded in the state file at startup.
     pub recorded_layout: Layout,
     /// Fleet leases: mode, registry, blocks held (see `lease_worker`).
@@ -425,6 +429,26 @@ pub fn header() -> Option<&'static Header> {
 }
 
 impl Header {
+    /// What the registry worker last found of the registry table.
+    pub fn registry_table(&self) -> RegistryTable {
+        match self.registry_table.load(Relaxed) {
+            1 => RegistryTable::NoDatabase,
+            2 => RegistryTable::NoExtension,
+            3 => RegistryTable::Kept,
+            _ => RegistryTable::Unchecked,
+        }
+    }
+
+    pub fn set_registry_table(&self, found: RegistryTable) {
+        let byte = match found {
+            RegistryTable::Unchecked | RegistryTable::Off => 0,
+            RegistryTable::NoDatabase => 1,
+            RegistryTable::NoExtension => 2,
+            RegistryTable::Kept => 3,
+        };
+        self.registry_table.store(byte, Relaxed);
+    }
+
     pub fn slots(&self) -> &[Slot] {
         // SAFETY: the startup hook allocated nslots slots right after the
         // header and initialised them.

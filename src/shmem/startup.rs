@@ -14,7 +14,7 @@ use snowflake_core::generator::GeneratorState;
 use snowflake_core::layout::Layout;
 use std::mem::size_of;
 use std::sync::atomic::Ordering::{Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8};
 
 /// What the reservation knows when shared memory is first created: the
 /// floor (Unix ms; `i64::MIN` when nothing was recorded) and the recorded
@@ -148,6 +148,7 @@ unsafe fn create(header: *mut Header, layout: &Layout, startup: &Startup) {
             newest_tick: AtomicI64::new(-1),
             registry_pending: AtomicBool::new(settings::registry_worker_enabled()),
             layout_changed: AtomicBool::new(startup.layout != *layout),
+            registry_table: AtomicU8::new(0),
             recorded_layout: startup.layout,
             // All zeros, then the mode.
             lease: std::mem::zeroed(),

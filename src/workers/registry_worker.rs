@@ -31,6 +31,7 @@ use pgrx::bgworkers::{
 };
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode, PgTryBuilder};
+use snowflake_core::health::RegistryTable;
 use std::ffi::CStr;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::time::{Duration, Instant};
@@ -150,6 +151,7 @@ pub extern "C-unwind" fn snowflake_id_registry_launcher(_arg: pg_sys::Datum) {
         if !database_exists(&database) {
             // No registry table to read: claims need not wait for it.
             registry_read(None);
+            found(RegistryTable::NoDatabase);
             if !missing_reported {
                 pg_sys::panic::ErrorReport::new(
                     PgSqlErrorCode::ERRCODE_INVALID_CATALOG_NAME,
@@ -310,17 +312,23 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
             Sync::Done => {
                 synced_changes = Some(changes);
                 missing_reported = false;
+                found(RegistryTable::Kept);
             }
             // Try again after REFRESH (or the next claim), not every POLL.
             Sync::Failed => synced_changes = Some(changes),
             Sync::NoExtension if !missing_reported => {
-                pgrx::log!(
-                    "snowflake_id registry: database \"{database}\" has no snowflake_id extension yet; \
-                     the registry table is kept once CREATE EXTENSION snowflake_id runs there"
-                );
+                found(RegistryTable::NoExtension);
+                pg_sys::panic::ErrorReport::new(
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                    format!("snowflake_id registry: database \"{database}\" has no snowflake_id extension: IDs after pg_upgrade or a restore rest on the clock alone"),
+                    "snowflake_id",
+                )
+                .set_detail("Its table snowflake_worker_registry keeps new IDs above the IDs made before pg_upgrade or a dump and restore; until the extension is created there no such table is kept.")
+                .set_hint(format!("Run CREATE EXTENSION snowflake_id in database \"{database}\", or set snowflake_id.registry_database to a database that has it and restart. The registry worker keeps the table once the extension is there; snowflake_health() shows it as registry_table."))
+                .report(PgLogLevel::WARNING);
                 missing_reported = true;
             }
-            Sync::NoExtension => {}
+            Sync::NoExtension => found(RegistryTable::NoExtension),
         }
         synced_at = Instant::now();
     }
@@ -331,6 +339,14 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
         pgrx::log!(
             "snowflake_id registry: no final update of snowflake_worker_registry at shutdown"
         );
+    }
+}
+
+/// Records what the registry worker found of its table, for
+/// `snowflake_health()`.
+fn found(table: RegistryTable) {
+    if let Some(header) = shmem::header() {
+        header.set_registry_table(table);
     }
 }
 

@@ -83,7 +83,8 @@ def test_registry_rows_are_dumped_with_the_database(cluster, tmp_path):
 
 def test_registry_worker_waits_for_the_extension(make_cluster):
     c = make_cluster(create_extension=False)
-    c.wait_for_log("has no snowflake_id extension yet", timeout=15)
+    c.wait_for_log("WARNING:  snowflake_id registry: database \"postgres\" has no snowflake_id"
+                   " extension", timeout=15)
     c.sql("CREATE EXTENSION snowflake_id")
     with c.connect(application_name="late") as conn:
         conn.execute("SELECT snowflake_nextval()")

@@ -124,6 +124,7 @@ USER_FACING = {
         "snowflake_from_timestamp", "snowflake_compose", "snowflake_layout",
         "snowflake_to_public", "snowflake_from_public", "snowflake_convert_column",
         "snowflake_create_partitions", "snowflake_config", "snowflake_worker_status",
+        "snowflake_health",
         "snowflake_accept_layout", "snowflake_advance_past",
         "snowflake_at", "snowflake_backfill", "snowflake_backfill_raise",
         "snowflake_lease_set_limits",
