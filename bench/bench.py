@@ -17,6 +17,7 @@ environment variables (defaults in brackets: full run / BENCH_QUICK=1):
   BENCH_CLIENTS             pgbench client counts                   [1,2,4,8,16 / 1,2,4]
   BENCH_CONNECTIONS         new connections in case 5               [200 / 40]
   BENCH_CASES               which cases to run                      [1,2,3,4,5,6]
+  BENCH_MAIN_LAYOUT         the main server's snowflake_id.layout   [classic]
   BENCH_INSERT_CLIENTS      pgbench client counts, case 6           [1,2]
   BENCH_INSERT_ROWS         rows of case 6's load, index in buffers [1000000 / 100000]
   BENCH_INSERT_ROWS_BIG     rows of case 6's small-buffers load     [3000000 / 300000]
@@ -66,7 +67,8 @@ def start_servers(stack: contextlib.ExitStack) -> tuple[Server, dict]:
     """The classic server (with the public key file of case 1), and the js53
     one when case 1 runs; each stopped and removed when `stack` closes.
     Returns the classic server and a connection to each, by name."""
-    main_srv = Server("main (classic)", {})
+    main_srv = Server(f"main ({config.MAIN_LAYOUT})",
+                      {"snowflake_id.layout": config.MAIN_LAYOUT})
     stack.callback(main_srv.destroy)
     key_file = os.path.join(main_srv.dir, "public_keys")
     with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:

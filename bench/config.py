@@ -36,6 +36,9 @@ CONNECTIONS = _env_int("BENCH_CONNECTIONS", 200, 40)
 MAX_LOAD = float(os.environ["BENCH_MAX_LOAD"]) if os.environ.get("BENCH_MAX_LOAD") else None
 MAX_LOAD_WAIT = _env_int("BENCH_MAX_LOAD_WAIT", 900, 900)
 CASES = {c.strip() for c in os.environ.get("BENCH_CASES", "1,2,3,4,5,6").split(",")}
+# The main server's layout preset (its rows keep the label "classic"; the
+# results' metadata records the layout): pgedge is classic from another epoch.
+MAIN_LAYOUT = os.environ.get("BENCH_MAIN_LAYOUT", "classic")
 # Case 6 (INSERT into logged tables): pgbench clients (-T BENCH_PGBENCH_SECONDS,
 # BENCH_PGBENCH_REPS reps), the rows of the two batched loads (the index
 # inside shared_buffers; then on a server whose shared_buffers it outgrows),
