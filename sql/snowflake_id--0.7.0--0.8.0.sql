@@ -63,6 +63,8 @@ DECLARE
     first_id bigint;
     others int;
     pgedge boolean;
+    pgedge_layout boolean;
+    hint text;
     l record;
     max_ts timestamptz;
     wait_ms double precision;
@@ -170,8 +172,9 @@ BEGIN
     IF pgedge THEN
         SELECT * INTO l FROM @extschema@.snowflake_layout();
         step := 'recognised pgEdge snowflake';
-        IF l.epoch = '2023-01-01 00:00:00+00' AND l.time_unit_ms = 1 AND l.total_bits = 63
-           AND l.worker_bits = 10 AND l.sequence_bits = 12 THEN
+        pgedge_layout := l.epoch = '2023-01-01 00:00:00+00' AND l.time_unit_ms = 1
+                         AND l.total_bits = 63 AND l.worker_bits = 10 AND l.sequence_bits = 12;
+        IF pgedge_layout THEN
             detail := format('%s feeds the column; the layout in force (%s) is pgEdge''s: its IDs decode to their time, node (worker_id) and count (sequence)',
                              a.def, l.preset);
         ELSE
@@ -207,18 +210,19 @@ BEGIN
             detail := format('max(%I) = %s is of %s: new IDs start after that', col, max_id, max_ts);
             RAISE NOTICE '%: %', step, detail;
             RETURN NEXT;
-        ELSIF pgedge THEN
-            RAISE EXCEPTION 'existing values of %.% reach %, not below the first snowflake ID of now (%)',
-                            tbl, col, max_id, first_id
-                USING ERRCODE = '22003',
-                      DETAIL = format('Under the layout in force, %s decodes to %s: new IDs would sort below existing rows and collide with them from then on.', max_id, max_ts),
-                      HINT = 'These are pgEdge snowflake IDs: set snowflake_id.layout = pgedge (and no snowflake_id.epoch) in postgresql.conf, restart, and call this function again; see the guide "Switching from pgEdge snowflake".';
         ELSE
+            IF pgedge AND NOT pgedge_layout THEN
+                hint := 'These are pgEdge snowflake IDs: set snowflake_id.layout = pgedge (and no snowflake_id.epoch) in postgresql.conf, restart, and call this function again; see the guide "Switching from pgEdge snowflake".';
+            ELSIF pgedge THEN
+                hint := 'pgEdge made these IDs ahead of this server''s clock: check the clocks, and call this function again after the time the detail gives.';
+            ELSE
+                hint := 'If these are IDs of another snowflake generator, set snowflake_id''s layout settings to its layout, restart, and call this function again; if they are IDs of this layout made ahead of the clock, call it again after the time the detail gives. Setting only the column''s default would not keep new IDs above them.';
+            END IF;
             RAISE EXCEPTION 'existing values of %.% reach %, not below the first snowflake ID of now (%)',
                             tbl, col, max_id, first_id
                 USING ERRCODE = '22003',
-                      DETAIL = format('Under the layout in force, %s decodes to %s: new IDs would sort below existing rows and could collide with them.', max_id, coalesce(max_ts::text, 'no time')),
-                      HINT = 'If these are IDs of another snowflake generator, set snowflake_id''s layout settings to its layout, restart, and call this function again. Setting only the column''s default would not keep new IDs above them.';
+                      DETAIL = format('Under the layout in force, %s decodes to %s: new IDs would sort below existing rows and could collide with them.', max_id, coalesce(max_ts::text, 'no time (it is not an ID of this layout)')),
+                      HINT = hint;
         END IF;
     END IF;
     step := 'checked values';
