@@ -240,3 +240,37 @@ def test_the_reimplementation_packs_as_pgedge_does(make_cluster):
         made = conn.execute("SELECT snowflake.nextval('s')").fetchone()[0]
         assert (made >> 12) & 1023 == NODE and made > real
 
+
+
+def test_pgedge_ids_far_ahead_of_the_clock_are_refused_naming_the_clocks(make_cluster):
+    # Under the pgedge layout, pgEdge IDs more than a second ahead (a node
+    # whose clock is ahead): refused, and the hint does not send the DBA
+    # to a layout already in force.
+    c = make_cluster(settings={"snowflake_id.layout": "pgedge"}, create_extension=True)
+    with c.connect() as conn:
+        make_pgedge_table(conn, "reimplementation")
+        conn.execute(
+            "INSERT INTO orders (id, note) VALUES (((floor(extract(epoch FROM clock_timestamp())"
+            " * 1000)::bigint + 600000 - %s) << 22) | (%s << 12), 'pgEdge')",
+            (PGEDGE_EPOCH_MS, NODE))
+        e = sql_error(conn, "SELECT * FROM snowflake_convert_column('orders', 'id')")
+        assert e.sqlstate == "22003", e
+        assert "check the clocks" in e.diag.message_hint, e.diag.message_hint
+        assert "snowflake_id.layout = pgedge" not in e.diag.message_hint
+
+
+@pytest.mark.parametrize("settings,shown,epoch", [
+    ({}, "2024-01-01", "2024-01-01 00:00:00+00"),
+    ({"snowflake_id.layout": "pgedge"}, "2023-01-01", "2023-01-01 00:00:00+00"),
+    ({"snowflake_id.layout": "pgedge", "snowflake_id.epoch": "2022-06-01 12:00:00"},
+     "2022-06-01 12:00:00", "2022-06-01 12:00:00+00"),
+])
+def test_the_epoch_comes_from_the_preset_unless_set(make_cluster, settings, shown, epoch):
+    c = make_cluster(settings=settings, create_extension=True)
+    with c.connect() as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        assert conn.execute("SHOW snowflake_id.epoch").fetchone()[0] == shown
+        assert conn.execute("SELECT epoch = %s::timestamptz FROM snowflake_layout()",
+                            (epoch,)).fetchone()[0]
+        assert conn.execute("SELECT boot_val FROM pg_settings"
+                            " WHERE name = 'snowflake_id.epoch'").fetchone()[0] == ""
