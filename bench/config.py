@@ -36,9 +36,6 @@ CONNECTIONS = _env_int("BENCH_CONNECTIONS", 200, 40)
 MAX_LOAD = float(os.environ["BENCH_MAX_LOAD"]) if os.environ.get("BENCH_MAX_LOAD") else None
 MAX_LOAD_WAIT = _env_int("BENCH_MAX_LOAD_WAIT", 900, 900)
 CASES = {c.strip() for c in os.environ.get("BENCH_CASES", "1,2,3,4,5,6").split(",")}
-# The main server's layout preset (its rows keep the label "classic"; the
-# results' metadata records the layout): pgedge is classic from another epoch.
-MAIN_LAYOUT = os.environ.get("BENCH_MAIN_LAYOUT", "classic")
 # Case 6 (INSERT into logged tables): pgbench clients (-T BENCH_PGBENCH_SECONDS,
 # BENCH_PGBENCH_REPS reps), the rows of the two batched loads (the index
 # inside shared_buffers; then on a server whose shared_buffers it outgrows),
@@ -54,6 +51,9 @@ INSERT_CHECKPOINT_EVERY = _env_int("BENCH_INSERT_CHECKPOINT_EVERY", 250_000, 25_
 INSERT_REPS = _env_int("BENCH_INSERT_REPS", 2, 1)
 OUT = os.environ.get("BENCH_OUT", os.path.join(REPO, "bench", "out"))
 KEEP = os.environ.get("BENCH_KEEP", "") not in ("", "0")
+# The main server's layout preset (its rows keep the label "classic"; the
+# results' metadata records the layout): pgedge is classic from another epoch.
+MAIN_LAYOUT = os.environ.get("BENCH_MAIN_LAYOUT", "classic")
 # `cargo pgrx package` output (run.sh makes it); unset: the installed files.
 PKG = os.environ.get("BENCH_PKG") or None
 NCPU = os.cpu_count() or 1
