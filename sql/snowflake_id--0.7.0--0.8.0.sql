@@ -352,6 +352,8 @@ BEGIN
 END
 $fn$;
 
+-- The lease limits' trigger: the 22023 of a limit out of range gets a
+-- HINT (src/sql/leases.sql).
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_limits_changed() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
