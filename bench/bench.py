@@ -26,6 +26,7 @@ environment variables (defaults in brackets: full run / BENCH_QUICK=1):
   BENCH_INSERT_REPS         repetitions of case 6's loads           [2 / 1]
   BENCH_OUT                 output directory                        [bench/out]
   BENCH_KEEP=1              keep the clusters' directories (logs) at the end
+  BENCH_MAIN_LAYOUT         the main server's snowflake_id.layout   [classic]
   BENCH_MAX_LOAD            wait (up to BENCH_MAX_LOAD_WAIT s, default 900) until
                             the 1-minute load average is at most this, then start
   BENCH_PKG                 a `cargo pgrx package` directory to measure (run.sh
@@ -66,7 +67,8 @@ def start_servers(stack: contextlib.ExitStack) -> tuple[Server, dict]:
     """The classic server (with the public key file of case 1), and the js53
     one when case 1 runs; each stopped and removed when `stack` closes.
     Returns the classic server and a connection to each, by name."""
-    main_srv = Server("main (classic)", {})
+    main_srv = Server(f"main ({config.MAIN_LAYOUT})",
+                      {"snowflake_id.layout": config.MAIN_LAYOUT})
     stack.callback(main_srv.destroy)
     key_file = os.path.join(main_srv.dir, "public_keys")
     with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:

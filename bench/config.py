@@ -51,6 +51,9 @@ INSERT_CHECKPOINT_EVERY = _env_int("BENCH_INSERT_CHECKPOINT_EVERY", 250_000, 25_
 INSERT_REPS = _env_int("BENCH_INSERT_REPS", 2, 1)
 OUT = os.environ.get("BENCH_OUT", os.path.join(REPO, "bench", "out"))
 KEEP = os.environ.get("BENCH_KEEP", "") not in ("", "0")
+# The main server's layout preset (its rows keep the label "classic"; the
+# results' metadata records the layout): pgedge is classic from another epoch.
+MAIN_LAYOUT = os.environ.get("BENCH_MAIN_LAYOUT", "classic")
 # `cargo pgrx package` output (run.sh makes it); unset: the installed files.
 PKG = os.environ.get("BENCH_PKG") or None
 NCPU = os.cpu_count() or 1

@@ -25,11 +25,15 @@ pub const MS_PER_YEAR: i64 = 36_525 * 86_400_000 / 100;
 pub const MIN_LIFETIME_MS: i64 = 10 * MS_PER_YEAR;
 /// Default epoch: 2024-01-01T00:00:00Z, in Unix milliseconds.
 pub const DEFAULT_EPOCH_MS: i64 = 1_704_067_200_000;
+/// pgEdge snowflake's epoch: 2023-01-01T00:00:00Z, in Unix milliseconds.
+pub const PGEDGE_EPOCH_MS: i64 = 1_672_531_200_000;
 
 /// A named starting point for the layout settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Preset {
     pub name: &'static str,
+    /// The epoch `snowflake_id.epoch` defaults to with this preset.
+    pub epoch_ms: i64,
     pub unit_ms: i64,
     pub total_bits: u32,
     pub worker_bits: u32,
@@ -51,10 +55,11 @@ impl Preset {
 }
 
 /// The presets, in the order of the `snowflake_id.layout` setting.
-pub const PRESETS: [Preset; 3] = [
+pub const PRESETS: [Preset; 4] = [
     // Twitter snowflake: 41 bits of milliseconds, 10 worker bits, 12 sequence bits.
     Preset {
         name: "classic",
+        epoch_ms: DEFAULT_EPOCH_MS,
         unit_ms: 1,
         total_bits: 63,
         worker_bits: 10,
@@ -63,6 +68,7 @@ pub const PRESETS: [Preset; 3] = [
     // Sonyflake: 39 bits of 10 ms, 16 machine bits, 8 sequence bits.
     Preset {
         name: "sonyflake",
+        epoch_ms: DEFAULT_EPOCH_MS,
         unit_ms: 10,
         total_bits: 63,
         worker_bits: 16,
@@ -71,10 +77,22 @@ pub const PRESETS: [Preset; 3] = [
     // Yitter-style IDs below 2^53, exact in a JavaScript number.
     Preset {
         name: "js53",
+        epoch_ms: DEFAULT_EPOCH_MS,
         unit_ms: 1,
         total_bits: 53,
         worker_bits: 6,
         sequence_bits: 6,
+    },
+    // pgEdge snowflake (`snowflake.nextval()`): classic's fields (time, then
+    // node as the worker id, then count as the sequence) from 2023-01-01,
+    // so that its IDs decode to their time, node and count.
+    Preset {
+        name: "pgedge",
+        epoch_ms: PGEDGE_EPOCH_MS,
+        unit_ms: 1,
+        total_bits: 63,
+        worker_bits: 10,
+        sequence_bits: 12,
     },
 ];
 
@@ -669,6 +687,32 @@ mod tests {
                 sequence: 7
             }
         );
+    }
+
+    #[test]
+    fn pgedge_decodes_ids_packed_as_pgedge_packs_them() {
+        // pgEdge snowflake 2.6 packs msec << 22 | node << 12 | count, msec
+        // since 2023-01-01 (an independent packing, for this test).
+        let p = PRESETS.iter().find(|p| p.name == "pgedge").unwrap();
+        let l = p.layout(p.epoch_ms, NOW).unwrap();
+        let msec: i64 = NOW - PGEDGE_EPOCH_MS;
+        let (node, count) = (7_i64, 4095_i64);
+        let id = (msec << 22) | (node << 12) | count;
+        assert_eq!(
+            l.decode(id).unwrap(),
+            Parts {
+                ticks: msec,
+                worker_id: 7,
+                sequence: 4095
+            }
+        );
+        assert_eq!(l.tick_start_unix_ms(msec), NOW);
+        assert_eq!(format_unix_ms(p.epoch_ms), "2023-01-01 00:00:00.000Z");
+        // The other presets keep the default epoch.
+        assert!(PRESETS
+            .iter()
+            .filter(|p| p.name != "pgedge")
+            .all(|p| p.epoch_ms == DEFAULT_EPOCH_MS));
     }
 
     #[test]

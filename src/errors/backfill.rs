@@ -5,6 +5,7 @@ use super::raise;
 use pgrx::PgSqlErrorCode;
 
 /// 22023: `snowflake_id.backfill_worker_ids` does not parse for this layout.
+#[track_caller]
 pub fn bad_backfill_ids(detail: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -15,6 +16,7 @@ pub fn bad_backfill_ids(detail: &str) -> ! {
 }
 
 /// 22023 at start: ids set aside for backfill are also live ids.
+#[track_caller]
 pub fn backfill_ids_overlap(backfill: &str, live: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -25,6 +27,7 @@ pub fn backfill_ids_overlap(backfill: &str, live: &str) -> ! {
 }
 
 /// 55000: no worker ids are set aside for backfill.
+#[track_caller]
 pub fn backfill_off() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -35,6 +38,7 @@ pub fn backfill_off() -> ! {
 }
 
 /// 55000: backfill while this server's worker ids are leased.
+#[track_caller]
 pub fn backfill_with_leases() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -45,6 +49,7 @@ pub fn backfill_with_leases() -> ! {
 }
 
 /// 55000: backfill on a hot standby.
+#[track_caller]
 pub fn backfill_on_standby() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -56,6 +61,7 @@ pub fn backfill_on_standby() -> ! {
 
 /// 55000: the set-aside ids no longer continue the ones grants were made
 /// for.
+#[track_caller]
 pub fn backfill_ids_changed(recorded: &str, configured: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -69,6 +75,7 @@ pub fn backfill_ids_changed(recorded: &str, configured: &str) -> ! {
 }
 
 /// 22008: a time no backfill ID can have.
+#[track_caller]
 pub fn backfill_time(problem: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
@@ -79,6 +86,7 @@ pub fn backfill_time(problem: &str) -> ! {
 }
 
 /// 54000: every grant of a bucket is handed out.
+#[track_caller]
 pub fn backfill_bucket_full(start: &str, end: &str, grants: u32) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
@@ -89,6 +97,7 @@ pub fn backfill_bucket_full(start: &str, end: &str, grants: u32) -> ! {
 }
 
 /// 55000: backfill without the registry tables read.
+#[track_caller]
 pub fn backfill_needs_registry(database: Option<&str>) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

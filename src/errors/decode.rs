@@ -6,6 +6,7 @@ use pgrx::PgSqlErrorCode;
 use snowflake_core::layout::{format_unix_ms, Layout, PartError};
 
 /// 22003: an ID or part that does not fit the layout.
+#[track_caller]
 pub fn part_out_of_range(err: PartError) -> ! {
     let hint = match err {
         PartError::Id { .. } => "IDs are non-negative bigints made by snowflake_nextval() with this layout; see snowflake_layout().",
@@ -20,11 +21,13 @@ pub fn part_out_of_range(err: PartError) -> ! {
 }
 
 /// 22008: a timestamp outside the layout's time range.
+#[track_caller]
 pub fn timestamp_out_of_range(unix_ms: i64, layout: &Layout) -> ! {
     time_range_error(format_unix_ms(unix_ms), layout)
 }
 
 /// 22008: `infinity` or `-infinity`.
+#[track_caller]
 pub fn infinite_timestamp(positive: bool, layout: &Layout) -> ! {
     time_range_error(
         if positive { "infinity" } else { "-infinity" }.into(),
@@ -32,6 +35,7 @@ pub fn infinite_timestamp(positive: bool, layout: &Layout) -> ! {
     )
 }
 
+#[track_caller]
 fn time_range_error(timestamp: String, layout: &Layout) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
@@ -46,6 +50,7 @@ fn time_range_error(timestamp: String, layout: &Layout) -> ! {
 }
 
 /// 22008: an ID whose time PostgreSQL's timestamptz cannot hold.
+#[track_caller]
 pub fn beyond_timestamp_range(unix_ms: i64) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,

@@ -16,6 +16,7 @@ const REGISTRY_HIDDEN: &str =
 /// within `waited_ms`. `shown`: whether the role may read the registry's
 /// address (`settings::may_read_hidden_settings`); else neither it nor the
 /// problem is in the error.
+#[track_caller]
 pub fn no_lease(
     registry: &str,
     unreachable_ms: Option<i64>,
@@ -73,6 +74,7 @@ pub fn no_lease(
 /// than every worker id unchecked. `citus_here`: this session's database,
 /// when it has the citus extension. `shown`: as for [`no_lease`] (the
 /// problem may name the coordinator).
+#[track_caller]
 pub fn fleet_unknown(problem: &str, citus_here: Option<String>, shown: bool) -> ! {
     let hint = match citus_here {
         Some(db) => format!(
@@ -95,6 +97,7 @@ pub fn fleet_unknown(problem: &str, citus_here: Option<String>, shown: bool) -> 
 }
 
 /// 55000: a hot standby of a fleet that leases worker ids makes no IDs.
+#[track_caller]
 pub fn no_lease_on_standby() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

@@ -8,6 +8,7 @@ use snowflake_core::generator::GenError;
 use snowflake_core::layout::{format_unix_ms, Layout};
 
 /// 22023: a batch size outside 1..max.
+#[track_caller]
 pub fn bad_batch_size(n: i32, max: i32) -> ! {
     let hint = if n < 1 {
         "Ask for at least 1 ID."
@@ -23,6 +24,7 @@ pub fn bad_batch_size(n: i32, max: i32) -> ! {
 }
 
 /// The generator could not make an ID now.
+#[track_caller]
 pub fn generator(err: GenError, layout: &Layout, max_drift_ms: i64) -> ! {
     match err {
         GenError::ClockBehind { behind, .. } => raise(
@@ -53,6 +55,7 @@ pub fn generator(err: GenError, layout: &Layout, max_drift_ms: i64) -> ! {
 /// shared. A held id is shared when none is free, so this happens only when
 /// the claim lock of every id is held in a conflicting mode by code other
 /// than this extension (SQL's advisory-lock functions cannot take it).
+#[track_caller]
 pub fn workers_exhausted(ranges: &str, count: u64, held: u64) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
@@ -69,6 +72,7 @@ pub fn workers_exhausted(ranges: &str, count: u64, held: u64) -> ! {
 /// 55000: a claim that has issued nothing starts above the reservation
 /// floor (IDs of an earlier life of this data directory), and the clock is
 /// further behind it than max_drift plus a short wait.
+#[track_caller]
 pub fn behind_floor(floor_ms: i64, behind_ms: i64, max_drift_ms: i64) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -89,6 +93,7 @@ pub fn behind_floor(floor_ms: i64, behind_ms: i64, max_drift_ms: i64) -> ! {
 /// 55000: IDs of the current tick may have been issued (before this
 /// server's last restart), and `max_drift = 0` allows no lead: the next
 /// tick (at `next`, Unix ms) must begin.
+#[track_caller]
 pub fn floor_in_this_tick(
     next: i64,
     layout: &Layout,
@@ -115,6 +120,7 @@ pub fn floor_in_this_tick(
 
 /// 55000: this worker's last ID is ahead of the clock by borrowed ticks
 /// (sequence used up) and max_drift is now smaller than that lead.
+#[track_caller]
 pub fn borrowed_lead(ahead_ms: i64, max_drift_ms: i64) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -131,6 +137,7 @@ pub fn borrowed_lead(ahead_ms: i64, max_drift_ms: i64) -> ! {
 
 /// 55000: the clock is behind the newest ID of this server (another
 /// backend's) by more than max_drift.
+#[track_caller]
 pub fn behind_server(behind_ms: i64, max_drift_ms: i64) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -146,6 +153,7 @@ pub fn behind_server(behind_ms: i64, max_drift_ms: i64) -> ! {
 
 /// 55000: the registry worker has not read the registry table's
 /// high-water marks yet, so a first claim cannot know the floor.
+#[track_caller]
 pub fn registry_not_read(waited_ms: i64) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

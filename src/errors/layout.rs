@@ -7,6 +7,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 use snowflake_core::layout::format_unix_ms;
 
 /// 22023: the layout settings do not make a valid layout.
+#[track_caller]
 pub fn invalid_layout(problem: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -17,6 +18,7 @@ pub fn invalid_layout(problem: &str) -> ! {
 }
 
 /// 22023 at load: a drift shorter than one tick (but not 0).
+#[track_caller]
 pub fn tick_longer_than_drift(unit_ms: i64, max_drift_ms: i64, drift_can_cover: bool) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -34,6 +36,7 @@ pub fn tick_longer_than_drift(unit_ms: i64, max_drift_ms: i64, drift_can_cover: 
 
 /// 55000: the clock is outside the range in which this layout may make
 /// IDs (before the epoch, or within ten years of the layout's end).
+#[track_caller]
 pub fn layout_unusable_now(problem: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -45,6 +48,7 @@ pub fn layout_unusable_now(problem: &str) -> ! {
 
 /// WARNING at server start: the layout's time field runs out within
 /// `snowflake_id.layout_end_warning` years.
+#[track_caller]
 pub fn layout_ends_soon(end: &str, years_left: f64, warn_years: u32) {
     pgrx::pg_sys::panic::ErrorReport::new(
         PgSqlErrorCode::ERRCODE_WARNING,
@@ -66,6 +70,7 @@ pub fn layout_ends_soon(end: &str, years_left: f64, warn_years: u32) {
 
 /// 55000: the server started with a layout other than the recorded one.
 /// `differences` names each setting that differs, recorded vs current.
+#[track_caller]
 pub fn layout_changed(differences: &[String]) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -80,6 +85,7 @@ pub fn layout_changed(differences: &[String]) -> ! {
 
 /// 22023: the new layout's IDs cannot be larger than the old ones (ever,
 /// or before the Unix ms given).
+#[track_caller]
 pub fn layout_cannot_rise(not_until_ms: Option<i64>) -> ! {
     let detail = match not_until_ms {
         None => "Every ID of the new layout is smaller than IDs the recorded layout has already issued (for example moving to fewer total bits), so adopting it could repeat IDs.".to_string(),

@@ -55,6 +55,7 @@ pub use state_file::{state_file, state_file_too_new, state_file_unreadable};
 
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
+#[track_caller]
 fn raise(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: Option<String>) -> ! {
     let mut report = pgrx::pg_sys::panic::ErrorReport::new(code, message, "snowflake_id");
     if let Some(detail) = detail {
@@ -68,6 +69,7 @@ fn raise(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: Op
 }
 
 /// 55000: the library was loaded on demand instead of preloaded.
+#[track_caller]
 pub fn not_preloaded(function: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -78,6 +80,7 @@ pub fn not_preloaded(function: &str) -> ! {
 }
 
 /// 42501: a function reserved for superusers.
+#[track_caller]
 pub fn superuser_only(function: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -89,6 +92,7 @@ pub fn superuser_only(function: &str) -> ! {
 
 /// 55000: a function of an older version of the extension's SQL objects,
 /// whose C code the installed library no longer has.
+#[track_caller]
 pub fn old_extension_version(function: &str, version: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -99,6 +103,7 @@ pub fn old_extension_version(function: &str, version: &str) -> ! {
 }
 
 /// 53200: an allocation failed.
+#[track_caller]
 pub fn out_of_memory(bytes: usize) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
@@ -109,6 +114,7 @@ pub fn out_of_memory(bytes: usize) -> ! {
 }
 
 /// XX000: a bug.
+#[track_caller]
 pub fn internal(message: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,

@@ -6,6 +6,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 use snowflake_core::key_file::KeyFileError;
 
 /// 55000: public IDs need a key and none is set.
+#[track_caller]
 pub fn no_public_key(function: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -18,6 +19,7 @@ pub fn no_public_key(function: &str) -> ! {
 /// The parts of an error about the file of `snowflake_id.public_key_file`.
 /// `path`: the file's name, or `None` for a role that may not read the
 /// setting. Never any of the file's text.
+#[track_caller]
 fn key_file_parts(
     path: Option<&str>,
     err: &KeyFileError,
@@ -86,6 +88,7 @@ fn key_file_parts(
 
 /// The keys of public IDs cannot be read from their file: 58P01 (missing),
 /// 42501 (permissions, owner), 22023 (content, not a file) or 58030.
+#[track_caller]
 pub fn public_key_file(path: Option<&str>, err: &KeyFileError) -> ! {
     let (code, message, detail, hint) = key_file_parts(path, err);
     raise(code, message, detail, Some(hint))
@@ -93,6 +96,7 @@ pub fn public_key_file(path: Option<&str>, err: &KeyFileError) -> ! {
 
 /// A WARNING about the key file, for the postmaster's reload: the server
 /// runs on, and public IDs fail until the file is fixed.
+#[track_caller]
 pub fn public_key_file_warning(path: &str, err: &KeyFileError) {
     let (code, message, detail, hint) = key_file_parts(Some(path), err);
     let mut report = pgrx::pg_sys::panic::ErrorReport::new(code, message, "snowflake_id");
@@ -103,6 +107,7 @@ pub fn public_key_file_warning(path: &str, err: &KeyFileError) {
 }
 
 /// 22P02: a token that is not a public ID of this server.
+#[track_caller]
 pub fn bad_public_id(token: &str, problem: &str, len: usize) -> ! {
     let shown: String = token.chars().take(40).collect();
     let more = if token.chars().count() > 40 {

@@ -8,6 +8,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 use std::ffi::{CStr, CString};
 
 /// 22023: `snowflake_id.worker_ids` does not parse for this layout.
+#[track_caller]
 pub fn bad_worker_ids(detail: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -19,6 +20,7 @@ pub fn bad_worker_ids(detail: &str) -> ! {
 
 /// WARNING at load, before the ERROR that names the first problem: the
 /// other settings refused too (names and where they were set, no values).
+#[track_caller]
 pub fn also_refused(settings: &[String]) {
     let report = pgrx::pg_sys::panic::ErrorReport::new(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -33,6 +35,7 @@ pub fn also_refused(settings: &[String]) {
 
 /// 22023: the configuration gives a `snowflake_id.*` setting a value
 /// PostgreSQL rejects (it would start on the default instead).
+#[track_caller]
 pub fn bad_setting(name: &str, value: &str, origin: &str, accepted: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -45,6 +48,7 @@ pub fn bad_setting(name: &str, value: &str, origin: &str, accepted: &str) -> ! {
 }
 
 /// 42704: the configuration sets a `snowflake_id.*` name that does not exist.
+#[track_caller]
 pub fn unknown_setting(name: &str, origin: &str, known: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -59,6 +63,7 @@ pub fn unknown_setting(name: &str, origin: &str, known: &str) -> ! {
 }
 
 /// Sets the detail of a GUC check hook's failure.
+#[track_caller]
 pub fn guc_check_detail(detail: &str) {
     let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
     // SAFETY: GUC_check_errdetail_string is a plain global that PostgreSQL
@@ -77,6 +82,7 @@ const PUBLIC_KEY_REMOVED_HINT: &str = "Write the keys into a file only the serve
 /// which would echo the value. Also keeps the statement that set it (an
 /// `ALTER SYSTEM` with the value in its text) out of the log line of the
 /// error that follows (`log_min_error_statement`).
+#[track_caller]
 fn guc_check_failure(message: &CStr, detail: &str, hint: &str) {
     let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
     let hint = CString::new(hint.replace('\0', " ")).unwrap_or_default();
@@ -96,6 +102,7 @@ fn guc_check_failure(message: &CStr, detail: &str, hint: &str) {
 
 /// Check hook failure of the removed `snowflake_id.public_key` (any value
 /// but empty), without PostgreSQL's echo of the value (a key).
+#[track_caller]
 pub fn public_key_removed_check_failed() {
     guc_check_failure(
         c"parameter \"snowflake_id.public_key\" is no longer supported (the value is not shown)",
@@ -106,6 +113,7 @@ pub fn public_key_removed_check_failed() {
 
 /// 22023 at start: the configuration sets the removed
 /// `snowflake_id.public_key`. The value is not shown.
+#[track_caller]
 pub fn public_key_removed_setting(origin: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -120,6 +128,7 @@ pub fn public_key_removed_setting(origin: &str) -> ! {
 
 /// What to do about a secret (`password`, `sslpassword`) in a connection
 /// string setting.
+#[track_caller]
 fn conninfo_secret_hint(keyword: &str) -> &'static str {
     match keyword {
         "sslpassword" => "Remove sslpassword and give the lease worker an unencrypted client key that only the server's OS user can read (sslkey=..., mode 0600).",
@@ -127,6 +136,7 @@ fn conninfo_secret_hint(keyword: &str) -> &'static str {
     }
 }
 
+#[track_caller]
 fn conninfo_secret_detail(keyword: &str) -> String {
     let what = match keyword {
         "sslpassword" => "sslpassword (the passphrase of the client key)",
@@ -138,6 +148,7 @@ fn conninfo_secret_detail(keyword: &str) -> String {
 /// Check hook failure of a connection string setting (`snowflake_id.registry`,
 /// `snowflake_id.registry_options`) holding a password (`keyword`): refused
 /// without echoing the value.
+#[track_caller]
 pub fn conninfo_secret_check_failed(setting: &str, keyword: &str) {
     let message = CString::new(format!(
         "invalid value for parameter \"{setting}\" (the value is not shown: it holds a password)"
@@ -152,6 +163,7 @@ pub fn conninfo_secret_check_failed(setting: &str, keyword: &str) {
 
 /// 22023 at start: a configured connection string setting that holds a
 /// password (`keyword`). The value is not shown.
+#[track_caller]
 pub fn conninfo_secret_setting(setting: &str, origin: &str, keyword: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -163,6 +175,7 @@ pub fn conninfo_secret_setting(setting: &str, origin: &str, keyword: &str) -> ! 
 
 /// Check hook message for `snowflake_id.registry`: never the value, which
 /// may hold a password.
+#[track_caller]
 pub fn registry_check_failed(detail: &str) {
     let message =
         c"invalid value for parameter \"snowflake_id.registry\" (the value is not shown: it may hold a password)";
@@ -175,6 +188,7 @@ pub fn registry_check_failed(detail: &str) {
 
 /// 22023 at start: a configured `snowflake_id.registry` that the lease
 /// worker cannot use. Like `bad_setting`, but the value is not shown.
+#[track_caller]
 pub fn bad_registry_setting(origin: &str, problem: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,

@@ -5,6 +5,7 @@ use super::raise;
 use pgrx::PgSqlErrorCode;
 
 /// 54000-class problems writing the state file.
+#[track_caller]
 pub fn state_file(action: &str, path: &str, err: std::io::Error) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_IO_ERROR,
@@ -15,6 +16,7 @@ pub fn state_file(action: &str, path: &str, err: std::io::Error) -> ! {
 }
 
 /// XX001: the state file exists but cannot be understood.
+#[track_caller]
 pub fn state_file_unreadable(path: &str, problem: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
@@ -26,6 +28,7 @@ pub fn state_file_unreadable(path: &str, problem: &str) -> ! {
 
 /// XX001: the state file was written by a newer build of snowflake_id, in a
 /// format this build does not know.
+#[track_caller]
 pub fn state_file_too_new(path: &str, version: u32, known: u32) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,

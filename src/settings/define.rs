@@ -10,8 +10,8 @@
 use super::fleet::{check_registry, check_registry_options};
 use super::layout::{
     assign_max_drift, check_epoch, check_max_drift, check_sequence_bits, check_time_unit_ms,
-    check_total_bits, show_sequence_bits, show_time_unit, show_total_bits, show_worker_bits,
-    Preset, FROM_PRESET,
+    check_total_bits, show_epoch, show_sequence_bits, show_time_unit, show_total_bits,
+    show_worker_bits, Preset, FROM_PRESET,
 };
 use super::public_keys::{assign_public_key_file, check_public_key};
 use super::{backfill::check_backfill_worker_ids, worker_ids::check_worker_ids};
@@ -34,7 +34,8 @@ type Text = GucSetting<Option<CString>>;
 
 // ------------------------------------------------------------- the layout
 pub(super) static PRESET: GucSetting<Preset> = GucSetting::<Preset>::new(Preset::Classic);
-pub(super) static EPOCH: Text = Text::new(Some(c"2024-01-01"));
+/// Empty: the epoch of `snowflake_id.layout`'s preset.
+pub(super) static EPOCH: Text = Text::new(Some(c""));
 pub(super) static TIME_UNIT_MS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 pub(super) static TOTAL_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
 pub(super) static WORKER_BITS: GucSetting<i32> = GucSetting::<i32>::new(FROM_PRESET);
@@ -171,25 +172,32 @@ pub(super) fn define_layout(preloading: bool) {
     let context = || layout_context(preloading);
     GucRegistry::define_enum_guc(
         c"snowflake_id.layout",
-        c"Preset for the ID layout: classic, sonyflake or js53.",
+        c"Preset for the ID layout: classic, sonyflake, js53 or pgedge.",
         c"classic: 41 bits of milliseconds, 10 worker bits, 12 sequence bits. \
           sonyflake: 39 bits of 10 ms, 16 worker bits, 8 sequence bits. \
           js53: IDs below 2^53 with 6 worker bits and 6 sequence bits. \
+          pgedge: pgEdge snowflake's IDs, classic's fields from the epoch 2023-01-01. \
           The individual layout settings override the preset.",
         &PRESET,
         context(),
         GucFlags::default(),
     );
-    string(
-        c"snowflake_id.epoch",
-        c"Time zero of the IDs' time field (UTC date, date and time, or Unix milliseconds).",
-        c"Changing it changes the meaning of every ID already issued.",
-        &EPOCH,
-        context(),
-        GucFlags::default(),
-        Some(check_epoch),
-        None,
-    );
+    // SAFETY: as in `string`; the show hook only reads the settings.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake_id.epoch",
+            c"Time zero of the IDs' time field (UTC date, date and time, or Unix milliseconds).",
+            c"Empty (the default) takes the epoch of snowflake_id.layout (2024-01-01; \
+              2023-01-01 for pgedge); SHOW gives the epoch in use. Changing it changes \
+              the meaning of every ID already issued.",
+            &EPOCH,
+            context(),
+            GucFlags::default(),
+            Some(check_epoch),
+            None,
+            Some(show_epoch),
+        );
+    }
     layout_int(
         c"snowflake_id.time_unit_ms",
         c"Length of one tick of the time field.",

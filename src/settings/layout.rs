@@ -24,6 +24,8 @@ pub enum Preset {
     Sonyflake,
     #[name = c"js53"]
     Js53,
+    #[name = c"pgedge"]
+    Pgedge,
 }
 
 impl Preset {
@@ -44,8 +46,10 @@ pub(super) fn compute() -> Result<Layout, String> {
         .as_deref()
         .and_then(|s| s.to_str().ok())
         .unwrap_or("");
-    let epoch_ms =
-        layout::parse_epoch(epoch_text).map_err(|e| format!("snowflake_id.epoch: {e}"))?;
+    let epoch_ms = match epoch_text.trim() {
+        "" => preset.epoch_ms,
+        text => layout::parse_epoch(text).map_err(|e| format!("snowflake_id.epoch: {e}"))?,
+    };
     Layout::from_settings(
         epoch_ms,
         pick(&TIME_UNIT_MS, preset.unit_ms),
@@ -114,9 +118,11 @@ pub fn warn_if_layout_ends_soon() {
 /// a bad one (`None`: not one of these).
 pub(super) fn accepted_values(name: &str, max_worker_id: u32) -> Option<String> {
     Some(match name {
-        "snowflake_id.layout" => "classic, sonyflake or js53".into(),
+        "snowflake_id.layout" => "classic, sonyflake, js53 or pgedge".into(),
         "snowflake_id.epoch" => {
-            "a UTC date (2024-01-01), a UTC date and time (2024-01-01 12:00:00), or Unix milliseconds".into()
+            "a UTC date (2024-01-01), a UTC date and time (2024-01-01 12:00:00), Unix milliseconds, \
+             or empty (from snowflake_id.layout)"
+                .into()
         }
         "snowflake_id.time_unit_ms" => "-1 (from snowflake_id.layout) or 1 to 86400000".into(),
         "snowflake_id.total_bits" => "-1 (from snowflake_id.layout) or 2 to 63".into(),
@@ -157,6 +163,30 @@ fn show_layout_setting(setting: &GucSetting<i32>, preset_value: i64) -> *const c
     unsafe { pg_sys::pstrdup(text.as_ptr()) }
 }
 
+/// SHOW of `snowflake_id.epoch`: its own value, or the preset's epoch
+/// (as a date) when it is empty.
+#[pg_guard]
+pub(super) unsafe extern "C-unwind" fn show_epoch() -> *const c_char {
+    let own = EPOCH.get();
+    let own = own.as_deref().and_then(|s| s.to_str().ok()).unwrap_or("");
+    let shown = match own.trim() {
+        "" => {
+            let formatted = layout::format_unix_ms(PRESET.get().values().epoch_ms);
+            // A preset's epoch is a whole day: its date alone.
+            formatted
+                .strip_suffix(" 00:00:00.000Z")
+                .unwrap_or(&formatted)
+                .to_string()
+        }
+        _ => own.to_string(),
+    };
+    // Checked text or a formatted date: no NUL inside.
+    let text = CString::new(shown).unwrap_or_default();
+    // SAFETY: copies a NUL-terminated string into the current memory
+    // context, where PostgreSQL expects a show hook's result.
+    unsafe { pg_sys::pstrdup(text.as_ptr()) }
+}
+
 #[pg_guard]
 pub(super) unsafe extern "C-unwind" fn show_time_unit() -> *const c_char {
     show_layout_setting(&TIME_UNIT_MS, PRESET.get().values().unit_ms)
@@ -188,7 +218,11 @@ pub(super) unsafe extern "C-unwind" fn check_epoch(
     // SAFETY: PostgreSQL passes a valid pointer to the candidate value.
     let text = unsafe { super::candidate(newval) }.unwrap_or_default();
     // Not compared with the clock: a clock set before the epoch must not
-    // stop the server; snowflake_nextval() refuses instead.
+    // stop the server; snowflake_nextval() refuses instead. Empty: the
+    // preset's epoch.
+    if text.trim().is_empty() {
+        return true;
+    }
     match layout::parse_epoch(&text) {
         Ok(_) => true,
         Err(detail) => reject("snowflake_id.epoch", &text, &detail.to_string(), source),

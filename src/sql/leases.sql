@@ -247,7 +247,9 @@ BEGIN
             format('max_blocks_per_node must be from 1 to 64, not %s', NEW.max_blocks_per_node)
         END;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid lease limit: %', bad USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid lease limit: %', bad
+            USING ERRCODE = '22023',
+                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64), or NULL to keep it.';
     END IF;
     -- Before this change (a BEFORE trigger's query does not see its row).
     SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();

@@ -30,7 +30,9 @@ $$;
 -- by OID).
 
 -- The bits below the time field of an explicit layout, after checking it
--- as the server checks its settings (22023 otherwise).
+-- as the server checks its settings (22023 otherwise): the ranges, the bits
+-- adding up, and a time field that lasts at least ten years (of 365.25
+-- days) from the epoch (core/src/layout.rs, Layout::from_settings).
 CREATE FUNCTION snowflake_id_internal.snowflake_layout_shift(time_unit_ms bigint, worker_bits int,
                                                              sequence_bits int, total_bits int)
 RETURNS int
@@ -45,6 +47,16 @@ BEGIN
                         time_unit_ms, worker_bits, sequence_bits, total_bits
             USING ERRCODE = '22023',
                   HINT = 'Pass the values snowflake_layout() shows: time_unit_ms 1 to 86400000, worker_bits 0 to 16, sequence_bits 1 to 30, total_bits 2 to 63 with at least one time bit.';
+    END IF;
+    -- The last millisecond of the time field, from the epoch: the server's
+    -- end_unix_ms() minus the epoch, against ten years.
+    IF (2::numeric ^ (total_bits - worker_bits - sequence_bits)) * time_unit_ms - 1 < 315576000000 THEN
+        RAISE EXCEPTION 'invalid explicit snowflake layout: its time field lasts less than 10 years from the epoch'
+            USING ERRCODE = '22023',
+                  DETAIL = format('%s time bits of %s ms last %s days; the server refuses such a layout at start.',
+                                  total_bits - worker_bits - sequence_bits, time_unit_ms,
+                                  floor((2::numeric ^ (total_bits - worker_bits - sequence_bits)) * time_unit_ms / 86400000)),
+                  HINT = 'Pass the values snowflake_layout() shows.';
     END IF;
     RETURN worker_bits + sequence_bits;
 END
@@ -139,7 +151,18 @@ DECLARE
     max_id bigint;
     first_id bigint;
     others int;
+    pgedge boolean;
+    pgedge_layout boolean;
+    hint text;
+    l record;
+    max_ts timestamptz;
+    wait_ms double precision;
 BEGIN
+    IF tbl IS NULL OR col IS NULL OR convert_type IS NULL THEN
+        RAISE EXCEPTION 'snowflake_convert_column: argument % is null',
+                        CASE WHEN tbl IS NULL THEN 'tbl' WHEN col IS NULL THEN 'col' ELSE 'convert_type' END
+            USING ERRCODE = '22004', HINT = 'Pass the table, the name of its key column and, optionally, convert_type true or false.';
+    END IF;
     SELECT c.relkind, c.relowner INTO r FROM pg_catalog.pg_class c WHERE c.oid = tbl;
     IF r.relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION '"%" is not a table', tbl
@@ -152,7 +175,7 @@ BEGIN
                   HINT = 'Run it as the table''s owner or a member of the owning role, as ALTER TABLE requires.';
     END IF;
     SELECT att.attnum, att.atttypid, att.attidentity, att.attgenerated,
-           pg_catalog.pg_get_expr(d.adbin, d.adrelid) AS def
+           pg_catalog.pg_get_expr(d.adbin, d.adrelid) AS def, d.oid AS def_oid
       INTO a
       FROM pg_catalog.pg_attribute att
       LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = att.attrelid AND d.adnum = att.attnum
@@ -225,14 +248,71 @@ BEGIN
                   HINT = 'Snowflake IDs are bigint: convert a bigint, integer or smallint key column.';
     END IF;
 
+    -- A default calling pgEdge snowflake's snowflake.nextval() (found by
+    -- what it depends on: pg_get_expr omits the schema when it is on the
+    -- search_path).
+    SELECT EXISTS (SELECT FROM pg_catalog.pg_depend dep
+                     JOIN pg_catalog.pg_proc f ON f.oid = dep.refobjid
+                     JOIN pg_catalog.pg_namespace n ON n.oid = f.pronamespace
+                    WHERE dep.classid = 'pg_catalog.pg_attrdef'::regclass AND dep.objid = a.def_oid
+                      AND dep.refclassid = 'pg_catalog.pg_proc'::regclass
+                      AND f.proname = 'nextval' AND n.nspname = 'snowflake')
+      INTO pgedge;
+    IF pgedge THEN
+        SELECT * INTO l FROM @extschema@.snowflake_layout();
+        step := 'recognised pgEdge snowflake';
+        pgedge_layout := l.epoch = '2023-01-01 00:00:00+00' AND l.time_unit_ms = 1
+                         AND l.total_bits = 63 AND l.worker_bits = 10 AND l.sequence_bits = 12;
+        IF pgedge_layout THEN
+            detail := format('%s feeds the column; the layout in force (%s) is pgEdge''s: its IDs decode to their time, node (worker_id) and count (sequence)',
+                             a.def, l.preset);
+        ELSE
+            detail := format('%s feeds the column; the layout in force (%s) is not pgEdge''s, so its IDs do not decode to their time (snowflake_id.layout = pgedge does)',
+                             a.def, l.preset);
+        END IF;
+        RAISE NOTICE '%: %', step, detail;
+        RETURN NEXT;
+    END IF;
+
+    -- No row can be added between reading the largest value and the switch.
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', tbl);
     EXECUTE format('SELECT max(%I) FROM %s', col, tbl) INTO max_id;
-    first_id := @extschema@.snowflake_from_timestamp(now());
+    first_id := @extschema@.snowflake_from_timestamp(clock_timestamp());
     IF max_id >= first_id THEN
-        RAISE EXCEPTION 'existing values of %.% reach %, not below the first snowflake ID of now (%)',
-                        tbl, col, max_id, first_id
-            USING ERRCODE = '22003',
-                  DETAIL = 'New IDs could then collide with existing rows, or sort before them.',
-                  HINT = 'If the column already holds snowflake IDs, only set its default: ALTER TABLE ... ALTER COLUMN ... SET DEFAULT snowflake_nextval().';
+        -- Values of this layout's current tick or up to a second ahead of
+        -- the clock (another generator's last IDs: pgEdge's can run a few
+        -- milliseconds ahead): wait until new IDs start above them.
+        BEGIN
+            max_ts := @extschema@.snowflake_timestamp(max_id);
+        EXCEPTION WHEN numeric_value_out_of_range THEN
+            max_ts := NULL;
+        END;
+        SELECT * INTO l FROM @extschema@.snowflake_layout();
+        wait_ms := extract(epoch FROM max_ts - clock_timestamp()) * 1000 + l.time_unit_ms;
+        IF wait_ms <= 1000 THEN
+            PERFORM pg_catalog.pg_sleep(wait_ms / 1000.0);
+            WHILE @extschema@.snowflake_from_timestamp(clock_timestamp()) <= max_id LOOP
+                PERFORM pg_catalog.pg_sleep(0.001);
+            END LOOP;
+            first_id := @extschema@.snowflake_from_timestamp(clock_timestamp());
+            step := 'waited';
+            detail := format('max(%I) = %s is of %s: new IDs start after that', col, max_id, max_ts);
+            RAISE NOTICE '%: %', step, detail;
+            RETURN NEXT;
+        ELSE
+            IF pgedge AND NOT pgedge_layout THEN
+                hint := 'These are pgEdge snowflake IDs: set snowflake_id.layout = pgedge (and no snowflake_id.epoch) in postgresql.conf, restart, and call this function again; see the guide "Switching from pgEdge snowflake".';
+            ELSIF pgedge THEN
+                hint := 'pgEdge made these IDs ahead of this server''s clock: check the clocks, and call this function again after the time the detail gives.';
+            ELSE
+                hint := 'If these are IDs of another snowflake generator, set snowflake_id''s layout settings to its layout, restart, and call this function again; if they are IDs of this layout made ahead of the clock, call it again after the time the detail gives. Setting only the column''s default would not keep new IDs above them.';
+            END IF;
+            RAISE EXCEPTION 'existing values of %.% reach %, not below the first snowflake ID of now (%)',
+                            tbl, col, max_id, first_id
+                USING ERRCODE = '22003',
+                      DETAIL = format('Under the layout in force, %s decodes to %s: new IDs would sort below existing rows and could collide with them.', max_id, coalesce(max_ts::text, 'no time (it is not an ID of this layout)')),
+                      HINT = hint;
+        END IF;
     END IF;
     step := 'checked values';
     detail := format('max(%I) = %s, below %s, the first snowflake ID of now', col,
@@ -302,6 +382,12 @@ DECLARE
     pname text;
     existing oid;
 BEGIN
+    IF parent IS NULL OR period IS NULL OR count IS NULL OR start_at IS NULL THEN
+        RAISE EXCEPTION 'snowflake_create_partitions: argument % is null',
+                        CASE WHEN parent IS NULL THEN 'parent' WHEN period IS NULL THEN 'period'
+                             WHEN count IS NULL THEN 'count' ELSE 'start_at' END
+            USING ERRCODE = '22004', HINT = 'Pass a value, or leave the argument out for its default (period 1 month, count 3, start_at now()).';
+    END IF;
     SELECT pt.partstrat, pt.partnatts, pt.partattrs[0] AS attnum, c.relname, c.relnamespace,
            n.nspname, att.atttypid
       INTO p

@@ -13,7 +13,9 @@ The documentation cannot rot: a snippet that stops working fails the suite.
   variables; the pg_partman recipe and the replication files are run by
   tests/clients/test_partman.py and tests/fleet/test_several_servers.py). Blocks that need
   a registry of several servers, Citus or logical replication are fenced as
-  ```ini, ```psql, ```text or ```sql-fleet for that reason.
+  ```ini, ```psql, ```text or ```sql-fleet for that reason. The ```sql-pgedge
+  blocks of docs/guides/from-pgedge.md need the pgedge layout and a table
+  pgEdge filled: tests/sql_api/test_from_pgedge.py runs them.
 * The key file of the public-ID examples is replaced by one the test writes
   with the example key, and a block that reloads the configuration waits
   until the session has the reloaded settings.

@@ -30,6 +30,12 @@ file "{path}": {error}``).
 The test fails when the code raises a (SQLSTATE, message) that no row of
 errors.md has, or when a row's (SQLSTATE, message) matches nothing the code
 raises: a message changed on one side only fails it both ways.
+
+errors.md also promises that every error has a detail or a hint, except
+where its row says *no hint*: an error raised without either (``raise()``
+with ``None, None``, an ``ErrorReport`` without ``set_detail``/``set_hint``,
+pgrx's ``error!`` and ``ereport!``, a ``RAISE EXCEPTION`` without ``DETAIL``
+or ``HINT``) fails the test unless every row it matches says so.
 """
 from __future__ import annotations
 
@@ -328,6 +334,7 @@ class Raised:
     template: str
     sql: bool  # % placeholders (SQL) rather than {...} (Rust)
     where: str
+    hinted: bool = True  # raised with a detail or a hint
 
     def pattern(self, placeholder: str = ".+") -> re.Pattern:
         parts = re.split(r"(%%|%)" if self.sql else r"(\{\{|\}\}|\{[^{}]*\})", self.template)
@@ -400,6 +407,7 @@ def rust_raised() -> list[Raised]:
                 # the message is a parameter: raised where fn is called
                 assert fn.name in SITES, f"{where}: the message is a parameter of {fn.name}"
                 continue
+            hinted = raise_hinted(name, args, fn)
             for alt in alts:
                 if isinstance(code_at, int):
                     names = [t.value for t in alt[1][1] if t.value.startswith("ERRCODE_")]
@@ -409,8 +417,17 @@ def rust_raised() -> list[Raised]:
                     sqlstate = code_at
                 found = templates(alt[0][1])
                 assert found, f"{where}: no message in {[t.value for t in alt[0][1]]}"
-                out += [Raised(sqlstate, t, False, where) for t in found]
+                out += [Raised(sqlstate, t, False, where, hinted) for t in found]
     return out
+
+
+def raise_hinted(name: str, args: list[list[Tok]], fn: Fn) -> bool:
+    """Whether a raise site gives a detail or a hint."""
+    if name == "raise":
+        return not all(len(a) == 1 and is_i(a[0], "None") for a in args[2:4])
+    if name == "new":
+        return any(is_i(t, "set_hint") or is_i(t, "set_detail") for t in fn.body)
+    return name not in ("error!", "ereport!")
 
 
 # --- SQL ---------------------------------------------------------------------
@@ -435,7 +452,8 @@ def sql_raised() -> list[Raised]:
                 elif code.group(2):
                     state = code.group(2)
                 assert state, f"{where}: no value of ERRCODE {code.group(1)}"
-                out.append(Raised(state, value, True, where))
+                hinted = re.search(r"\b(HINT|DETAIL)\s*=", rest) is not None
+                out.append(Raised(state, value, True, where, hinted))
     return out
 
 
@@ -562,6 +580,37 @@ def test_errors_md_lists_every_error_and_only_those(raised):
         + "\n  ".join(missing or ["(none)"])
         + "\nIn errors.md, raised by the code no longer (with that SQLSTATE):\n  "
         + "\n  ".join(stale or ["(none)"]))
+
+
+def unhinted_errors(raised: list[Raised], text: str) -> list[str]:
+    """Errors raised with neither a detail nor a hint whose rows in
+    errors.md do not all say *no hint* (warnings are not errors)."""
+    docs = documented(text)
+    lines = text.splitlines()
+    out = []
+    for r in raised:
+        if r.hinted or r.sqlstate.startswith("01"):
+            continue
+        rows = [d for d in docs if d.sqlstate == r.sqlstate and r.pattern().fullmatch(d.message)]
+        if not rows or not all("*no hint*" in lines[d.line - 1] for d in rows):
+            out.append(f"{r.sqlstate} {r.template!r} ({r.where})")
+    return sorted(set(out))
+
+
+def test_every_error_has_the_detail_or_hint_errors_md_promises(raised):
+    assert "a detail or hint" in ERRORS_MD.read_text()
+    unhinted = unhinted_errors(raised, ERRORS_MD.read_text())
+    assert not unhinted, (
+        "errors raised with neither a detail nor a hint, whose rows in errors.md do not say"
+        " *no hint*:\n  " + "\n  ".join(unhinted))
+    # The check itself: the rows that say *no hint* are needed, and a
+    # RAISE without a HINT is seen.
+    assert any(not r.hinted for r in raised if not r.sql)
+    assert unhinted_errors(raised, ERRORS_MD.read_text().replace("*no hint*", "no detail"))
+    stripped = [dataclasses.replace(r, hinted=False) if "invalid lease limit" in r.template else r
+                for r in raised]
+    assert any("invalid lease limit" in u
+               for u in unhinted_errors(stripped, ERRORS_MD.read_text()))
 
 
 def test_a_message_changed_on_one_side_fails(raised):

@@ -23,8 +23,8 @@ from harness import PG_MAJOR, ClusterError
 
 # (setting, bad value, a fragment of what is accepted, in the log)
 BAD_VALUES = [
-    ("snowflake_id.layout", "js-53", "classic, sonyflake or js53"),
-    ("snowflake_id.layout", "", "classic, sonyflake or js53"),
+    ("snowflake_id.layout", "js-53", "classic, sonyflake, js53 or pgedge"),
+    ("snowflake_id.layout", "", "classic, sonyflake, js53 or pgedge"),
     ("snowflake_id.epoch", "yesterday", "UTC date"),
     ("snowflake_id.time_unit_ms", "abc", "1 to 86400000"),
     ("snowflake_id.time_unit_ms", "0", "at least 1"),
