@@ -191,6 +191,8 @@ pub struct Holder {
     /// registry before 0.8.0): presented with every request, so that the
     /// registry believes what the holder says it saw (`registry::token`).
     pub token: String,
+    /// The registry's grant count seen with them (0.8.0).
+    pub grants: i64,
     /// Monotonic ms when the last confirmed renewal was sent.
     pub last_renew_mono: Option<i64>,
     /// Saved blocks may be used before a renewal confirms them (set by the
@@ -243,6 +245,7 @@ impl Holder {
             incarnation: String::new(),
             lsn: 0,
             token: String::new(),
+            grants: 0,
             last_renew_mono: None,
             trust_saved: false,
             from_backup: false,
@@ -281,6 +284,7 @@ impl Holder {
         self.incarnation.clear();
         self.lsn = 0;
         self.token.clear();
+        self.grants = 0;
         self.last_renew_mono = None;
     }
 
@@ -415,6 +419,7 @@ impl Holder {
         Seen {
             incarnation: self.incarnation.clone(),
             lsn: format_lsn(self.lsn),
+            grants: self.grants,
             token: self.token.clone(),
         }
     }
@@ -438,10 +443,11 @@ impl Holder {
             });
             self.incarnation = incarnation.to_string();
             self.lsn = lsn;
+            self.grants = head.grants;
             self.token.clone_from(&head.token);
             return true;
         }
-        if lsn < self.lsn {
+        if lsn < self.lsn || head.grants < self.grants {
             self.events.push(Event::Rollback {
                 seen: format_lsn(self.lsn),
                 reply: format_lsn(lsn),
@@ -449,6 +455,7 @@ impl Holder {
             return false;
         }
         self.lsn = lsn;
+        self.grants = head.grants;
         self.token.clone_from(&head.token);
         true
     }

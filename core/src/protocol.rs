@@ -93,6 +93,9 @@ pub struct Seen {
     pub incarnation: String,
     #[serde(default)]
     pub lsn: String,
+    /// The registry's grant count seen with them (0.8.0; 0 for none).
+    #[serde(default)]
+    pub grants: i64,
     #[serde(default)]
     pub token: String,
 }
@@ -164,6 +167,11 @@ pub struct DurableRequest {
 pub struct ReplyHead {
     pub incarnation: String,
     pub lsn: String,
+    /// How many calls that granted the registry has made (0.8.0): only
+    /// grants move it, so a registry restored in place shows a count below
+    /// one its holders saw however far its WAL has moved since.
+    #[serde(default)]
+    pub grants: i64,
     #[serde(default)]
     pub token: String,
     /// Registry-clock Unix ms until which no block is leased anew.

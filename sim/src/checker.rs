@@ -46,13 +46,23 @@ impl Checker {
                 ((from, tick, i), Some(last))
             }
             open => {
-                runs.push(Run { who, first: tick, last: tick });
+                runs.push(Run {
+                    who,
+                    first: tick,
+                    last: tick,
+                });
                 ((tick, tick, runs.len() - 1), open.map(|o| o.1))
             }
         };
         self.open.insert((who, block), (span.2, (tick, sequence)));
         if let Some(last) = last.filter(|&l| (tick, sequence) <= l) {
-            self.fail(now, format!("server {who} block {block}: (tick, sequence) {:?} after {last:?}", (tick, sequence)));
+            self.fail(
+                now,
+                format!(
+                    "server {who} block {block}: (tick, sequence) {:?} after {last:?}",
+                    (tick, sequence)
+                ),
+            );
         }
         let clash = self.runs[&block]
             .iter()

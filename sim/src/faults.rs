@@ -15,7 +15,11 @@ pub enum Fault {
     /// A standby is promoted; `named`: it carries its candidate name
     /// (`snowflake_id.registry_standby_name`); `old_runs`: the old primary
     /// keeps running and holders may still reach it.
-    Failover { named: bool, old_runs: bool, to: Option<usize> },
+    Failover {
+        named: bool,
+        old_runs: bool,
+        to: Option<usize>,
+    },
     /// A snapshot of the registry restored in place (same timeline, its
     /// WAL back), holders calling before its WAL passes theirs.
     RestoreSnapshot,
@@ -81,7 +85,7 @@ pub const FAULTS: &[Row] = &[
     Row { name: "old primary left running, two candidates (ANY 1)", label: Label::Outside, why: "split brain: it drops the promoted candidate after the margin and grants on through the other" },
     Row { name: "split brain on asynchronous replication", label: Label::Outside, why: "the old primary's own flush makes a grant durable: fence the old primary, as any failover must" },
     Row { name: "snapshot restored in place, holders call first", label: Label::Kept, why: "a holder's signed WAL position above the registry's starts a fenced incarnation" },
-    Row { name: "snapshot restored in place, its WAL passes the holders' positions", label: Label::Outside, why: "nothing the registry has shows it went back: restore a registry with recovery (a new timeline), never in place" },
+    Row { name: "snapshot restored in place, its WAL passes the holders' positions", label: Label::Kept, why: "a holder's signed grant count above the registry's starts a fenced incarnation" },
     Row { name: "DROP and CREATE EXTENSION", label: Label::Kept, why: "live block locks, or a holder naming the older incarnation, fence it" },
     Row { name: "pg_dump restore", label: Label::Kept, why: "restored leased rows fire the trigger's fence; the incarnation is not dumped" },
     Row { name: "copy of a data directory keeping its node id", label: Label::Kept, why: "blocks stay with the registry session that leased them" },
@@ -112,13 +116,11 @@ pub enum Scenario {
     /// A copy its lease file cannot tell from the original, while the
     /// registry forgets its rows (outside).
     UndetectedCopy,
-    /// A snapshot restored in place whose WAL passes the holders' (outside).
-    RestoreWalPassed,
 }
 
 impl Scenario {
     pub const KEPT: [Scenario; 3] = [Scenario::KeptFirst, Scenario::KeptAny, Scenario::KeptAsync];
-    pub const OUTSIDE: [Scenario; 3] = [Scenario::SplitBrainAsync, Scenario::UndetectedCopy, Scenario::RestoreWalPassed];
+    pub const OUTSIDE: [Scenario; 2] = [Scenario::SplitBrainAsync, Scenario::UndetectedCopy];
 
     pub fn parse(text: &str) -> Option<Scenario> {
         Scenario::KEPT
@@ -171,10 +173,19 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
                 old_runs: scenario == Scenario::KeptFirst && rng.chance(0.3),
                 to: None,
             },
-            2 => Fault::RestoreSnapshot,
+            2 => {
+                if rng.chance(0.5) {
+                    Fault::RestoreSnapshot
+                } else {
+                    Fault::RestoreSnapshotWalPassed
+                }
+            }
             3 => Fault::DropCreate,
             4 => Fault::DumpRestore,
-            5 => Fault::CopyDataDir { holder, detected: true },
+            5 => Fault::CopyDataDir {
+                holder,
+                detected: true,
+            },
             6 => Fault::HolderRestart { holder },
             7 => Fault::HolderStall { holder, ms },
             8 => Fault::RegistryStall { ms: ms / 2 },
@@ -201,9 +212,21 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
                 // attack on the promotion proof).
                 let standby = rng.range(0, STANDBYS as i64) as usize;
                 if rng.chance(0.5) {
-                    out.push((at, Fault::StandbyClock { standby, ms: -60_000 }));
+                    out.push((
+                        at,
+                        Fault::StandbyClock {
+                            standby,
+                            ms: -60_000,
+                        },
+                    ));
                 }
-                out.push((at + 100, Fault::StandbyStall { standby, ms: 60_000 }));
+                out.push((
+                    at + 100,
+                    Fault::StandbyStall {
+                        standby,
+                        ms: 60_000,
+                    },
+                ));
                 Fault::Failover {
                     named: true,
                     old_runs: false,
@@ -212,7 +235,11 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
             }
             _ => Fault::Hostile { ms },
         };
-        let at = if let Fault::Failover { to: Some(_), .. } = f { at + rng.range(1_000, 50_000) } else { at };
+        let at = if let Fault::Failover { to: Some(_), .. } = f {
+            at + rng.range(1_000, 50_000)
+        } else {
+            at
+        };
         out.push((at, f));
     }
     // The fault the scenario is about, at least twice.
@@ -220,12 +247,25 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
         let at = rng.range(5_000, until.max(5_001));
         let holder = rng.range(0, HOLDERS as i64) as usize;
         match scenario {
-            Scenario::SplitBrainAsync => out.push((at, Fault::Failover { named: false, old_runs: true, to: None })),
+            Scenario::SplitBrainAsync => out.push((
+                at,
+                Fault::Failover {
+                    named: false,
+                    old_runs: true,
+                    to: None,
+                },
+            )),
             Scenario::UndetectedCopy => {
                 out.push((at, Fault::DropCreate));
-                out.push((at + 1, Fault::CopyDataDir { holder, detected: false }));
+                out.push((
+                    at + 1,
+                    Fault::CopyDataDir {
+                        holder,
+                        detected: false,
+                    },
+                ));
             }
-            Scenario::RestoreWalPassed => out.push((at, Fault::RestoreSnapshotWalPassed)),
+
             _ => {}
         }
     }

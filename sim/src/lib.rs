@@ -91,7 +91,9 @@ pub fn shrink(failed: &Outcome, duration_ms: i64, mutation: Option<Mutation>) ->
     while i < best.schedule.len() {
         let mut fewer = best.schedule.clone();
         fewer.remove(i);
-        let end = best.at_ms.map_or(duration_ms, |t| (t + 30_000).min(duration_ms));
+        let end = best
+            .at_ms
+            .map_or(duration_ms, |t| (t + 30_000).min(duration_ms));
         let again = run_schedule(best.seed, best.scenario, end, mutation, &fewer);
         if again.violation.is_some() {
             best = again;

@@ -7,8 +7,8 @@ use crate::faults::{Fault, Scenario, HOLDERS, STANDBYS};
 use crate::rng::Rng;
 use snowflake_core::generator::{GeneratorState, Step};
 use snowflake_core::holder::{
-    AcquireRequest, CallError, Durability, Event, Holder, Host, Identity, Now, Registry, ReleaseReply,
-    ReleaseRequest, RenewRequest, Replication, Reply,
+    AcquireRequest, CallError, Durability, Event, Holder, Host, Identity, Now, Registry,
+    ReleaseReply, ReleaseRequest, RenewRequest, Replication, Reply,
 };
 use snowflake_core::layout::{Layout, DEFAULT_EPOCH_MS, PRESETS};
 use snowflake_core::lease::{Held, Timing, Usage};
@@ -59,7 +59,12 @@ impl Clock {
 #[derive(Clone, Debug)]
 enum Kind {
     Primary,
-    Standby { of: usize, copy: Tables, lsn: u64, reply_ms: Option<i64> },
+    Standby {
+        of: usize,
+        copy: Tables,
+        lsn: u64,
+        reply_ms: Option<i64>,
+    },
     Gone,
 }
 
@@ -163,11 +168,21 @@ impl Link<'_> {
     /// them (a stalled one with its stale position and reply time).
     fn standbys(&self) -> Vec<Standby> {
         let mut out = Vec::new();
-        let listed: Vec<&str> = ["s1", "s2"].into_iter().filter(|n| self.names.contains(n)).collect();
-        let first = self.names.trim_start().to_ascii_lowercase().starts_with("first");
+        let listed: Vec<&str> = ["s1", "s2"]
+            .into_iter()
+            .filter(|n| self.names.contains(n))
+            .collect();
+        let first = self
+            .names
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("first");
         let mut sync_taken = 0;
         for r in self.regs.iter() {
-            if let Kind::Standby { of, lsn, reply_ms, .. } = &r.kind {
+            if let Kind::Standby {
+                of, lsn, reply_ms, ..
+            } = &r.kind
+            {
                 if *of != self.p || self.t < r.down_until {
                     continue;
                 }
@@ -175,7 +190,11 @@ impl Link<'_> {
                     "async"
                 } else if first {
                     sync_taken += 1;
-                    if sync_taken <= needed(self.names) { "sync" } else { "potential" }
+                    if sync_taken <= needed(self.names) {
+                        "sync"
+                    } else {
+                        "potential"
+                    }
                 } else {
                     "quorum"
                 };
@@ -195,7 +214,10 @@ impl Link<'_> {
     /// Ships the primary's rows to each synchronous standby that is not
     /// stalled (the others catch up later: `World::replicate_async`).
     fn replicate(&mut self) {
-        let (tables, lsn) = (self.regs[self.p].store.tables.clone(), self.regs[self.p].store.lsn);
+        let (tables, lsn) = (
+            self.regs[self.p].store.tables.clone(),
+            self.regs[self.p].store.lsn,
+        );
         let t = self.t;
         let synchronous: Vec<String> = self
             .standbys()
@@ -206,7 +228,13 @@ impl Link<'_> {
         for r in self.regs.iter_mut() {
             let wall = r.clock.wall(t);
             let listed = synchronous.contains(&r.name);
-            if let Kind::Standby { of, copy, lsn: l, reply_ms } = &mut r.kind {
+            if let Kind::Standby {
+                of,
+                copy,
+                lsn: l,
+                reply_ms,
+            } = &mut r.kind
+            {
                 if listed && *of == self.p && t >= r.stalled_until && t >= r.down_until {
                     *copy = tables.clone();
                     *l = lsn;
@@ -219,7 +247,11 @@ impl Link<'_> {
     /// A lease call: decided and committed there; the answer comes back
     /// only once the commit's wait for the synchronous standbys is over,
     /// and may be lost.
-    fn lease<T>(&mut self, call: Call, f: impl FnOnce(&mut Store, u64, &Call, i64) -> Result<T, snowflake_core::registry::Refusal>) -> Result<T, CallError> {
+    fn lease<T>(
+        &mut self,
+        call: Call,
+        f: impl FnOnce(&mut Store, u64, &Call, i64) -> Result<T, snowflake_core::registry::Refusal>,
+    ) -> Result<T, CallError> {
         self.reachable()?;
         let now = self.regs[self.p].clock.wall(self.t);
         let out = f(&mut self.regs[self.p].store, self.pid, &call, now);
@@ -237,7 +269,11 @@ impl Link<'_> {
         let flushed = self
             .standbys()
             .iter()
-            .filter(|s| s.sync_state != "async" && s.sync_state != "potential" && s.flush_lsn.is_some_and(|f| f >= lsn))
+            .filter(|s| {
+                s.sync_state != "async"
+                    && s.sync_state != "potential"
+                    && s.flush_lsn.is_some_and(|f| f >= lsn)
+            })
             .count();
         let out = out.map_err(|r| CallError::Refused(r.message))?;
         if flushed < needed(self.names) && self.rng.chance(0.5) {
@@ -256,13 +292,19 @@ impl Link<'_> {
 
 impl Registry for Link<'_> {
     fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
-        self.lease(Call::Acquire(req.clone()), |s, pid, c, now| s.lease(pid, c, now))
+        self.lease(Call::Acquire(req.clone()), |s, pid, c, now| {
+            s.lease(pid, c, now)
+        })
     }
     fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
-        self.lease(Call::Renew(req.clone()), |s, pid, c, now| s.lease(pid, c, now))
+        self.lease(Call::Renew(req.clone()), |s, pid, c, now| {
+            s.lease(pid, c, now)
+        })
     }
     fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
-        self.lease(Call::Release(req.clone()), |s, pid, c, now| s.release(pid, c, now))
+        self.lease(Call::Release(req.clone()), |s, pid, c, now| {
+            s.release(pid, c, now)
+        })
     }
     fn durable(&mut self, _wait_ms: i64) -> Result<Durability, CallError> {
         self.reachable()?;
@@ -320,7 +362,11 @@ impl World {
         let mut rng = Rng::new(seed);
         let names = scenario.synchronous_standby_names();
         let mut regs = Vec::new();
-        for (i, name) in ["p0", "s1", "s2"].into_iter().enumerate().take(1 + STANDBYS) {
+        for (i, name) in ["p0", "s1", "s2"]
+            .into_iter()
+            .enumerate()
+            .take(1 + STANDBYS)
+        {
             let clock = Clock {
                 offset: rng.range(-500, 500),
                 ..Clock::default()
@@ -372,7 +418,11 @@ impl World {
                 host: SimHost::default(),
                 // One clock far behind: a new holder waits for its floor.
                 clock: Clock {
-                    offset: if i == HOLDERS - 1 { -8_000 } else { rng.range(-2_500, 2_500) },
+                    offset: if i == HOLDERS - 1 {
+                        -8_000
+                    } else {
+                        rng.range(-2_500, 2_500)
+                    },
                     ..Clock::default()
                 },
                 conn: None,
@@ -436,7 +486,8 @@ impl World {
                 }
             }
             self.replicate_async(t);
-            let due: Vec<(i64, usize, i64)> = self.cuts.iter().copied().filter(|c| c.0 <= t).collect();
+            let due: Vec<(i64, usize, i64)> =
+                self.cuts.iter().copied().filter(|c| c.0 <= t).collect();
             self.cuts.retain(|c| c.0 > t);
             for (_, node, ms) in due {
                 if let Some(n) = self.nodes.get_mut(node) {
@@ -470,7 +521,8 @@ impl World {
         if t % 1_000 == 0 {
             for r in self.regs.iter_mut() {
                 if matches!(r.kind, Kind::Primary) {
-                    r.history.push_back((t, r.store.tables.clone(), r.store.lsn));
+                    r.history
+                        .push_back((t, r.store.tables.clone(), r.store.lsn));
                     if r.history.len() > 120 {
                         r.history.pop_front();
                     }
@@ -490,7 +542,13 @@ impl World {
             if t < r.stalled_until || t < r.down_until {
                 continue;
             }
-            if let Kind::Standby { of, copy, lsn, reply_ms } = &mut r.kind {
+            if let Kind::Standby {
+                of,
+                copy,
+                lsn,
+                reply_ms,
+            } = &mut r.kind
+            {
                 let (tables, l) = &sources[*of];
                 *copy = tables.clone();
                 *lsn = *l;
@@ -500,7 +558,9 @@ impl World {
     }
 
     fn primaries(&self, t: i64) -> Vec<usize> {
-        (0..self.regs.len()).filter(|&i| self.regs[i].answering(t)).collect()
+        (0..self.regs.len())
+            .filter(|&i| self.regs[i].answering(t))
+            .collect()
     }
 
     fn drop_conn(&mut self, i: usize) {
@@ -520,7 +580,9 @@ impl World {
         n.holder.expire_due(mono, &mut n.host);
         // The connection: a primary that answers, chosen at random (with
         // an old primary left running, either).
-        let lost = n.conn.is_some_and(|(p, _)| !self.regs[p].answering(t) || t < self.nodes[i].cut_until);
+        let lost = n
+            .conn
+            .is_some_and(|(p, _)| !self.regs[p].answering(t) || t < self.nodes[i].cut_until);
         if lost {
             self.drop_conn(i);
         }
@@ -572,7 +634,11 @@ impl World {
                         0
                     };
                     n.host.busy.insert(h.block, busy);
-                    Usage { block: h.block, ids: BLOCK_SIZE, busy }
+                    Usage {
+                        block: h.block,
+                        ids: BLOCK_SIZE,
+                        busy,
+                    }
                 })
                 .collect()
         };
@@ -597,7 +663,8 @@ impl World {
                     cut: t < n.cut_until,
                     names,
                 };
-                n.holder.step(now, &usage, &allowed, Some(&mut link), &mut n.host)
+                n.holder
+                    .step(now, &usage, &allowed, Some(&mut link), &mut n.host)
             }
             None => n.holder.step(now, &usage, &allowed, None, &mut n.host),
         };
@@ -633,7 +700,12 @@ impl World {
         }
         let wall = n.clock.wall(t);
         let now_tick = self.layout.tick_at(wall);
-        let blocks: Vec<(u32, i64, i64)> = n.host.active.iter().map(|(&b, &(f, h))| (b, f, h)).collect();
+        let blocks: Vec<(u32, i64, i64)> = n
+            .host
+            .active
+            .iter()
+            .map(|(&b, &(f, h))| (b, f, h))
+            .collect();
         for (block, floor, high) in blocks {
             if n.host.busy.get(&block).copied().unwrap_or(1) == 0 {
                 continue;
@@ -647,7 +719,9 @@ impl World {
             g.raise_floor(floor_tick, layout);
             let mut next = *g;
             if let Ok(Step::Issue(id)) = next.step(layout, block, now_tick, DRIFT_MS, || i64::MIN) {
-                let Ok(parts) = layout.decode(id) else { continue };
+                let Ok(parts) = layout.decode(id) else {
+                    continue;
+                };
                 let tick = parts.ticks;
                 if layout.tick_start_unix_ms(tick) <= high {
                     *g = next;
@@ -682,7 +756,11 @@ impl World {
                     }
                 }
             }
-            Fault::Failover { named, old_runs, to } => {
+            Fault::Failover {
+                named,
+                old_runs,
+                to,
+            } => {
                 let standbys: Vec<usize> = (0..self.regs.len())
                     .filter(|&i| matches!(&self.regs[i].kind, Kind::Standby { of, .. } if *of == p))
                     .filter(|&i| to.is_none_or(|k| i == 1 + k))
@@ -692,11 +770,18 @@ impl World {
                 }
                 let s = self.rng.pick(&standbys);
                 self.regs[s].stalled_until = 0;
-                let Kind::Standby { copy, lsn, .. } = self.regs[s].kind.clone() else { return };
+                let Kind::Standby { copy, lsn, .. } = self.regs[s].kind.clone() else {
+                    return;
+                };
                 let now_s = self.regs[s].clock.wall(t);
-                let name = if named { self.regs[s].name.clone() } else { String::new() };
+                let name = if named {
+                    self.regs[s].name.clone()
+                } else {
+                    String::new()
+                };
                 let timeline = self.regs[p].store.timeline;
-                let mut store = Store::promoted_from(copy, lsn, timeline, &name, now_s, self.seed ^ (t as u64));
+                let mut store =
+                    Store::promoted_from(copy, lsn, timeline, &name, now_s, self.seed ^ (t as u64));
                 store.synchronous_standby_names = self.scenario.synchronous_standby_names().into();
                 let r = &mut self.regs[s];
                 r.store = store;
@@ -721,7 +806,9 @@ impl World {
             Fault::RestoreSnapshot | Fault::RestoreSnapshotWalPassed => {
                 let r = &mut self.regs[p];
                 let back = self.rng.range(2, 20) as usize;
-                let Some((_, tables, lsn)) = r.history.iter().rev().nth(back).cloned() else { return };
+                let Some((_, tables, lsn)) = r.history.iter().rev().nth(back).cloned() else {
+                    return;
+                };
                 r.store.tables = tables;
                 r.store.lsn = lsn;
                 r.store.sessions.clear();
@@ -739,7 +826,10 @@ impl World {
             }
             Fault::DumpRestore => {
                 let back = self.rng.range(2, 30) as usize;
-                let Some((_, dumped, _)) = self.regs[p].history.iter().rev().nth(back).cloned() else { return };
+                let Some((_, dumped, _)) = self.regs[p].history.iter().rev().nth(back).cloned()
+                else {
+                    return;
+                };
                 self.regs[p].store.restore_dump(&dumped, pnow);
             }
             Fault::CopyDataDir { holder, detected } => {
@@ -752,13 +842,18 @@ impl World {
                 let back = t + self.rng.range(1_000, 8_000);
                 self.nodes[holder].cut_until = back;
                 // The copy is cut off in its turn, once the original is back.
-                self.cuts.push((back - self.rng.range(200, 1_000), self.nodes.len(), self.rng.range(2_000, 9_000)));
+                self.cuts.push((
+                    back - self.rng.range(200, 1_000),
+                    self.nodes.len(),
+                    self.rng.range(2_000, 9_000),
+                ));
                 self.drop_conn(holder);
                 let orig = &self.nodes[holder];
                 let mut h = Holder::new(orig.holder.id.clone());
                 h.incarnation.clone_from(&orig.holder.incarnation);
                 h.lsn = orig.holder.lsn;
                 h.token.clone_from(&orig.holder.token);
+                h.grants = orig.holder.grants;
                 for b in &orig.host.saved {
                     h.add_saved(b.block, b.floor_ms, b.high_ms, b.deadline_mono_ms);
                 }
@@ -795,6 +890,7 @@ impl World {
                 h.incarnation.clone_from(&n.holder.incarnation);
                 h.lsn = n.holder.lsn;
                 h.token.clone_from(&n.holder.token);
+                h.grants = n.holder.grants;
                 for s in saved {
                     h.add_saved(s.block, s.floor_ms, s.high_ms, s.deadline_mono_ms);
                 }
@@ -853,7 +949,9 @@ impl World {
         if t >= self.hostile_until || t % 200 != 0 {
             return;
         }
-        let Some(p) = self.primary().filter(|&p| self.regs[p].answering(t)) else { return };
+        let Some(p) = self.primary().filter(|&p| self.regs[p].answering(t)) else {
+            return;
+        };
         let pid = match self.hostile_pid {
             Some((q, pid)) if q == p && self.regs[p].store.sessions.contains_key(&pid) => pid,
             _ => {
@@ -869,7 +967,12 @@ impl World {
                 pid
             }
         };
-        let node = self.regs[p].store.sessions.get(&pid).and_then(|s| s.node.clone()).unwrap_or_default();
+        let node = self.regs[p]
+            .store
+            .sessions
+            .get(&pid)
+            .and_then(|s| s.node.clone())
+            .unwrap_or_default();
         let now = self.regs[p].clock.wall(t);
         let incarnation = self.regs[p]
             .store
@@ -885,8 +988,17 @@ impl World {
                 1 => "never-issued".into(),
                 _ => String::new(),
             },
-            lsn: if self.rng.chance(0.5) { "FFFFFFFF/FFFFFFFF".into() } else { "0/0".into() },
-            token: if self.rng.chance(0.5) { "ab".repeat(16) } else { String::new() },
+            lsn: if self.rng.chance(0.5) {
+                "FFFFFFFF/FFFFFFFF".into()
+            } else {
+                "0/0".into()
+            },
+            grants: if self.rng.chance(0.5) { i64::MAX } else { 0 },
+            token: if self.rng.chance(0.5) {
+                "ab".repeat(16)
+            } else {
+                String::new()
+            },
         };
         let block = self.rng.range(0, BLOCKS as i64);
         // Blocks this role holds: given back at once with a mark of 0.
@@ -923,7 +1035,11 @@ impl World {
             0 => Call::Acquire(AcquireRequest {
                 node: node.clone(),
                 name: node,
-                layout: if self.rng.chance(0.5) { "not a layout".into() } else { "classic".into() },
+                layout: if self.rng.chance(0.5) {
+                    "not a layout".into()
+                } else {
+                    "classic".into()
+                },
                 block_size: i64::from(BLOCK_SIZE),
                 max_worker_id: 1023,
                 allowed: (0..i64::from(BLOCKS)).collect(),
@@ -938,7 +1054,12 @@ impl World {
                 layout: "classic".into(),
                 block_size: i64::from(BLOCK_SIZE),
                 max_worker_id: 1023,
-                blocks: (0..i64::from(BLOCKS)).map(|b| BlockMark { block: b, high_ms: 0 }).collect(),
+                blocks: (0..i64::from(BLOCKS))
+                    .map(|b| BlockMark {
+                        block: b,
+                        high_ms: 0,
+                    })
+                    .collect(),
                 lease_ms: LEASE_MS,
                 grace_ms: 1_200,
                 high_ms: now + LEASE_MS,
@@ -953,19 +1074,42 @@ impl World {
                 previous_session: String::new(),
             }),
         };
-        let before = self.regs[p].store.tables.rows.registry.as_ref().map(|r| r.incarnation.clone());
+        let before = self.regs[p]
+            .store
+            .tables
+            .rows
+            .registry
+            .as_ref()
+            .map(|r| r.incarnation.clone());
         let store = &mut self.regs[p].store;
         let what = match &call {
-            Call::Release(_) => store.release(pid, &call, now).map(|r| format!("released: {}", r.released)),
-            _ => store.lease(pid, &call, now).map(|r| format!("{:?} fenced {:?}", r.blocks, r.head.fenced_until_ms)),
+            Call::Release(_) => store
+                .release(pid, &call, now)
+                .map(|r| format!("released: {}", r.released)),
+            _ => store
+                .lease(pid, &call, now)
+                .map(|r| format!("{:?} fenced {:?}", r.blocks, r.head.fenced_until_ms)),
         };
         let after = self.regs[p].store.tables.rows.registry.clone();
         if after.as_ref().map(|r| r.incarnation.clone()) != before {
             let cause = after.map(|r| r.cause).unwrap_or_default();
-            self.log(t, format!("hostile call {call:?} began a new incarnation: {cause}"));
+            self.log(
+                t,
+                format!("hostile call {call:?} began a new incarnation: {cause}"),
+            );
         }
         if let Ok(what) = what {
-            self.log(t, format!("hostile {}: {what}", match call { Call::Acquire(_) => "acquire", Call::Renew(_) => "renew", Call::Release(_) => "release" }));
+            self.log(
+                t,
+                format!(
+                    "hostile {}: {what}",
+                    match call {
+                        Call::Acquire(_) => "acquire",
+                        Call::Renew(_) => "renew",
+                        Call::Release(_) => "release",
+                    }
+                ),
+            );
         }
     }
 }

@@ -194,6 +194,7 @@ impl FakeRegistry {
                 .unwrap_or_default(),
             lsn: format_lsn(self.lsn),
             token: String::new(),
+            grants: 0,
             fenced_until_ms: self.fenced(),
         }
     }

@@ -57,6 +57,10 @@ pub struct IncarnationRow {
     /// of older incarnations cannot verify.
     #[serde(default)]
     pub new_key: bool,
+    /// Calls that granted (wrote block rows), over every incarnation: a
+    /// holder that saw more knows grants this registry forgot.
+    #[serde(default)]
+    pub grants: i64,
 }
 
 /// What shows that this server, promoted, has every grant any holder used.
@@ -94,6 +98,7 @@ enum Cause {
     NoRow,
     Timeline { old: u32, proven: Option<String> },
     Rollback { seen: u64 },
+    GrantsBack { seen: i64, have: i64 },
     FsyncOffRestart,
     OlderIncarnation { known: String },
 }
@@ -116,6 +121,9 @@ impl Cause {
                 "a holder saw WAL position {}, above this server's {} (the registry went back in time)",
                 crate::protocol::format_lsn(*seen),
                 crate::protocol::format_lsn(server.insert_lsn)
+            ),
+            Cause::GrantsBack { seen, have } => format!(
+                "a holder saw {seen} grants, this registry has made {have} (it was restored to an earlier state)"
             ),
             Cause::FsyncOffRestart => "a restart with fsync off".into(),
             Cause::OlderIncarnation { known } => format!("node {node} knew incarnation {known}"),
@@ -181,7 +189,10 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
     let known = seen.incarnation.as_str();
     let now = server.now_ms;
     let unsigned_counts = rows.limits.as_ref().is_some_and(|l| l.unsigned_evidence)
-        && rows.blocks.iter().any(|b| b.holder_node.as_deref() == Some(node));
+        && rows
+            .blocks
+            .iter()
+            .any(|b| b.holder_node.as_deref() == Some(node));
     let mut log = Vec::new();
     // Whether what the request says it saw can be believed (module header).
     // `made_anew`: a token of an older incarnation of a registry whose row
@@ -190,7 +201,8 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         if seen.token.is_empty() {
             return unsigned_counts;
         }
-        (made_anew && row.new_key) || token::verify(&row.token_key, known, seen_lsn, &seen.token)
+        (made_anew && row.new_key)
+            || token::verify(&row.token_key, known, seen_lsn, seen.grants, &seen.token)
     };
     if rows.registry.as_ref().is_some_and(|r| {
         seen_lsn > server.insert_lsn && r.timeline == server.timeline && !believed(r, false)
@@ -228,6 +240,20 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             // have seen a position of the old timeline past the promotion:
             // a grant that never became durable, which it did not use.)
             (Some(Cause::Rollback { seen: seen_lsn }), true)
+        }
+        Some(r)
+            if seen.grants > r.grants
+                && r.previous_incarnation.as_deref() != Some(known)
+                && !seen.token.is_empty()
+                && believed(r, false) =>
+        {
+            (
+                Some(Cause::GrantsBack {
+                    seen: seen.grants,
+                    have: r.grants,
+                }),
+                true,
+            )
         }
         Some(r) if server.fsync_off && r.postmaster_start_ms != server.postmaster_start_ms => {
             (Some(Cause::FsyncOffRestart), true)
@@ -305,6 +331,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             .as_ref()
             .map_or_else(|| server.fresh_key.clone(), |o| o.token_key.clone()),
         new_key: old.is_none(),
+        grants: old.as_ref().map_or(0, |o| o.grants),
     };
     let mut raise = None;
     if evidence {
@@ -314,7 +341,11 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         if super::mutation::active(super::mutation::Mutation::FenceFromRequests) {
             let old = old.as_ref();
             let (lease, grace, ahead) = old.map_or((lease_ms, grace_ms, 0), |o| {
-                (o.max_lease_ms.max(lease_ms), o.max_grace_ms.max(grace_ms), o.max_ahead_ms)
+                (
+                    o.max_lease_ms.max(lease_ms),
+                    o.max_grace_ms.max(grace_ms),
+                    o.max_ahead_ms,
+                )
             });
             row.fenced_until_ms = Some(now + lease + grace);
             row.fence_floor_ms = now + ahead + grace;

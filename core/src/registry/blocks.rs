@@ -79,7 +79,7 @@ impl BlockRow {
         self.holder_node.as_deref() == Some(node)
             && (super::mutation::active(super::mutation::Mutation::BlocksToAnySession)
                 || match self.holder_session.as_deref() {
-                None => true,
+                    None => true,
                     Some(s) => s == session || (!previous.is_empty() && s == previous),
                 })
     }

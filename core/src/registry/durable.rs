@@ -168,7 +168,13 @@ fn members(facts: &Facts) -> Vec<String> {
         .candidates
         .as_ref()
         .filter(|c| c.timeline == facts.timeline)
-        .map(|c| c.members.iter().filter(|m| **m != facts.me).cloned().collect())
+        .map(|c| {
+            c.members
+                .iter()
+                .filter(|m| **m != facts.me)
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -270,7 +276,9 @@ pub fn decide(facts: &Facts) -> Decision {
             // valid_until never moves back: a candidate may have read it.
             out.write = Some(CandidatesRow {
                 members: keep,
-                valid_until_ms: if super::mutation::active(super::mutation::Mutation::ValidUntilBack) {
+                valid_until_ms: if super::mutation::active(
+                    super::mutation::Mutation::ValidUntilBack,
+                ) {
                     facts.now_ms + CANDIDATE_TTL_MS
                 } else {
                     row.valid_until_ms.max(facts.now_ms + CANDIDATE_TTL_MS)
@@ -287,7 +295,8 @@ pub fn decide(facts: &Facts) -> Decision {
             }
         }
     }
-    reply.durable = durable || super::mutation::active(super::mutation::Mutation::TrustCancelledCommit);
+    reply.durable =
+        durable || super::mutation::active(super::mutation::Mutation::TrustCancelledCommit);
     out.reply = reply;
     out
 }

@@ -105,7 +105,13 @@ impl Store {
     pub fn forget(&mut self, now_ms: i64, cause: &str) {
         let lim = super::limits::in_force(self.tables.rows.limits.as_ref(), now_ms);
         let fresh = self.fresh_name();
-        if let Some(r) = super::begin::forget(self.tables.rows.registry.as_ref(), &lim, now_ms, &fresh, cause) {
+        if let Some(r) = super::begin::forget(
+            self.tables.rows.registry.as_ref(),
+            &lim,
+            now_ms,
+            &fresh,
+            cause,
+        ) {
             for b in &mut self.tables.rows.blocks {
                 b.high_water_ms = b.high_water_ms.max(r.fence_floor_ms);
             }
@@ -121,7 +127,13 @@ impl Store {
         self.create_extension(now_ms);
         self.tables.rows.blocks = dumped.rows.blocks.clone();
         self.tables.rows.limits = dumped.rows.limits.clone();
-        if self.tables.rows.blocks.iter().any(|b| b.holder_node.is_some()) {
+        if self
+            .tables
+            .rows
+            .blocks
+            .iter()
+            .any(|b| b.holder_node.is_some())
+        {
             self.forget(now_ms, "restored");
         } else {
             self.commit();
@@ -266,7 +278,8 @@ impl Store {
             .map(|r| r.token_key.clone())
             .unwrap_or_default();
         let head = ReplyHead {
-            token: token::sign(&key, &out.answer.incarnation, lsn),
+            token: token::sign(&key, &out.answer.incarnation, lsn, out.answer.grants),
+            grants: out.answer.grants,
             incarnation: out.answer.incarnation.clone(),
             lsn: format_lsn(lsn),
             fenced_until_ms: out.answer.fenced_until_ms,

@@ -210,6 +210,9 @@ pub struct Writes {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {
     pub incarnation: String,
+    /// The registry's grant count after this call.
+    #[serde(default)]
+    pub grants: i64,
     pub fenced_until_ms: Option<i64>,
     /// Acquire and renew: the blocks granted or kept, each with its floor.
     #[serde(default)]
@@ -284,6 +287,13 @@ pub fn decide(call: &Call, server: &Server, rows: &Rows) -> Result<Outcome, Refu
             done.changed
         }
     };
+    let mut row = begun.row;
+    if !changed.is_empty() {
+        // Only calls that grant move the count.
+        row.grants += 1;
+        writes.registry = Some(row.clone());
+    }
+    answer.grants = row.grants;
     for block in changed {
         if let Some(b) = blocks.iter().find(|b| b.block == block) {
             writes.blocks.retain(|w| w.block != block);

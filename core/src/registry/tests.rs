@@ -62,6 +62,7 @@ fn seen_of(head: &crate::protocol::ReplyHead) -> Seen {
     Seen {
         incarnation: head.incarnation.clone(),
         lsn: head.lsn.clone(),
+        grants: head.grants,
         token: head.token.clone(),
     }
 }
@@ -93,6 +94,7 @@ fn an_unbelieved_position_starts_no_incarnation() {
     let forged = Seen {
         incarnation: first.clone(),
         lsn: "FFFFFFFF/FFFFFFFF".into(),
+        grants: 0,
         token: String::new(),
     };
     let reply = s
@@ -156,6 +158,7 @@ fn an_unsigned_position_counts_only_where_the_dba_lets_it() {
     let seen = Seen {
         incarnation: reply.head.incarnation.clone(),
         lsn: format_lsn(s.lsn + 0x1000),
+        grants: 0,
         token: String::new(),
     };
     let reply = s
@@ -453,16 +456,46 @@ fn a_lease_role_holding_blocks_cannot_fence_with_unsigned_claims() {
     // holding blocks, a lease role that leased one fenced the fleet every
     // few seconds.
     let mut s = store_with(&["rogue"]);
-    let r = s.lease(100, &acquire("rogue", 1, Seen::default(), T0), T0).unwrap();
+    let r = s
+        .lease(100, &acquire("rogue", 1, Seen::default(), T0), T0)
+        .unwrap();
     let first = r.head.incarnation.clone();
-    for (incarnation, lsn) in [(first.as_str(), "FFFFFFFF/FFFFFFFF"), ("never-issued", "0/0")] {
+    for (incarnation, lsn) in [
+        (first.as_str(), "FFFFFFFF/FFFFFFFF"),
+        ("never-issued", "0/0"),
+    ] {
         let forged = Seen {
             incarnation: incarnation.into(),
             lsn: lsn.into(),
+            grants: 0,
             token: String::new(),
         };
-        let reply = s.lease(100, &renew("rogue", &[r.blocks[0].block], forged, T0), T0).unwrap();
+        let reply = s
+            .lease(100, &renew("rogue", &[r.blocks[0].block], forged, T0), T0)
+            .unwrap();
         assert_eq!(reply.head.incarnation, first);
         assert_eq!(reply.head.fenced_until_ms, None);
     }
+}
+
+#[test]
+fn a_registry_restored_in_place_is_caught_by_its_grant_count() {
+    // 0.7.0: a snapshot restored in place whose WAL then passed every
+    // position its holders saw was not detected (71,102 duplicate IDs).
+    let mut s = store_with(&["a"]);
+    let snapshot = s.tables.clone();
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    assert_eq!(r.head.grants, 1);
+    s.tables = snapshot;
+    s.lsn += 0x1000_0000;
+    let reply = s
+        .lease(
+            100,
+            &renew("a", &[r.blocks[0].block], seen_of(&r.head), T0),
+            T0,
+        )
+        .unwrap();
+    assert!(reply.head.fenced_until_ms.is_some(), "{reply:?}");
 }

@@ -21,24 +21,26 @@ fn key_of(hex: &str) -> Option<[u8; 16]> {
     Some(key)
 }
 
-fn hash(key: &[u8; 16], incarnation: &str, lsn: u64) -> String {
+fn hash(key: &[u8; 16], incarnation: &str, lsn: u64, grants: i64) -> String {
     let mut h = SipHasher13::new_with_key(key);
     h.write(incarnation.as_bytes());
     h.write_u8(0xff);
     h.write_u64(lsn);
+    h.write_i64(grants);
     format!("{:032x}", h.finish128().as_u128())
 }
 
-/// The token for `incarnation` at `lsn` under `key` (hex, 32 digits); ''
-/// for a key that is not one (a row written before 0.8.0).
-pub fn sign(key: &str, incarnation: &str, lsn: u64) -> String {
-    key_of(key).map_or_else(String::new, |k| hash(&k, incarnation, lsn))
+/// The token for `incarnation` at `lsn` with `grants` under `key` (hex,
+/// 32 digits); '' for a key that is not one (a row written before 0.8.0).
+pub fn sign(key: &str, incarnation: &str, lsn: u64, grants: i64) -> String {
+    key_of(key).map_or_else(String::new, |k| hash(&k, incarnation, lsn, grants))
 }
 
-/// Whether `token` is the registry's for `incarnation` at `lsn`.
-pub fn verify(key: &str, incarnation: &str, lsn: u64, token: &str) -> bool {
+/// Whether `token` is the registry's for `incarnation` at `lsn` with
+/// `grants`.
+pub fn verify(key: &str, incarnation: &str, lsn: u64, grants: i64, token: &str) -> bool {
     key_of(key).is_some_and(|k| {
-        let want = hash(&k, incarnation, lsn);
+        let want = hash(&k, incarnation, lsn, grants);
         // Constant time: a role that may call the functions learns nothing
         // from how long a refusal took.
         want.len() == token.len()
@@ -57,20 +59,17 @@ mod tests {
     const KEY: &str = "000102030405060708090a0b0c0d0e0f";
 
     #[test]
-    fn a_token_verifies_only_for_its_pair_and_key() {
-        let t = sign(KEY, "inc", 0x16_0000_0010);
+    fn a_token_verifies_only_for_its_triple_and_key() {
+        let t = sign(KEY, "inc", 0x16_0000_0010, 7);
         assert_eq!(t.len(), 32);
-        assert!(verify(KEY, "inc", 0x16_0000_0010, &t));
-        assert!(!verify(KEY, "inc", 0x16_0000_0011, &t));
-        assert!(!verify(KEY, "inc2", 0x16_0000_0010, &t));
-        assert!(!verify(
-            "ff0102030405060708090a0b0c0d0e0f",
-            "inc",
-            0x16_0000_0010,
-            &t
-        ));
-        assert!(!verify(KEY, "inc", 0x16_0000_0010, ""));
-        assert!(!verify("", "inc", 0x16_0000_0010, &t));
-        assert_eq!(sign("not a key", "inc", 1), "");
+        assert!(verify(KEY, "inc", 0x16_0000_0010, 7, &t));
+        assert!(!verify(KEY, "inc", 0x16_0000_0010, 8, &t));
+        assert!(!verify(KEY, "inc", 0x16_0000_0011, 7, &t));
+        assert!(!verify(KEY, "inc2", 0x16_0000_0010, 7, &t));
+        let other = "ff0102030405060708090a0b0c0d0e0f";
+        assert!(!verify(other, "inc", 0x16_0000_0010, 7, &t));
+        assert!(!verify(KEY, "inc", 0x16_0000_0010, 7, ""));
+        assert!(!verify("", "inc", 0x16_0000_0010, 7, &t));
+        assert_eq!(sign("not a key", "inc", 1, 0), "");
     }
 }

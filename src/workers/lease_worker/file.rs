@@ -51,6 +51,8 @@ pub(super) struct LeaseFile {
     /// (`snowflake_core::protocol::ReplyHead::token`).
     #[serde(default)]
     pub(super) token: String,
+    #[serde(default)]
+    pub(super) grants: i64,
     /// Some saved block was not confirmed by the registry since this
     /// server started (it started from a backup, or the registry has been
     /// unreachable since): not provably this directory's at the next start.
@@ -90,6 +92,7 @@ pub(super) fn save_lease_file(ctx: &mut FileContext, holder: &Holder) {
         incarnation: holder.incarnation.clone(),
         lsn: holder::format_lsn(holder.lsn),
         token: holder.token.clone(),
+        grants: holder.grants,
         blocks: holder
             .held
             .iter()

@@ -138,6 +138,7 @@ impl Worker {
         self.holder.incarnation = file.incarnation.clone();
         self.holder.lsn = holder::parse_lsn(&file.lsn).unwrap_or(0);
         self.holder.token = file.token.clone();
+        self.holder.grants = file.grants;
         let now_wall = clock::unix_ms();
         let now_mono = self.mono_ms();
         let restart_floor_ms = self.header.floor_ms.load(Acquire);
