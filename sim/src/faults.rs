@@ -97,7 +97,6 @@ pub const FAULTS: &[Row] = &[
     Row { name: "clock rates beyond the bound", label: Label::Kept, why: "IDs stay within marks, which are in ID time: a rate only delays when a block is used again" },
     Row { name: "a standby's clock far off the primary's", label: Label::Kept, why: "a standby whose reply_time strays more than 5 s is never a failover candidate" },
     Row { name: "the registry's clock stepping back by less than the grace", label: Label::Kept, why: "a fence's floor is above every forgotten mark while the step is within the grace" },
-    Row { name: "the registry's clock stepping back by more than the grace", label: Label::Outside, why: "a fence's floor, read from its clock, can fall below a forgotten mark (not shown to duplicate by the simulation: a new holder must also have a clock behind the old one's)" },
     Row { name: "a copy of a data directory its lease file cannot tell from the original, while the registry forgets its rows", label: Label::Outside, why: "the copy re-asserts the original's blocks with the marks it saved, below the original's later IDs" },
     Row { name: "a hostile lease role", label: Label::Kept, why: "requests are checked against the limits; what they say they saw counts only with the registry's token" },
 ];
@@ -113,6 +112,9 @@ pub enum Scenario {
     KeptAsync,
     /// Split brain on asynchronous replication (outside).
     SplitBrainAsync,
+    /// An old primary left running with a second candidate (`ANY 1`)
+    /// after the first was promoted (outside).
+    SplitBrainAny,
     /// A copy its lease file cannot tell from the original, while the
     /// registry forgets its rows (outside).
     UndetectedCopy,
@@ -120,7 +122,11 @@ pub enum Scenario {
 
 impl Scenario {
     pub const KEPT: [Scenario; 3] = [Scenario::KeptFirst, Scenario::KeptAny, Scenario::KeptAsync];
-    pub const OUTSIDE: [Scenario; 2] = [Scenario::SplitBrainAsync, Scenario::UndetectedCopy];
+    pub const OUTSIDE: [Scenario; 3] = [
+        Scenario::SplitBrainAsync,
+        Scenario::SplitBrainAny,
+        Scenario::UndetectedCopy,
+    ];
 
     pub fn parse(text: &str) -> Option<Scenario> {
         Scenario::KEPT
@@ -132,7 +138,7 @@ impl Scenario {
     /// `synchronous_standby_names` of the registry's primary.
     pub fn synchronous_standby_names(self) -> &'static str {
         match self {
-            Scenario::KeptAny => "ANY 1 (s1, s2)",
+            Scenario::KeptAny | Scenario::SplitBrainAny => "ANY 1 (s1, s2)",
             Scenario::KeptAsync | Scenario::SplitBrainAsync => "",
             _ => "FIRST 1 (s1, s2)",
         }
@@ -247,6 +253,14 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
         let at = rng.range(5_000, until.max(5_001));
         let holder = rng.range(0, HOLDERS as i64) as usize;
         match scenario {
+            Scenario::SplitBrainAny => out.push((
+                at,
+                Fault::Failover {
+                    named: true,
+                    old_runs: true,
+                    to: Some(0),
+                },
+            )),
             Scenario::SplitBrainAsync => out.push((
                 at,
                 Fault::Failover {

@@ -782,16 +782,25 @@ impl World {
                 let timeline = self.regs[p].store.timeline;
                 let mut store =
                     Store::promoted_from(copy, lsn, timeline, &name, now_s, self.seed ^ (t as u64));
-                store.synchronous_standby_names = self.scenario.synchronous_standby_names().into();
+                // In a split brain, the promoted server runs without a
+                // synchronous standby (it has none left to wait for).
+                store.synchronous_standby_names =
+                    if old_runs && self.scenario == Scenario::SplitBrainAny {
+                        String::new()
+                    } else {
+                        self.scenario.synchronous_standby_names().into()
+                    };
                 let r = &mut self.regs[s];
                 r.store = store;
                 r.kind = Kind::Primary;
                 r.history.clear();
-                // The other standbys follow the new primary.
+                // The other standbys follow the new primary, but with the
+                // old primary left running in a split-brain scenario.
                 let (tables, l) = (self.regs[s].store.tables.clone(), self.regs[s].store.lsn);
+                let follow = !(old_runs && self.scenario == Scenario::SplitBrainAny);
                 for (i, r) in self.regs.iter_mut().enumerate() {
                     if let Kind::Standby { of, copy, lsn, .. } = &mut r.kind {
-                        if *of == p && i != s {
+                        if follow && *of == p && i != s {
                             *of = s;
                             *copy = tables.clone();
                             *lsn = l;
@@ -801,6 +810,11 @@ impl World {
                 if !old_runs {
                     self.regs[p].kind = Kind::Gone;
                     self.regs[p].store.sessions.clear();
+                } else {
+                    // A network blip: holders connect again, to either.
+                    for i in 0..self.nodes.len() {
+                        self.drop_conn(i);
+                    }
                 }
             }
             Fault::RestoreSnapshot | Fault::RestoreSnapshotWalPassed => {

@@ -54,7 +54,9 @@ fn faults_outside_the_assumptions_show_duplicates() {
         let found = (0..seeds().max(20)).find_map(|seed| {
             let o = run(seed, scenario, DURATION_MS, None);
             let own = |f: &Fault| match scenario {
-                Scenario::SplitBrainAsync => matches!(f, Fault::Failover { old_runs: true, .. }),
+                Scenario::SplitBrainAsync | Scenario::SplitBrainAny => {
+                    matches!(f, Fault::Failover { old_runs: true, .. })
+                }
                 Scenario::UndetectedCopy => matches!(
                     f,
                     Fault::CopyDataDir {
@@ -170,4 +172,44 @@ fn debug_trace() {
         println!("{l}");
     }
     println!("{:?} {}", o.violation, o.ids);
+}
+
+/// The table of faults in docs/operations/fleet.md ("When the registry
+/// forgets") is `faults::FAULTS`, row for row, and every fault outside the
+/// assumptions is in docs/design/limitations.md.
+#[test]
+fn the_docs_list_the_faults_as_the_simulation_labels_them() {
+    use snowflake_sim::faults::{Label, FAULTS};
+    let fleet = include_str!("../../docs/operations/fleet.md");
+    let limitations = include_str!("../../docs/design/limitations.md");
+    let rows: Vec<(String, String)> = fleet
+        .lines()
+        .skip_while(|l| !l.starts_with("#### What the simulation checks"))
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| fault") && !l.starts_with("|---"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].to_string(), cells[2].to_string())
+        })
+        .collect();
+    let want: Vec<(String, String)> = FAULTS
+        .iter()
+        .map(|r| {
+            let label = match r.label {
+                Label::Kept => "kept",
+                Label::Outside => "outside the assumptions",
+            };
+            (r.name.to_string(), label.to_string())
+        })
+        .collect();
+    assert_eq!(
+        rows, want,
+        "the table in fleet.md, \"What the simulation checks\""
+    );
+    for r in FAULTS.iter().filter(|r| r.label == Label::Outside) {
+        assert!(
+            limitations.contains(r.name),
+            "limitations.md does not name: {}",
+            r.name
+        );
+    }
 }
