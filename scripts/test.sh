@@ -32,8 +32,11 @@
 #         "What is tested where"); SNOWFLAKE_TESTS set by the caller applies
 #         to every version. Slow tests (@pytest.mark.slow) run only with
 #         SNOWFLAKE_SLOW=1.
-#   4. prints one line per version and, last, the totals over all versions:
-#      "total: N passed, N failed, N skipped".
+#   4. prints one line per version and the totals over all versions:
+#      "total: N passed, N failed, N skipped"; last, the wall time of each
+#      phase (dependencies, lint gate, Rust tests, each version's install,
+#      pytest and serial pytest) and the total, also when a phase stopped
+#      the run.
 #
 # Exits non-zero on any failure (every version is still tested). Other
 # clusters (e.g. the quickstart demo) are left alone. CI runs this via
@@ -47,8 +50,11 @@ set -e
 RESULTS="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/test-results"
 WORKERS="${SNOWFLAKE_PYTEST_WORKERS:-2}"
 
+trap phase_report EXIT
+phase_start "dependencies (ensure_deps)"
 ensure_deps
 cd "$REPO_ROOT"
+phase_start "lint gate (scripts/check.sh)"
 bash "$REPO_ROOT/scripts/check.sh" || die "the lint gate (scripts/check.sh) failed: fix what it printed above"
 
 rm -rf "$RESULTS"
@@ -69,6 +75,7 @@ if [[ " ${PG_VERSIONS[*]} " == *" 17 "* && ! -f $REPO_ROOT/.chroot/trixie/comple
 fi
 
 first="${PG_VERSIONS[0]}"
+phase_start "Rust tests (snowflake_core, the extension's unit tests)"
 log "cargo test -p snowflake_core (the pure core: no PostgreSQL)"
 cargo test -p snowflake_core 2>&1 | tee "$RESULTS/cargo-core.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
@@ -79,6 +86,7 @@ cargo test --lib --no-default-features --features "pg$first" 2>&1 | tee "$RESULT
 for v in "${PG_VERSIONS[@]}"; do
     started=$SECONDS
     pgc="$(pg_config_for "$v")"
+    phase_start "PostgreSQL $v: cargo pgrx install --release"
     log "PostgreSQL $v: cargo pgrx install --release"
     if ! cargo pgrx install --release --pg-config "$pgc" --no-default-features --features "pg$v"; then
         status=1
@@ -87,6 +95,7 @@ for v in "${PG_VERSIONS[@]}"; do
     fi
     tests="${SNOWFLAKE_TESTS:-$(tests_for_version "$v")}"
     echo "$tests" >"$RESULTS/tests-pg$v"
+    phase_start "PostgreSQL $v: pytest ($tests)"
     log "PostgreSQL $v: pytest tests/ (SNOWFLAKE_TESTS=$tests, $WORKERS workers${SNOWFLAKE_SLOW:+, SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW})"
     SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
         -n "$WORKERS" --dist loadgroup -m "not serial" \
@@ -94,6 +103,7 @@ for v in "${PG_VERSIONS[@]}"; do
     rc=$?
     # pytest's 5 is "no test collected": a failure here.
     [[ $rc -eq 0 ]] || status=1
+    phase_start "PostgreSQL $v: pytest -m serial"
     log "PostgreSQL $v: pytest tests/ -m serial (tests that change the installation, run alone)"
     SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
         -m serial --junitxml="$RESULTS/pytest-pg$v-serial.xml" "$@"
@@ -102,5 +112,6 @@ for v in "${PG_VERSIONS[@]}"; do
     [[ $rc -eq 0 || $rc -eq 5 ]] || status=1
     echo $((SECONDS - started)) >"$RESULTS/seconds-pg$v"
 done
+phase_start "summary"
 "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/scripts/test_summary.py" "$RESULTS" "${PG_VERSIONS[@]}" || status=1
 exit "$status"
