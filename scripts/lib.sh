@@ -66,6 +66,12 @@ PGRX_VERSION="0.19.3"
 # builds with scripts/rustc-compat/cargo first in PATH (_rustc_compat).
 PGRX_RUST_VERSION="1.96"
 SUPPORTED_PG_VERSIONS=(15 16 17 18 19)
+# The previous release, whose package the repository test upgrades from
+# (tests/upgrade/test_package.py, built by scripts/package-commit.sh).
+# shellcheck disable=SC2034  # used by the tests
+PREVIOUS_RELEASE_VERSION="0.7.0"
+# shellcheck disable=SC2034
+PREVIOUS_RELEASE_COMMIT="68e1fe1596537de42ad4452a3bd96d0dab26f334"
 # Which pytest tests scripts/test.sh runs on PostgreSQL $1 (SNOWFLAKE_TESTS,
 # read by tests/conftest.py): the whole suite on 15 (where Citus and
 # pg_partman run); on 18, the newest, the core subset and the fleet's fencing

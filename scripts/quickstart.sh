@@ -32,6 +32,7 @@ PG_CTL="$PG_BINDIR/pg_ctl"
 PSQL=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$DEMO_DIR" -p "$PORT" -U postgres -d postgres)
 
 PG_VERSIONS=(15)   # the demo runs on Debian's PostgreSQL 15
+trap phase_report EXIT
 phase_start "install the build dependencies (ensure_build_deps)"
 ensure_build_deps
 
@@ -92,4 +93,3 @@ Connect:  psql -h $DEMO_DIR -p $PORT -U postgres
           (or: runuser -u postgres -- psql -h $DEMO_DIR -p $PORT)
 Stop:     runuser -u postgres -- $PG_CTL -D $DATA -m fast stop
 EOF
-phase_report

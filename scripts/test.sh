@@ -10,9 +10,9 @@
 #      into .pg/, cargo-pgrx, Citus, faketime, the real clients
 #      (scripts/clients.sh: Python, npm and Debian clients, JDK, Ruby,
 #      pg_partman); stops at once, with the reason, when something cannot be
-#      installed (no test installs anything). Starts making the Debian 13
-#      root of the PostgreSQL 17 package test in the background (downloads;
-#      the test waits for it)
+#      installed (no test installs anything). Starts making the Debian 12
+#      and 13 roots of the 15 and 17 package tests in the background
+#      (downloads; the tests wait for them)
 #   1b. the lint gate, scripts/check.sh (fmt, clippy for every version,
 #      ruff, shellcheck, dead paths): stops the run when it fails
 #   2. the Rust tests, once (they do not depend on the PostgreSQL version):
@@ -66,12 +66,18 @@ for v in "${PG_VERSIONS[@]}"; do
 done
 set +e
 status=0
-# The PostgreSQL 17 package test runs in a Debian 13 root (cached in .chroot/):
-# make it now, in the background, while the builds and the other versions'
-# tests run; the test waits for it (scripts/debian-root.sh holds a lock).
-if [[ " ${PG_VERSIONS[*]} " == *" 17 "* && ! -f $REPO_ROOT/.chroot/trixie/complete ]]; then
-    log "making the Debian 13 root for the package test, in the background"
-    bash "$REPO_ROOT/scripts/debian-root.sh" >"$RESULTS/debian-root.log" 2>&1 &
+# The 15 and 17 package and repository tests run in a Debian 12 and a
+# Debian 13 root (cached in .chroot/): make them now, in the background,
+# while the builds and the tests run; a test waits for its root
+# (scripts/debian-root.sh holds a lock).
+roots=()
+[[ " ${PG_VERSIONS[*]} " != *" 15 "* || -f $REPO_ROOT/.chroot/bookworm/complete ]] || roots+=(bookworm)
+[[ " ${PG_VERSIONS[*]} " != *" 17 "* || -f $REPO_ROOT/.chroot/trixie/complete ]] || roots+=(trixie)
+if [[ ${#roots[@]} -gt 0 ]]; then
+    log "making the Debian roots of the package tests (${roots[*]}), in the background"
+    for suite in "${roots[@]}"; do
+        bash "$REPO_ROOT/scripts/debian-root.sh" "$suite" || break
+    done >"$RESULTS/debian-root.log" 2>&1 &
 fi
 
 first="${PG_VERSIONS[0]}"
