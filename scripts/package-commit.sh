@@ -36,16 +36,16 @@ flock 9
 shopt -s nullglob
 debs=("$base/$v/"*.deb)
 if [[ ${#debs[@]} -ne 1 ]]; then
-    src="$base/src"
-    if [[ ! -d $src/.git ]]; then
-        rm -rf "$src"
-        git clone --quiet --shared --no-checkout "$REPO_ROOT" "$src"
-        git -C "$src" -c advice.detachedHead=false checkout --quiet --detach "$commit"
-        ln -s "$PG_CACHE" "$src/.pg"
+    checkout="$base/src"
+    if [[ ! -d $checkout/.git ]]; then
+        rm -rf "$checkout"
+        git clone --quiet --shared --no-checkout "$REPO_ROOT" "$checkout"
+        git -C "$checkout" -c advice.detachedHead=false checkout --quiet --detach "$commit"
+        ln -s "$PG_CACHE" "$checkout/.pg"
     fi
     log "PostgreSQL $v: the package of commit ${commit:0:12} (once; minutes)"
     (
-        cd "$src"
+        cd "$checkout"
         unset SNOWFLAKE_PG_VERSIONS
         PGRX_HOME="$base/pgrx" CARGO_TARGET_DIR="$base/target" \
             CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
