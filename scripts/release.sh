@@ -102,11 +102,15 @@ if [[ -n ${SNOWFLAKE_SIGNING_KEY:-} ]]; then
     log "signing with $key"
 else
     export GNUPGHOME="$TARGET/release-gnupg"
+    # The agent of an earlier run's keyring goes with it.
+    [[ ! -d $GNUPGHOME ]] || gpgconf --kill gpg-agent
+    trap 'gpgconf --kill gpg-agent' EXIT
     rm -rf "$GNUPGHOME" && mkdir -p "$GNUPGHOME" && chmod 0700 "$GNUPGHOME"
     gpg --batch --quiet --pinentry-mode loopback --passphrase '' \
         --quick-gen-key "snowflake_id throwaway release key (not for publishing) <snowflake-id@localhost>" \
-        ed25519 sign 30d 2>/dev/null
-    key="$(gpg --batch --with-colons --list-secret-keys | awk -F: '$1 == "fpr" { print $10; exit }')"
+        ed25519 sign 30d 2>"$TARGET/release-gpg.log" \
+        || die "gpg could not make a throwaway key: $(cat "$TARGET/release-gpg.log")"
+    key="$(gpg --batch --with-colons --list-secret-keys 2>/dev/null | awk -F: '$1 == "fpr" { print $10; exit }')"
     log "signing with a throwaway key ($key, in $GNUPGHOME): set SNOWFLAKE_SIGNING_KEY to sign a real release"
 fi
 gpg --batch --export "$key" >"$OUT/$KEYRING_NAME.gpg"
