@@ -12,7 +12,9 @@
 #      pg_partman); stops at once, with the reason, when something cannot be
 #      installed (no test installs anything). Starts making the Debian 12
 #      and 13 roots of the 15 and 17 package tests in the background
-#      (downloads; the tests wait for them)
+#      (downloads; the tests wait for them), and building the previous
+#      release's 15 and 17 packages the repository test upgrades from
+#      (scripts/package-commit.sh, cached in .cache/)
 #   1b. the lint gate, scripts/check.sh (fmt, clippy for every version,
 #      ruff, shellcheck, dead paths): stops the run when it fails
 #   2. the Rust tests, once (they do not depend on the PostgreSQL version):
@@ -78,6 +80,22 @@ if [[ ${#roots[@]} -gt 0 ]]; then
     for suite in "${roots[@]}"; do
         bash "$REPO_ROOT/scripts/debian-root.sh" "$suite" || break
     done >"$RESULTS/debian-root.log" 2>&1 &
+fi
+
+# The repository test (15 and 17) upgrades from the previous release's
+# package, built once per version into .cache/ (scripts/package-commit.sh):
+# build those now, niced, in the background, while the tests (waiting on
+# servers more than on the cores) run; the test waits for its package
+# (package-commit.sh holds a lock).
+previous=()
+for v in 15 17; do
+    [[ " ${PG_VERSIONS[*]} " != *" $v "* ]] || previous+=("$v")
+done
+if [[ ${#previous[@]} -gt 0 ]]; then
+    log "building the $PREVIOUS_RELEASE_VERSION packages for the repository test (${previous[*]}), in the background"
+    for v in "${previous[@]}"; do
+        nice -n 10 bash "$REPO_ROOT/scripts/package-commit.sh" "$PREVIOUS_RELEASE_COMMIT" "$v" || break
+    done >"$RESULTS/previous-packages.log" 2>&1 &
 fi
 
 first="${PG_VERSIONS[0]}"
