@@ -503,10 +503,13 @@ ensure_build_deps() {
             16 | 17 | 18) debs+=(unzip) ;;
         esac
     done
+    phase_start "build dependencies: Debian packages"
     _ensure_debs "${debs[@]}"
     _ensure_rust
+    phase_start "build dependencies: PostgreSQL trees, cargo-pgrx"
     _ensure_pg_installs
     _ensure_cargo_pgrx
+    phase_end
     log "build dependencies OK"
 }
 

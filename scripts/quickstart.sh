@@ -9,8 +9,10 @@
 #      postgresql-server-dev-15, clang, libclang-dev, pkg-config, libssl-dev,
 #      build-essential, dpkg-dev, ca-certificates; and cargo-pgrx 0.19.3
 #      (cargo install). Rust itself is checked, not installed (rustup).
-#      Nothing of the test suite (scripts/test.sh installs that), and no
-#      service of the host is stopped, started or reconfigured.
+#      Nothing of the test suite (scripts/test.sh installs that). The script
+#      stops, starts or reconfigures no service of the host (Debian's
+#      postgresql-15 package, when it is first installed, makes and starts
+#      its own cluster 15/main on port 5432).
 #   2. builds and installs the extension (release) into the system PostgreSQL 15
 #   3. (re)creates a throwaway cluster in /tmp/snowflake_id_demo listening on
 #      port 5499 (PORT=... overrides) with shared_preload_libraries = 'snowflake_id'
@@ -33,8 +35,7 @@ PSQL=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$DEMO_DIR" -p "$PORT" -U po
 
 PG_VERSIONS=(15)   # the demo runs on Debian's PostgreSQL 15
 trap phase_report EXIT
-phase_start "install the build dependencies (ensure_build_deps)"
-ensure_build_deps
+ensure_build_deps   # its own phases: the Debian packages, cargo-pgrx
 
 phase_start "build and install snowflake_id (release)"
 log "building and installing snowflake_id (release)"
