@@ -12,8 +12,9 @@
 #      pg_partman); stops at once, with the reason, when something cannot be
 #      installed (no test installs anything). Starts making the Debian 12
 #      and 13 roots of the 15 and 17 package tests in the background
-#      (downloads; the tests wait for them), and building the previous
-#      release's 15 and 17 packages the repository test upgrades from
+#      (downloads; the tests wait for them); when the first version's
+#      pytest starts, building in the background the previous release's 15
+#      and 17 packages the repository test upgrades from
 #      (scripts/package-commit.sh, cached in .cache/)
 #   1b. the lint gate, scripts/check.sh (fmt, clippy for every version,
 #      ruff, shellcheck, dead paths): stops the run when it fails
@@ -83,20 +84,23 @@ if [[ ${#roots[@]} -gt 0 ]]; then
 fi
 
 # The repository test (15 and 17) upgrades from the previous release's
-# package, built once per version into .cache/ (scripts/package-commit.sh):
-# build those now, niced, in the background, while the tests (waiting on
-# servers more than on the cores) run; the test waits for its package
+# package, built once per version into .cache/ (scripts/package-commit.sh).
+# Those builds start, niced, in the background when the first version's
+# pytest does (its tests wait on servers more than on the cores), not
+# beside the builds before it; the test waits for its package
 # (package-commit.sh holds a lock).
 previous=()
 for v in 15 17; do
     [[ " ${PG_VERSIONS[*]} " != *" $v "* ]] || previous+=("$v")
 done
-if [[ ${#previous[@]} -gt 0 ]]; then
+build_previous_packages() {
+    [[ ${#previous[@]} -gt 0 ]] || return 0
     log "building the $PREVIOUS_RELEASE_VERSION packages for the repository test (${previous[*]}), in the background"
     for v in "${previous[@]}"; do
         nice -n 10 bash "$REPO_ROOT/scripts/package-commit.sh" "$PREVIOUS_RELEASE_COMMIT" "$v" || break
     done >"$RESULTS/previous-packages.log" 2>&1 &
-fi
+    previous=()
+}
 
 first="${PG_VERSIONS[0]}"
 phase_start "Rust tests (snowflake_core, the extension's unit tests)"
@@ -119,6 +123,7 @@ for v in "${PG_VERSIONS[@]}"; do
     fi
     tests="${SNOWFLAKE_TESTS:-$(tests_for_version "$v")}"
     echo "$tests" >"$RESULTS/tests-pg$v"
+    build_previous_packages
     phase_start "PostgreSQL $v: pytest ($tests)"
     log "PostgreSQL $v: pytest tests/ (SNOWFLAKE_TESTS=$tests, $WORKERS workers${SNOWFLAKE_SLOW:+, SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW})"
     SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
