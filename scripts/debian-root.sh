@@ -10,6 +10,9 @@
 #                         .debs of postgresql-17 and what it depends on
 #                         (apt-get install --download-only), so installing
 #                         them in a copy needs no network.
+#   bookworm              Debian 12, the same with postgresql-15: the
+#                         package test installs the 15 package from the apt
+#                         repository there (not into this system's own 15).
 #   sid                   Debian unstable with postgresql-19,
 #                         postgresql-client-19 and postgresql-server-dev-19
 #                         from experimental, installed (PG19_DEB_VERSION,
@@ -19,7 +22,7 @@
 #                         loader and libraries) and the root the 19 package
 #                         test installs into.
 #
-# Run as root:   bash scripts/debian-root.sh [trixie|sid]
+# Run as root:   bash scripts/debian-root.sh [trixie|bookworm|sid]
 #
 # Prints the root's path: .chroot/<suite>/root (git-ignored). It is made once
 # (one to three minutes) and reused: a second run prints the path at once.
@@ -33,9 +36,16 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 suite="${1:-trixie}"
+# The distribution's own PostgreSQL server package, downloaded into the root.
+_distribution_postgresql() {
+    case $1 in
+        trixie) echo postgresql-17 ;;
+        bookworm) echo postgresql-15 ;;
+    esac
+}
 case $suite in
-    trixie | sid) ;;
-    *) die "usage: bash scripts/debian-root.sh [trixie|sid]" ;;
+    trixie | bookworm | sid) ;;
+    *) die "usage: bash scripts/debian-root.sh [trixie|bookworm|sid]" ;;
 esac
 require_root
 command -v debootstrap >/dev/null 2>&1 || _ensure_debs debootstrap
@@ -70,10 +80,10 @@ if [[ ! -f $base/complete ]]; then
     mkdir -p "$root.tmp/etc/postgresql-common/createcluster.d"
     echo "create_main_cluster = false" \
         >"$root.tmp/etc/postgresql-common/createcluster.d/no-main-cluster.conf"
-    if [[ $suite == trixie ]]; then
+    if [[ $suite != sid ]]; then
         chroot "$root.tmp" apt-get "${apt_opts[@]}" update -qq >/dev/null
         chroot "$root.tmp" apt-get "${apt_opts[@]}" install -y -qq --download-only --no-install-recommends \
-            postgresql-17 >/dev/null
+            "$(_distribution_postgresql "$suite")" >/dev/null
     else
         echo "deb $DEBIAN_MIRROR experimental main" >"$root.tmp/etc/apt/sources.list.d/experimental.list"
         chroot "$root.tmp" apt-get "${apt_opts[@]}" update -qq >/dev/null

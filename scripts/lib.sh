@@ -20,9 +20,13 @@
 #   ensure_deps                       idempotently install everything needed
 #                                     to build and test the extension; fast
 #                                     (seconds) when everything is present
-#   ensure_build_deps                 only what building the extension and its
-#                                     packages needs (scripts/package.sh): no
-#                                     Python test environment, Citus, npm
+#   ensure_build_deps                 only what building the extension needs
+#                                     for the versions in PG_VERSIONS
+#                                     (scripts/quickstart.sh,
+#                                     scripts/package.sh): no test
+#                                     dependency, no host service touched
+#   ensure_release_deps               ensure_build_deps and what the apt
+#                                     repository needs (scripts/release.sh)
 #
 # Where each PostgreSQL comes from:
 #   15  Debian 12's postgresql-15 (/usr/lib/postgresql/15)
@@ -62,6 +66,12 @@ PGRX_VERSION="0.19.3"
 # builds with scripts/rustc-compat/cargo first in PATH (_rustc_compat).
 PGRX_RUST_VERSION="1.96"
 SUPPORTED_PG_VERSIONS=(15 16 17 18 19)
+# The previous release, whose package the repository test upgrades from
+# (tests/upgrade/test_package.py, built by scripts/package-commit.sh).
+# shellcheck disable=SC2034  # used by the tests
+PREVIOUS_RELEASE_VERSION="0.7.0"
+# shellcheck disable=SC2034
+PREVIOUS_RELEASE_COMMIT="68e1fe1596537de42ad4452a3bd96d0dab26f334"
 # Which pytest tests scripts/test.sh runs on PostgreSQL $1 (SNOWFLAKE_TESTS,
 # read by tests/conftest.py): the whole suite on 15 (where Citus and
 # pg_partman run); on 18, the newest, the core subset and the fleet's fencing
@@ -127,11 +137,18 @@ DEB_PACKAGES=(
     debootstrap shellcheck
     patroni etcd-server   # a registry under Patroni (tests/fleet/test_patroni.py)
     prometheus-postgres-exporter   # snowflake_health() scraped (tests/sql_api/test_health.py)
+    reprepro gnupg zip    # the signed apt repository, the PGXN zip (scripts/release.sh)
 )
-# What building the extension and its packages needs (scripts/package.sh).
+# What building the extension needs (scripts/quickstart.sh,
+# scripts/package.sh): bindgen's clang and libclang, a C toolchain and
+# dpkg-dev (build-essential), the TLS roots cargo downloads crates with.
+# ensure_build_deps adds PostgreSQL 15 and its server headers when 15 is
+# built, and unzip when a wheel-based version (16, 17, 18) is.
 BUILD_DEB_PACKAGES=(
-    libclang-dev clang pkg-config libssl-dev build-essential dpkg-dev unzip
+    libclang-dev clang pkg-config libssl-dev build-essential dpkg-dev ca-certificates
 )
+# What the apt repository adds (scripts/release.sh).
+RELEASE_DEB_PACKAGES=(reprepro gnupg zip)
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -421,15 +438,15 @@ _ensure_citus() {
     PG_CONFIG="$(pg_config_for 15)" bash "$dir/install.sh" >/dev/null || die "building Citus from $dir failed"
 }
 
-# Debian's etcd-server and patroni (tests/fleet/test_patroni.py starts its
-# own etcd and Patroni, on free ports, as the postgres OS user) come with
-# system services that the package's installation may start (etcd at once,
-# on 127.0.0.1:2379): stop and disable them, with systemd or the init
+# Debian's etcd-server, patroni and prometheus-postgres-exporter (the tests
+# start their own, on free ports, as the postgres OS user) come with system
+# services that the package's installation may start (etcd at once, on
+# 127.0.0.1:2379; the exporter on 9187): stop and disable them, with systemd or the init
 # scripts, whichever this machine runs. The one left running is the
 # service's own, run as the etcd system user (never the tests' etcd).
 _stop_ha_services() {
     local svc pids
-    for svc in etcd patroni; do
+    for svc in etcd patroni prometheus-postgres-exporter; do
         if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
             systemctl disable --now "$svc.service" >/dev/null 2>&1 || true
         elif [[ -x /etc/init.d/$svc ]]; then
@@ -471,19 +488,74 @@ ensure_deps() {
     log "dependencies OK"
 }
 
-# What scripts/package.sh needs for the versions in PG_VERSIONS: the build
-# tools, Rust, cargo-pgrx and each version's PostgreSQL (Debian's 15 with its
-# server headers, the pinned trees of the others). No test dependencies.
+# What building the extension needs for the versions in PG_VERSIONS
+# (scripts/quickstart.sh, scripts/package.sh): the build tools, Rust (checked:
+# installed by the user with rustup), cargo-pgrx and each version's
+# PostgreSQL (Debian's 15 with its server headers, the pinned trees of the
+# others). No test dependency, and no service of the host is stopped or
+# reconfigured.
 ensure_build_deps() {
     require_root
     log "checking build dependencies"
-    local debs=("${BUILD_DEB_PACKAGES[@]}")
-    [[ " ${PG_VERSIONS[*]} " != *" 15 "* ]] || debs+=(postgresql-15 postgresql-server-dev-15)
+    local debs=("${BUILD_DEB_PACKAGES[@]}") v
+    for v in "${PG_VERSIONS[@]}"; do
+        case $v in
+            15) debs+=(postgresql-15 postgresql-server-dev-15) ;;
+            16 | 17 | 18) debs+=(unzip) ;;
+        esac
+    done
+    phase_start "build dependencies: Debian packages"
     _ensure_debs "${debs[@]}"
     _ensure_rust
+    phase_start "build dependencies: PostgreSQL trees, cargo-pgrx"
     _ensure_pg_installs
     _ensure_cargo_pgrx
+    phase_end
     log "build dependencies OK"
+}
+
+# What scripts/release.sh needs: ensure_build_deps, reprepro (the apt
+# repository), gnupg (its signature) and zip (the PGXN distribution).
+ensure_release_deps() {
+    ensure_build_deps
+    _ensure_debs "${RELEASE_DEB_PACKAGES[@]}"
+}
+
+# Phase timing: `phase_start NAME` ends the phase running (if any) and starts
+# NAME; `phase_end` ends the one running; `phase_report` prints every phase's
+# wall time, in order, and the total (scripts/test.sh, scripts/quickstart.sh).
+_phase_names=()
+_phase_seconds=()
+_phase_current=""
+_phase_started=0
+phase_start() {
+    phase_end
+    _phase_current=$1
+    _phase_started=$SECONDS
+}
+phase_end() {
+    [[ -n $_phase_current ]] || return 0
+    _phase_names+=("$_phase_current")
+    _phase_seconds+=($((SECONDS - _phase_started)))
+    _phase_current=""
+}
+# Seconds as "12 min 5 s" (or "40 s").
+_duration() {
+    if [[ $1 -ge 60 ]]; then
+        printf '%d min %d s' $(($1 / 60)) $(($1 % 60))
+    else
+        printf '%d s' "$1"
+    fi
+}
+phase_report() {
+    local i total=0
+    phase_end
+    printf 'wall time per phase:\n'
+    for i in "${!_phase_names[@]}"; do
+        printf '  %-52s %s\n' "${_phase_names[$i]}" "$(_duration "${_phase_seconds[$i]}")"
+        total=$((total + _phase_seconds[i]))
+    done
+    printf '  %-52s %s\n' "total" "$(_duration "$total")"
 }
 
 # Scripts that source this file and find cargo build with pgrx's rust-version

@@ -4,7 +4,15 @@
 #
 # Run as root on Debian 12:   bash scripts/quickstart.sh
 #
-#   1. installs whatever is missing (scripts/lib.sh ensure_deps)
+#   1. installs what building the extension needs, when missing
+#      (scripts/lib.sh ensure_build_deps): Debian's postgresql-15 and
+#      postgresql-server-dev-15, clang, libclang-dev, pkg-config, libssl-dev,
+#      build-essential, dpkg-dev, ca-certificates; and cargo-pgrx 0.19.3
+#      (cargo install). Rust itself is checked, not installed (rustup).
+#      Nothing of the test suite (scripts/test.sh installs that). The script
+#      stops, starts or reconfigures no service of the host (Debian's
+#      postgresql-15 package, when it is first installed, makes and starts
+#      its own cluster 15/main on port 5432).
 #   2. builds and installs the extension (release) into the system PostgreSQL 15
 #   3. (re)creates a throwaway cluster in /tmp/snowflake_id_demo listening on
 #      port 5499 (PORT=... overrides) with shared_preload_libraries = 'snowflake_id'
@@ -12,7 +20,8 @@
 #      from two concurrent psql sessions and prints them decoded
 #
 # The cluster is left running; the last lines printed say how to connect and
-# how to stop it. Running the script again replaces the demo cluster.
+# how to stop it, and the wall time of each step. Running the script again
+# replaces the demo cluster.
 
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -25,11 +34,15 @@ PG_CTL="$PG_BINDIR/pg_ctl"
 PSQL=("$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$DEMO_DIR" -p "$PORT" -U postgres -d postgres)
 
 PG_VERSIONS=(15)   # the demo runs on Debian's PostgreSQL 15
-ensure_deps
+trap phase_report EXIT
+ensure_build_deps   # its own phases: the Debian packages, cargo-pgrx
 
+phase_start "build and install snowflake_id (release)"
 log "building and installing snowflake_id (release)"
 cd "$REPO_ROOT"
 cargo pgrx install --release --pg-config "$PG_CONFIG"
+
+phase_start "demo cluster, table, IDs"
 
 if [[ -f $DATA/postmaster.pid ]]; then
     log "stopping the previous demo cluster"

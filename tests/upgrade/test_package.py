@@ -1,5 +1,6 @@
-"""The release artifacts built by scripts/package.sh: the Debian package of
-the PostgreSQL under test, the source tarball and SHA256SUMS.
+"""The release artifacts built by scripts/release.sh: the Debian package of
+the PostgreSQL under test, the source tarball, the PGXN zip, the signed apt
+repository and its public key, and SHA256SUMS.
 
 Each package is installed the way a DBA would (`apt-get install ./file.deb`)
 into a distribution's own PostgreSQL of its version, where one exists here:
@@ -22,15 +23,33 @@ into a distribution's own PostgreSQL of its version, where one exists here:
 * 16 and 18: no distribution here ships them (their postgresql-NN packages
   come from apt.postgresql.org): the package is built and its control fields
   and file list are checked.
+
+The apt repository, as a DBA uses it: in a Debian 12 root with Debian's
+postgresql-15 (for 15) and a Debian 13 root with postgresql-17 (for 17),
+the previous release's package (PREVIOUS_RELEASE_* in scripts/lib.sh, built
+once by scripts/package-commit.sh into .cache/) is installed and makes IDs;
+the repository is added with one sources line naming its key with
+`signed-by`, served over HTTP on 127.0.0.1; `apt-get upgrade` brings this
+release's package, the server is restarted, `ALTER EXTENSION snowflake_id
+UPDATE` moves the SQL objects to this release and every new ID is above the
+old ones; then the package is removed and `apt-get install
+postgresql-NN-snowflake-id` installs it from the repository afresh. A
+sources line naming another key is refused by apt.
 """
 
+import contextlib
+import functools
 import glob
+import hashlib
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
 import tarfile
+import threading
+import zipfile
 
 import pytest
 
@@ -54,26 +73,29 @@ def _cargo_version() -> str:
         return re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
 
 
+KEYRING = "snowflake-id-archive-keyring"
+# The apt repository's suites: the Debian release of each.
+SUITES = {"bookworm": "12", "trixie": "13"}
+
+
 @pytest.fixture(scope="module")
 def artifacts() -> dict:
-    """Runs scripts/package.sh for the PostgreSQL under test; returns the
-    paths it printed: {"deb": ..., "tarball": ..., "sums": ...}."""
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/package.sh"), MAJOR],
-                          capture_output=True, text=True, timeout=1800)
+    """Runs scripts/release.sh for the PostgreSQL under test; returns the
+    paths it printed: {"deb", "tarball", "zip", "keyring", "keyring_asc",
+    "apt", "sums"}."""
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/release.sh"), MAJOR],
+                          capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-4000:]
     paths = proc.stdout.split()
     arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
     version = _cargo_version()
-    debs = [p for p in paths if p.endswith(".deb")]
-    tarballs = [p for p in paths if p.endswith(".tar.gz")]
-    sums = [p for p in paths if os.path.basename(p) == "SHA256SUMS"]
-    assert [os.path.basename(p) for p in debs] == [
-        f"postgresql-{MAJOR}-snowflake-id_{version}_{arch}.deb"], paths
-    assert [os.path.basename(p) for p in tarballs] == [f"snowflake_id-{version}.tar.gz"], paths
-    assert len(sums) == 1 and len(paths) == 3, paths
+    names = [os.path.basename(p) for p in paths]
+    assert names == [f"postgresql-{MAJOR}-snowflake-id_{version}_{arch}.deb",
+                     f"snowflake_id-{version}.tar.gz", f"snowflake_id-{version}.zip",
+                     f"{KEYRING}.gpg", f"{KEYRING}.asc", "apt", "SHA256SUMS"], paths
     for p in paths:
-        assert os.path.isfile(p), p
-    return {"deb": debs[0], "tarball": tarballs[0], "sums": sums[0]}
+        assert os.path.isdir(p) if p.endswith("/apt") else os.path.isfile(p), p
+    return dict(zip(("deb", "tarball", "zip", "keyring", "keyring_asc", "apt", "sums"), paths))
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +176,78 @@ def test_source_tarball_and_checksums(artifacts):
     sums = artifacts["sums"]
     with open(sums) as f:
         listed = sorted(line.split()[1] for line in f.read().splitlines())
-    assert listed == sorted(os.path.basename(artifacts[k]) for k in ("deb", "tarball"))
+    assert listed == sorted(os.path.basename(artifacts[k])
+                            for k in ("deb", "tarball", "zip", "keyring", "keyring_asc"))
     proc = subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=os.path.dirname(sums),
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_pgxn_zip(artifacts):
+    """The PGXN distribution: the tarball's files in a zip, under
+    snowflake_id-<version>/, with META.json (the one tests/upgrade/test_meta.py
+    checks against the Meta Spec) at its top."""
+    version = _cargo_version()
+    prefix = f"snowflake_id-{version}/"
+    with zipfile.ZipFile(artifacts["zip"]) as z:
+        assert z.testzip() is None
+        zipped = {n for n in z.namelist() if not n.endswith("/")}
+        meta = json.loads(z.read(prefix + "META.json"))
+    with tarfile.open(artifacts["tarball"]) as t:
+        tarred = {m.name for m in t.getmembers() if not m.isdir()}
+    assert zipped == tarred, sorted(zipped ^ tarred)[:10]
+    with open(os.path.join(REPO, "META.json")) as f:
+        assert meta == json.load(f)
+    assert meta["version"] == version
+
+
+def _gpgv(keyring: str, *files: str, home: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["gpgv", "--keyring", keyring, *files], capture_output=True, text=True,
+                          env={**os.environ, "GNUPGHOME": home})
+
+
+def test_repository_is_signed(artifacts, tmp_path):
+    """Each suite's InRelease and Release.gpg verify with the published
+    public key, as apt checks them, and not once the Release file is
+    changed; the Release file covers the Packages index, which names this
+    package with the .deb's checksum."""
+    keyring, apt = artifacts["keyring"], artifacts["apt"]
+    arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
+    with open(artifacts["deb"], "rb") as f:
+        deb_sha256 = hashlib.sha256(f.read()).hexdigest()
+    home = str(tmp_path / "gnupg")
+    os.mkdir(home, 0o700)
+    assert subprocess.run(["gpg", "--batch", "--show-keys", artifacts["keyring_asc"]],
+                          capture_output=True, env={**os.environ, "GNUPGHOME": home}).returncode == 0
+    for suite, number in SUITES.items():
+        dists = os.path.join(apt, "dists", suite)
+        proc = _gpgv(keyring, os.path.join(dists, "InRelease"), home=home)
+        assert proc.returncode == 0, proc.stderr
+        release_path = os.path.join(dists, "Release")
+        proc = _gpgv(keyring, os.path.join(dists, "Release.gpg"), release_path, home=home)
+        assert proc.returncode == 0, proc.stderr
+        with open(release_path) as f:
+            release = f.read()
+        assert re.search(rf"^Codename: {suite}$", release, re.M), release
+        assert re.search(rf"^Description: .* for Debian {number}$", release, re.M), release
+        tampered = tmp_path / f"Release-{suite}"
+        tampered.write_text(release.replace(f"Codename: {suite}", "Codename: sid"))
+        proc = _gpgv(keyring, os.path.join(dists, "Release.gpg"), str(tampered), home=home)
+        assert proc.returncode != 0, "a changed Release file still verified"
+
+        index = f"main/binary-{arch}/Packages"
+        with open(os.path.join(dists, index), "rb") as f:
+            packages = f.read()
+        sha256_section = release.split("\nSHA256:\n", 1)[1]
+        assert re.search(rf"^ {hashlib.sha256(packages).hexdigest()} +{len(packages)} {index}$",
+                         sha256_section, re.M), sha256_section
+        stanza = [st for st in packages.decode().split("\n\n")
+                  if f"Package: postgresql-{MAJOR}-snowflake-id\n" in st]
+        assert len(stanza) == 1, packages.decode()
+        assert f"\nVersion: {_cargo_version()}\n" in stanza[0]
+        assert f"\nSHA256: {deb_sha256}\n" in stanza[0]
+        filename = re.search(r"^Filename: (\S+)$", stanza[0], re.M).group(1)
+        assert os.path.isfile(os.path.join(apt, filename)), filename
 
 
 @pytest.mark.skipif(not DEBIAN_PG15, reason="Debian 12's own postgresql-15 is the system's; "
@@ -341,6 +431,151 @@ def test_distribution_install_start_make_ids_remove(deb, request):
         status = root.run("dpkg-query", "-W", "-f=${Status}", pkg, check=False).stdout
         assert "installed" not in status.replace("not-installed", ""), status
         assert not os.path.exists(root.path(f"/usr/share/doc/{pkg}"))
+        failed = False
+    finally:
+        root.run("pg_ctlcluster", "-m", "immediate", MAJOR, "sf", "stop", check=False)
+        root.close(keep=failed)
+
+
+# ------------------------------------------------ the apt repository
+# The Debian release whose own PostgreSQL each version's repository test
+# installs into, and the repository's suite for it.
+REPOSITORY_ROOTS = {"15": "bookworm", "17": "trixie"}
+
+
+def _previous_release() -> tuple[str, str]:
+    out = subprocess.check_output(
+        ["bash", "-c", 'source scripts/lib.sh && echo "$PREVIOUS_RELEASE_VERSION '
+                       '$PREVIOUS_RELEASE_COMMIT"'], cwd=REPO, text=True)
+    version, commit = out.split()
+    return version, commit
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _serve(directory: str):
+    """Serves `directory` over HTTP on 127.0.0.1 (a free port); yields its
+    URL. The roots share this machine's network, so apt in them reaches it."""
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=directory))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(MAJOR not in REPOSITORY_ROOTS,
+                    reason="the repository is installed from in Debian 12's postgresql-15 and "
+                           "Debian 13's postgresql-17, in the PostgreSQL 15 and 17 passes")
+@pytest.mark.skipif(not AS_ROOT, reason="debootstrap, chroot and mount need root")
+def test_repository_upgrade_from_previous_release(artifacts):
+    """In a copy of a Debian root with the distribution's postgresql-NN:
+    the previous release's package installed, a cluster making IDs; the
+    repository added with one signed-by line (one naming another key is
+    refused); `apt-get upgrade` brings this release; after a restart and
+    ALTER EXTENSION UPDATE every new ID is above the old ones; removed and
+    installed afresh with `apt-get install postgresql-NN-snowflake-id`."""
+    suite = REPOSITORY_ROOTS[MAJOR]
+    version = _cargo_version()
+    old_version, old_commit = _previous_release()
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/package-commit.sh"), old_commit,
+                           MAJOR], capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    old_deb = proc.stdout.strip().splitlines()[-1]
+    assert _field(old_deb, "Version") == old_version
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/debian-root.sh"), suite],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    base = proc.stdout.strip().splitlines()[-1]
+    _stale_roots(base)
+    root = Root(base)
+    pkg = f"postgresql-{MAJOR}-snowflake-id"
+    port = 5433
+    failed = True
+
+    def installed() -> str:
+        return root.run("dpkg-query", "-W", "-f=${Status} ${Version}", pkg).stdout
+
+    def extversion() -> str:
+        return root.psql(port, "SELECT extversion FROM pg_extension WHERE extname = 'snowflake_id'")
+
+    try:
+        shutil.copy(old_deb, root.path("/tmp/"))
+        root.run(*APT_GET, "install", "-y", "-q", "--no-install-recommends",
+                 f"postgresql-{MAJOR}", f"/tmp/{os.path.basename(old_deb)}")
+        assert installed() == f"install ok installed {old_version}"
+        root.run("pg_createcluster", MAJOR, "sf", "-p", str(port))
+        with open(root.path(f"/etc/postgresql/{MAJOR}/sf/conf.d/snowflake_id.conf"), "w") as f:
+            f.write("shared_preload_libraries = 'snowflake_id'\nlisten_addresses = ''\n")
+        root.run("pg_ctlcluster", MAJOR, "sf", "start")
+        root.psql(port, "CREATE EXTENSION snowflake_id")
+        assert extversion() == old_version
+        root.psql(port, "CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowflake_nextval(),"
+                        " n int)")
+        root.psql(port, "INSERT INTO orders (n) SELECT g FROM generate_series(1, 20000) g")
+        old_max = int(root.psql(port, "SELECT max(id) FROM orders"))
+
+        # The repository as a DBA adds it: the public key where signed-by
+        # names it, one sources line. Only that source is updated (the
+        # root's Debian lists stay those its packages came from, so that
+        # the upgrade brings this package alone, with no network).
+        keyring = f"/usr/share/keyrings/{KEYRING}.gpg"
+        shutil.copy(artifacts["keyring"], root.path(keyring))
+        sources = "/etc/apt/sources.list.d/snowflake-id.list"
+        update = (*APT_GET, "-o", f"Dir::Etc::sourcelist={sources}", "-o",
+                  "Dir::Etc::sourceparts=-", "-o", "APT::Get::List-Cleanup=0", "update")
+        with _serve(os.path.dirname(artifacts["apt"])) as url:
+            # Signed by a key other than the one named: refused.
+            with open(root.path(sources), "w") as f:
+                f.write(f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+                        f"{url}/apt {suite} main\n")
+            refused = root.run(*update, check=False)
+            assert refused.returncode != 0, refused.stdout + refused.stderr
+            assert re.search(r"NO_PUBKEY|not signed|Missing key|signature",
+                             refused.stdout + refused.stderr), refused.stdout + refused.stderr
+
+            with open(root.path(sources), "w") as f:
+                f.write(f"deb [signed-by={keyring}] {url}/apt {suite} main\n")
+            root.run(*update)
+            policy = root.run("apt-cache", "policy", pkg).stdout
+            assert f"Candidate: {version}" in policy, policy
+            root.run(*APT_GET, "upgrade", "-y", "-q")
+            assert installed() == f"install ok installed {version}"
+
+            # The new library is loaded at the restart; the SQL objects move
+            # with ALTER EXTENSION UPDATE.
+            root.run("pg_ctlcluster", MAJOR, "sf", "restart")
+            assert extversion() == old_version
+            root.psql(port, "ALTER EXTENSION snowflake_id UPDATE")
+            assert extversion() == version
+            root.psql(port, "INSERT INTO orders (n) SELECT g FROM generate_series(20001, 40000) g")
+            new_min, count, distinct = root.psql(
+                port, "SELECT min(id) FILTER (WHERE n > 20000), count(*), count(DISTINCT id) "
+                      "FROM orders").split("|")
+            assert int(new_min) > old_max, (new_min, old_max)
+            assert (count, distinct) == ("40000", "40000")
+            old_max = int(root.psql(port, "SELECT max(id) FROM orders"))
+            root.run("pg_ctlcluster", MAJOR, "sf", "stop")
+
+            # Removed, then installed from the repository alone.
+            root.run("dpkg", "-r", pkg)
+            assert not os.path.exists(root.path(f"/usr/lib/postgresql/{MAJOR}/lib/snowflake_id.so"))
+            root.run(*APT_GET, "install", "-y", "-q", "--no-install-recommends", pkg)
+            assert installed() == f"install ok installed {version}"
+        for f in _files(artifacts["deb"]):
+            assert os.path.exists(root.path(f)), f
+        root.run("pg_ctlcluster", MAJOR, "sf", "start")
+        assert extversion() == version
+        assert int(root.psql(port, "SELECT snowflake_nextval()")) > old_max
+        root.run("pg_ctlcluster", MAJOR, "sf", "stop")
         failed = False
     finally:
         root.run("pg_ctlcluster", "-m", "immediate", MAJOR, "sf", "stop", check=False)
