@@ -252,12 +252,13 @@ def report_case7() -> None:
         "reps; ratios of wall time, per rep, paired")
     ratio = {a: (metric, b) for a, b, metric in case7.RATIOS}
     rows = []
-    for label, expr, source in case7.VARIANTS:
+    for label, expr, source, target in case7.VARIANTS:
         r = ratio.get(label)
-        rows.append([label, f"{expr} FROM {source}", fmt_spread(R.get(C, label, "rows_per_s")),
+        rows.append([label, f"INTO {target} SELECT {expr} FROM {source}",
+                     fmt_spread(R.get(C, label, "rows_per_s")),
                      fmt_spread(R.get(C, label, "cpu_us_per_row")),
                      f"{fmt_spread(R.get(C, label, r[0]))} × {r[1]}" if r else ""])
-    table(["key", "SELECT", "rows/s", "CPU µs/row", "time ×"], rows, {2, 3})
+    table(["key", "INSERT", "rows/s", "CPU µs/row", "time ×"], rows, {2, 3})
 
 
 def case6_ran() -> list[tuple]:
@@ -416,6 +417,8 @@ def goals(meta: dict) -> None:
     c7 = case7.CASE
     add("backfill unordered ≤ 2 × ordered (time)", "wall",
         R.get(c7, case7.UNORDERED, "time_ratio_unordered_to_ordered"), 2.0, "le", "x")
+    add("backfill unordered ≤ 2 × ordered (time), no index", "wall",
+        R.get(c7, case7.UNORDERED_HEAP, "time_ratio_unordered_to_ordered"), 2.0, "le", "x")
     add("backfill ordered ≤ 1.5 × snowflake_nextval() (time)", "wall",
         R.get(c7, case7.ORDERED, "time_ratio_ordered_to_nextval"), 1.5, "le", "x")
     out()

@@ -37,27 +37,36 @@
 //! live capacity). A stretch holds [`Space::grants_per_bucket`] grants. A
 //! backend takes one grant per stretch it makes IDs in, in any order, one
 //! more per `per_tick` IDs it makes at one tick, and again one per
-//! stretch after each bound (every `MAX_TICKS` distinct ticks). It keeps
-//! its grants across statements and transactions, so a repeated statement
-//! in the same session takes none for its stretches.
+//! stretch after each bound (every `MAX_TICKS` distinct ticks). First
+//! grants come in batches of nearby stretches ([`Open::to_take`]): one
+//! durable write for up to [`MAX_BATCH`] of them; a batch takes only
+//! stretches the backend holds none of, so a backend still takes at most
+//! one first grant per stretch between bounds, used or not. It keeps its
+//! grants across statements and transactions, so a repeated statement in
+//! the same session takes none for its stretches.
 //!
 //! What a failure costs, and why grants are never given back. A statement
 //! that fails or is cancelled leaves the grants it took with its backend,
 //! whose table still counts the IDs the statement made: the next statement
 //! of the session goes on with them. Only when the backend exits are they
 //! lost: per failed statement (in a session that then ends) at most the
-//! grants it took, one per stretch it reached plus one per `per_tick` IDs
-//! at one tick. They are not given back to the server for other backends,
-//! because a grant's IDs may be visible although the statement failed: the
-//! rows of a rolled-back INSERT are not, but an ID can leave the backend
-//! before the failure (the rows a `SELECT snowflake_at(...)` already sent
-//! to the client, `COPY ... TO`, `dblink` or `postgres_fdw` writes of
-//! another transaction, a `NOTICE`), or be committed by an earlier
+//! grants it took, one per stretch (reached or taken in a batch) plus one
+//! per `per_tick` IDs at one tick. They are not given back to the server
+//! for other backends, because a grant's IDs may be visible although the
+//! statement failed: the rows of a rolled-back INSERT are not, but an ID
+//! can leave the backend before the failure (the rows a `SELECT
+//! snowflake_at(...)` already sent to the client, `COPY ... TO`, `dblink`
+//! or `postgres_fdw` writes of another transaction, a `NOTICE`), or be
+//! committed by an earlier
 //! statement or a released savepoint of the same transaction with the same
 //! grant; the backend cannot tell which of these happened. A grant that
-//! made no ID would be safe to give back, but a backend takes a grant only
-//! to make an ID with it at once, so there is none to give: the per-stretch
-//! counter that only grows stays the one durable rule.
+//! made no ID (taken in a batch for a stretch the backend never reached)
+//! would be safe to give back, but grants are numbered by a counter that
+//! only grows: only a stretch's last grant could be given back, by
+//! lowering the counter durably (state file) before another backend could
+//! take it, while WAL replay, which only raises counters, would lose it
+//! again after a crash (safe, never handed out twice). It is not done:
+//! such grants cost at most one per stretch per session, the bound above.
 
 use crate::layout::Layout;
 use crate::ranges::WorkerRanges;
@@ -249,6 +258,9 @@ pub const MAX_TICKS: usize = 917_504;
 /// Grants a backend holds at once. At this many, a new grant first gives
 /// up every grant held (4 bytes each, plus 32 per stretch: under 1 MiB).
 pub const MAX_GRANTS: usize = 65_536;
+/// The most stretches a backend takes first grants of at once
+/// ([`Open::to_take`]).
+pub const MAX_BATCH: usize = 256;
 
 /// What a backend does for an ID at a tick ([`Open::take`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,6 +285,7 @@ pub struct Open {
     stretches: HashMap<u32, Vec<u32>, Mix>,
     grants: usize,
     given_up: u64,
+    taken: usize,
 }
 
 impl Open {
@@ -296,7 +309,7 @@ impl Open {
         };
         let slot = (made / per_tick) as usize;
         let Some(&grant) = self.stretches.get(&bucket).and_then(|g| g.get(slot)) else {
-            if self.grants >= MAX_GRANTS {
+            if self.grants + MAX_BATCH > MAX_GRANTS {
                 self.clear();
             }
             return Take::NeedGrant { bucket };
@@ -308,10 +321,44 @@ impl Open {
         }
     }
 
-    /// Keeps a new grant of `bucket`, taken after [`Take::NeedGrant`].
+    /// The stretches to take a grant of, in one durable write, when
+    /// [`Take::NeedGrant`] asks for one of `bucket`: `bucket` first. When
+    /// the backend holds no grant of `bucket`, also first grants of the
+    /// nearest stretches within `usable` it holds none of, as many as it
+    /// took grants so far (so doubling), at most [`MAX_BATCH`] in all: an
+    /// import over many stretches then writes durably about once per
+    /// `MAX_BATCH` stretches, and one that stays in a few takes few more
+    /// than it uses (at most as many as it used).
+    pub fn to_take(&self, bucket: u32, usable: (u32, u32)) -> Vec<u32> {
+        let mut take = vec![bucket];
+        if self.held(bucket) > 0 {
+            return take;
+        }
+        let want = self.taken.clamp(1, MAX_BATCH);
+        let (lo, hi) = usable;
+        let mut step = 1u32;
+        while take.len() < want {
+            let up = bucket.checked_add(step).filter(|&b| b <= hi);
+            let down = bucket.checked_sub(step).filter(|&b| b >= lo);
+            if up.is_none() && down.is_none() {
+                break;
+            }
+            for b in [up, down].into_iter().flatten() {
+                if take.len() < want && self.held(b) == 0 {
+                    take.push(b);
+                }
+            }
+            step += 1;
+        }
+        take
+    }
+
+    /// Keeps a new grant of `bucket`, taken after [`Take::NeedGrant`]
+    /// (or with it, [`Open::to_take`]).
     pub fn add(&mut self, bucket: u32, grant: u32) {
         self.stretches.entry(bucket).or_default().push(grant);
         self.grants += 1;
+        self.taken = self.taken.saturating_add(1);
     }
 
     /// Gives up every grant held: no ID is made from them again (they stay
@@ -337,6 +384,11 @@ impl Open {
     /// Grants held of the stretch `bucket`.
     pub fn held(&self, bucket: u32) -> usize {
         self.stretches.get(&bucket).map_or(0, Vec::len)
+    }
+
+    /// Grants taken since the backend started, given up or not.
+    pub fn taken(&self) -> usize {
+        self.taken
     }
 
     /// Ticks remembered.
@@ -553,6 +605,95 @@ mod tests {
         assert_eq!(open.given_up(), 0);
     }
 
+    /// What the extension does for one call, taking grants in batches:
+    /// returns the ID and whether it took grants (one durable write).
+    fn make_batched(
+        space: &Space,
+        l: &Layout,
+        open: &mut Open,
+        g: &mut Grants,
+        tick: i64,
+        usable: (u32, u32),
+    ) -> Option<(i64, bool)> {
+        let mut wrote = false;
+        loop {
+            match open.take(space, tick) {
+                Take::Id { grant, index } => {
+                    let (worker, seq) = space.grant_parts(grant, index)?;
+                    return Some((l.compose(tick, worker, seq).unwrap(), wrote));
+                }
+                Take::NeedGrant { bucket } => {
+                    wrote = true;
+                    for b in open.to_take(bucket, usable) {
+                        match g.next(b, space.grants_per_bucket()) {
+                            Some(grant) => open.add(b, grant),
+                            None if b == bucket => return None,
+                            None => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grants_are_taken_in_doubling_batches_of_nearby_stretches() {
+        let l = preset("classic");
+        let space = Space::new(&l, WorkerRanges::parse("1020-1023", 1023).unwrap());
+        let usable = (100, 100 + 1175);
+        // Ordered over 1,176 stretches: 1, 1, 2, 4, ... 64, 64... grants
+        // per write; no stretch outside the usable ones.
+        let mut g = Grants(Default::default());
+        let mut open = Open::new();
+        let mut ids = HashSet::new();
+        let mut writes = 0;
+        for i in 0..1176 * 10 {
+            let tick = space.bucket_start(100) + i * space.bucket_ticks() / 10;
+            let (id, wrote) = make_batched(&space, &l, &mut open, &mut g, tick, usable).unwrap();
+            assert!(ids.insert(id));
+            writes += usize::from(wrote);
+        }
+        assert!(writes <= 1176 / MAX_BATCH + 10, "{writes} writes");
+        assert_eq!(g.0.len(), 1176);
+        assert!(g
+            .0
+            .iter()
+            .all(|(&b, &n)| n == 1 && (100..=1275).contains(&b)));
+        // One stretch only: one grant.
+        let mut g = Grants(Default::default());
+        let mut open = Open::new();
+        for i in 0..1000 {
+            make_batched(
+                &space,
+                &l,
+                &mut open,
+                &mut g,
+                space.bucket_start(500) + i,
+                usable,
+            )
+            .unwrap();
+        }
+        assert_eq!(g.0.values().sum::<u32>(), 1);
+        // Grants beyond the first of a stretch (rows sharing a tick) are
+        // taken one at a time.
+        let before = open.len();
+        for _ in 0..65 {
+            make_batched(
+                &space,
+                &l,
+                &mut open,
+                &mut g,
+                space.bucket_start(500),
+                usable,
+            )
+            .unwrap();
+        }
+        assert_eq!(open.len(), before + 1);
+        assert_eq!(open.to_take(500, usable), vec![500]);
+        assert_eq!(open.to_take(501, usable), vec![501, 502]);
+        assert_eq!(open.to_take(1275, usable).len(), 2);
+    }
+
     #[test]
     fn rows_sharing_a_tick_fill_a_grant_first_and_a_full_bucket_refuses() {
         let l = preset("js53");
@@ -591,7 +732,10 @@ mod tests {
         for i in 0..MAX_TICKS as i64 {
             assert!(ids.insert(make(&space, &l, &mut open, &mut g, ticks(i)).unwrap()));
         }
-        assert_eq!((open.ticks(), open.len(), open.given_up()), (MAX_TICKS, 2, 0));
+        assert_eq!(
+            (open.ticks(), open.len(), open.given_up()),
+            (MAX_TICKS, 2, 0)
+        );
         // A tick it knows: no bound reached.
         assert!(ids.insert(make(&space, &l, &mut open, &mut g, ticks(5)).unwrap()));
         assert_eq!(open.given_up(), 0);
@@ -614,7 +758,11 @@ mod tests {
                 make(&space, &l, &mut open, &mut g, b * space.bucket_ticks()).unwrap();
             }
         }
-        assert!(open.len() <= MAX_GRANTS && open.given_up() == 1, "{}", open.len());
+        assert!(
+            open.len() <= MAX_GRANTS && open.given_up() == 1,
+            "{}",
+            open.len()
+        );
     }
 
     /// Many backends, unordered and repeated times, crashes that drop every

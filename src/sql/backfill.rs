@@ -77,8 +77,18 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         match OPEN.with_borrow_mut(|open| open.take(space, tick)) {
             Take::Id { grant, index } => break (grant, index),
             Take::NeedGrant { bucket } => {
+                let usable = usable_buckets(layout, backfill.after_ms.load(Acquire));
+                let buckets = OPEN.with_borrow(|open| open.to_take(bucket, usable));
+                let taken = grant(header, &buckets, space.grants_per_bucket());
+                OPEN.with_borrow_mut(|open| {
+                    for (&b, g) in buckets.iter().zip(&taken) {
+                        if let Some(g) = g {
+                            open.add(b, *g);
+                        }
+                    }
+                });
                 // Checked before it is taken: a full stretch takes nothing.
-                let Some(grant) = grant(header, bucket, space.grants_per_bucket()) else {
+                if taken.first().copied().flatten().is_none() {
                     let (start, end) = Space::bucket_span_ms(layout, bucket);
                     errors::backfill_bucket_full(
                         &format_unix_ms(start),
@@ -87,8 +97,7 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
                         OPEN.with_borrow(|open| open.held(bucket)),
                         space.per_tick(),
                     )
-                };
-                OPEN.with_borrow_mut(|open| open.add(bucket, grant));
+                }
             }
         }
     };
@@ -98,6 +107,19 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
     layout
         .compose(tick, worker_id, sequence)
         .unwrap_or_else(|e| errors::part_out_of_range(e))
+}
+
+/// The stretches a backfill ID can be made in now: from the epoch or after
+/// `after_ms` up to `snowflake_id.max_drift` ahead of the clock.
+fn usable_buckets(layout: &snowflake_core::layout::Layout, after_ms: i64) -> (u32, u32) {
+    let first = layout.tick_at(after_ms.max(layout.epoch_ms)).max(0);
+    let last = layout
+        .tick_at(crate::clock::unix_ms().saturating_add(settings::max_drift_ms()))
+        .clamp(0, layout.max_ticks());
+    (
+        Space::bucket_for(layout, first),
+        Space::bucket_for(layout, last),
+    )
 }
 
 /// How long a backfill waits for the registry worker's first pass, in ms.

@@ -1,7 +1,7 @@
 //! Backfill (`backfill`): over any layout, set-aside ids and run of calls
 //! from several backends with times in any order, repeated, near stretch
-//! boundaries, and backends that exit (giving up their grants) between
-//! calls, every ID made is unique, decodes to its own tick and carries a
+//! boundaries, grants taken in batches of nearby stretches, and backends
+//! that exit (giving up their grants) between calls, every ID made is unique, decodes to its own tick and carries a
 //! set-aside worker id; a refusal comes only from a stretch whose grants
 //! are all handed out.
 
@@ -39,12 +39,20 @@ proptest! {
                     }
                     Take::NeedGrant { bucket: nb } => {
                         prop_assert_eq!(nb, bucket);
-                        let n = counters.entry(nb).or_insert(0);
-                        if *n >= space.grants_per_bucket() {
+                        let usable = (bucket.saturating_sub(2), bucket + 2);
+                        let mut full = false;
+                        for tb in backends[b].to_take(nb, usable) {
+                            let n = counters.entry(tb).or_insert(0);
+                            if *n >= space.grants_per_bucket() {
+                                full |= tb == nb;
+                                continue;
+                            }
+                            *n += 1;
+                            backends[b].add(tb, *n - 1);
+                        }
+                        if full {
                             break None;
                         }
-                        *n += 1;
-                        backends[b].add(nb, *n - 1);
                     }
                 }
             };
