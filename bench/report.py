@@ -486,7 +486,8 @@ def metadata() -> dict:
                    "insert_shared_buffers": INSERT_SHARED_BUFFERS,
                    "insert_batch": INSERT_BATCH,
                    "insert_checkpoint_every": INSERT_CHECKPOINT_EVERY,
-                   "insert_reps": INSERT_REPS, "cases": sorted(CASES)},
+                   "insert_reps": INSERT_REPS, "backfill_rows": BACKFILL_ROWS,
+                   "backfill_reps": BACKFILL_REPS, "cases": sorted(CASES)},
         "server_settings": {k: _conf_value(v) for k, v in SERVER_SETTINGS.items()},
     }
 
