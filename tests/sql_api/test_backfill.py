@@ -475,3 +475,40 @@ def test_ids_sent_to_a_client_before_a_crash_are_not_made_again(make_cluster):
     with c.connect() as conn:
         again = {r[0] for r in conn.execute("SELECT snowflake_at(created_at) FROM legacy")}
     assert len(again) == 200_000 and not again & set(sent)
+
+
+def test_sessions_at_once_on_one_millisecond_fill_its_stretch_exactly(make_cluster):
+    """js53 with four set-aside ids: 8 IDs per grant and tick, 32 grants a
+    stretch. Four sessions at once make 64 IDs each at one millisecond:
+    8 grants each, the whole stretch, 256 distinct IDs; the next ID of that
+    millisecond is refused, other stretches still work."""
+    c = make_cluster(settings={"snowflake_id.layout": "js53",
+                               "snowflake_id.backfill_worker_ids": "60-63"},
+                     create_extension=True)
+    outs: list[list[int]] = [[] for _ in range(4)]
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def work(n):
+        try:
+            with c.connect() as conn:
+                conn.execute("SELECT 1")
+                barrier.wait(timeout=60)
+                outs[n] += _backfill(conn, [TIMES[0]] * 64)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    made = [i for out in outs for i in out]
+    assert len(made) == len(set(made)) == 256
+    with c.connect() as conn:
+        assert conn.execute("SELECT grants, grants_left FROM snowflake_backfill() "
+                            "WHERE %s BETWEEN starts_at AND ends_at", (TIMES[0],)).fetchone() == (32, 0)
+        e = sql_error(conn, "SELECT snowflake_at(%s)", (TIMES[0],))
+        assert e.sqlstate == "54000", str(e)
+        assert conn.execute("SELECT snowflake_at(%s)",
+                            (TIMES[0] + dt.timedelta(days=30),)).fetchone()[0] not in made
