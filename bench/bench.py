@@ -16,7 +16,7 @@ environment variables (defaults in brackets: full run / BENCH_QUICK=1):
   BENCH_PGBENCH_REPS        repetitions of case 3                   [3 / 1]
   BENCH_CLIENTS             pgbench client counts                   [1,2,4,8,16 / 1,2,4]
   BENCH_CONNECTIONS         new connections in case 5               [200 / 40]
-  BENCH_CASES               which cases to run                      [1,2,3,4,5,6]
+  BENCH_CASES               which cases to run                      [1,2,3,4,5,6,7]
   BENCH_INSERT_CLIENTS      pgbench client counts, case 6           [1,2]
   BENCH_INSERT_ROWS         rows of case 6's load, index in buffers [1000000 / 100000]
   BENCH_INSERT_ROWS_BIG     rows of case 6's small-buffers load     [3000000 / 300000]
@@ -24,6 +24,8 @@ environment variables (defaults in brackets: full run / BENCH_QUICK=1):
   BENCH_INSERT_BATCH        rows per INSERT statement, case 6 loads [1000]
   BENCH_INSERT_CHECKPOINT_EVERY  a CHECKPOINT every N rows (0: none) [250000 / 25000]
   BENCH_INSERT_REPS         repetitions of case 6's loads           [2 / 1]
+  BENCH_BACKFILL_ROWS       rows per INSERT, case 7 (backfill)      [1000000 / 200000]
+  BENCH_BACKFILL_REPS       repetitions of case 7                   [3 / 1]
   BENCH_OUT                 output directory                        [bench/out]
   BENCH_KEEP=1              keep the clusters' directories (logs) at the end
   BENCH_MAIN_LAYOUT         the main server's snowflake_id.layout   [classic]

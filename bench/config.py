@@ -35,7 +35,7 @@ CLIENTS = [int(c) for c in os.environ.get(
 CONNECTIONS = _env_int("BENCH_CONNECTIONS", 200, 40)
 MAX_LOAD = float(os.environ["BENCH_MAX_LOAD"]) if os.environ.get("BENCH_MAX_LOAD") else None
 MAX_LOAD_WAIT = _env_int("BENCH_MAX_LOAD_WAIT", 900, 900)
-CASES = {c.strip() for c in os.environ.get("BENCH_CASES", "1,2,3,4,5,6").split(",")}
+CASES = {c.strip() for c in os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7").split(",")}
 # Case 6 (INSERT into logged tables): pgbench clients (-T BENCH_PGBENCH_SECONDS,
 # BENCH_PGBENCH_REPS reps), the rows of the two batched loads (the index
 # inside shared_buffers; then on a server whose shared_buffers it outgrows),
@@ -49,6 +49,9 @@ INSERT_SHARED_BUFFERS = os.environ.get("BENCH_INSERT_SHARED_BUFFERS",
 INSERT_BATCH = _env_int("BENCH_INSERT_BATCH", 1000, 1000)
 INSERT_CHECKPOINT_EVERY = _env_int("BENCH_INSERT_CHECKPOINT_EVERY", 250_000, 25_000)
 INSERT_REPS = _env_int("BENCH_INSERT_REPS", 2, 1)
+# Case 7 (backfill): rows of the legacy table each INSERT reads, repetitions.
+BACKFILL_ROWS = _env_int("BENCH_BACKFILL_ROWS", 1_000_000, 200_000)
+BACKFILL_REPS = _env_int("BENCH_BACKFILL_REPS", 3, 1)
 OUT = os.environ.get("BENCH_OUT", os.path.join(REPO, "bench", "out"))
 KEEP = os.environ.get("BENCH_KEEP", "") not in ("", "0")
 # The main server's layout preset (its rows keep the label "classic"; the

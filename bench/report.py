@@ -13,8 +13,8 @@ import os
 import platform
 import subprocess
 
-from cases import case1, case2, case3, case4, case5, case6
-from config import (BATCH_N, CASES, CLIENTS, CONNECTIONS, INSERT_BATCH,
+from cases import case1, case2, case3, case4, case5, case6, case7
+from config import (BACKFILL_REPS, BACKFILL_ROWS, BATCH_N, CASES, CLIENTS, CONNECTIONS, INSERT_BATCH,
                     INSERT_CHECKPOINT_EVERY, INSERT_CLIENTS, INSERT_REPS, INSERT_ROWS,
                     INSERT_ROWS_BIG, INSERT_SHARED_BUFFERS, N, N_JS53, NCPU, PGB_REPS,
                     PGB_SECONDS, QUICK, RATIO_N, RATIO_ROUNDS, RELEASE_SO, REPO, REPS,
@@ -243,6 +243,28 @@ def report_case5() -> None:
     table(["µs", "snowflake_nextval()", "nextval('s1')  (reference)"], rows, {1, 2})
 
 
+def report_case7() -> None:
+    C = case7.CASE
+    if R.get(C, case7.PLAIN, "rows_per_s") is None:
+        return
+    out()
+    out(f"Case 7 - backfill: INSERT INTO a logged table (bigint primary key) SELECT key, ... "
+        f"FROM a legacy table of {BACKFILL_ROWS:,} rows{load_note('7')}")
+    out("         times at random over five years; ordered: the legacy rows in time order; "
+        "unordered: in key order;")
+    out(f"         one statement, a new session each; median [min–max] over {BACKFILL_REPS} "
+        "reps; ratios of wall time, per rep, paired")
+    ratio = {a: (metric, b) for a, b, metric in case7.RATIOS}
+    rows = []
+    for label, expr, source, target in case7.VARIANTS:
+        r = ratio.get(label)
+        rows.append([label, f"INTO {target} SELECT {expr} FROM {source}",
+                     fmt_spread(R.get(C, label, "rows_per_s")),
+                     fmt_spread(R.get(C, label, "cpu_us_per_row")),
+                     f"{fmt_spread(R.get(C, label, r[0]))} × {r[1]}" if r else ""])
+    table(["key", "INSERT", "rows/s", "CPU µs/row", "time ×"], rows, {2, 3})
+
+
 def case6_ran() -> list[tuple]:
     """The variants of case 6 that ran (uuidv7 needs 18, pgEdge its extension)."""
     return [v for v in case6.VARIANTS
@@ -407,6 +429,13 @@ def goals(meta: dict) -> None:
             R.get(c6, f"{sf6} | {phase}", "wal_ratio_to_uuidv7"), 1.0, "le", "x",
             missing="no uuidv7() on this PostgreSQL (18 and later)" if ran6
             else "case not run")
+    c7 = case7.CASE
+    add("backfill unordered ≤ 2 × ordered (time)", "wall",
+        R.get(c7, case7.UNORDERED, "time_ratio_unordered_to_ordered"), 2.0, "le", "x")
+    add("backfill unordered ≤ 2 × ordered (time), no index", "wall",
+        R.get(c7, case7.UNORDERED_HEAP, "time_ratio_unordered_to_ordered"), 2.0, "le", "x")
+    add("backfill ordered ≤ 1.5 × snowflake_nextval() (time)", "wall",
+        R.get(c7, case7.ORDERED, "time_ratio_ordered_to_nextval"), 1.5, "le", "x")
     out()
     out("Goals: PASS/MISS by the median across reps (inconclusive: a median at or below zero, "
         "noise larger than the cost); 'reps' = how many single reps meet the goal on their own")
@@ -472,7 +501,8 @@ def metadata() -> dict:
                    "insert_shared_buffers": INSERT_SHARED_BUFFERS,
                    "insert_batch": INSERT_BATCH,
                    "insert_checkpoint_every": INSERT_CHECKPOINT_EVERY,
-                   "insert_reps": INSERT_REPS, "cases": sorted(CASES)},
+                   "insert_reps": INSERT_REPS, "backfill_rows": BACKFILL_ROWS,
+                   "backfill_reps": BACKFILL_REPS, "cases": sorted(CASES)},
         "server_settings": {k: _conf_value(v) for k, v in SERVER_SETTINGS.items()},
     }
 
@@ -617,12 +647,12 @@ def write_chart(path_svg: str, meta: dict, panels: list[dict]) -> list[str]:
     """path_svg and the same as .png: a horizontal bar chart per panel
     (chart_panels(), insert_panels()), median with min–max whiskers, drawn by
     matplotlib (Agg backend)."""
+    if not panels:
+        return []
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if not panels:
-        return []
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "snowflake_id",
                          "font.family": "DejaVu Sans", "font.size": 9})
     heights = [1.2 + 0.26 * len(p["bars"]) for p in panels]
@@ -674,7 +704,7 @@ def report(meta: dict, out_dir: str) -> None:
     """Prints the tables and goals, and writes the files into out_dir."""
     header(meta)
     for r in (report_case1, report_case2, report_case3, report_case4, report_case5,
-              report_case6):
+              report_case6, report_case7):
         r()
     goals(meta)
     write_csv(os.path.join(out_dir, "results.csv"))

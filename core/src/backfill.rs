@@ -8,37 +8,74 @@
 //! left to prove is that two backfill IDs of the same tick never share the
 //! worker id and the sequence.
 //!
-//! Grants. The layout's time field is cut into [`BUCKETS`] buckets of equal
-//! length ([`Space::bucket_ticks`]). In each bucket, the set-aside `(worker
-//! id, sequence)` pairs are numbered 0, 1, 2... ([`Space::grant_parts`]);
-//! a *grant* is one such number, handed out once, in increasing order, by a
-//! per-bucket counter that only grows and is made durable before any ID of
-//! the grant is returned (the extension keeps it in shared memory, the state
-//! file and WAL). A grant is a block of [`Space::per_tick`] consecutive
-//! sequences of one set-aside worker id, and belongs to one backend, which
-//! uses it as a *lane* ([`Lanes`]): for ticks that never decrease, and
-//! within one tick each sequence of the block once. Hence: two backfill IDs
-//! of the same tick and the same grant come from the same lane, which gave
-//! them different sequences; different grants of a bucket are disjoint
-//! `(worker id, sequence)` sets. No two backfill IDs are equal.
+//! Grants. The layout's time field is cut into [`BUCKETS`] stretches
+//! (buckets) of equal length ([`Space::bucket_ticks`]). In each stretch,
+//! the set-aside `(worker id, sequence)` pairs are numbered 0, 1, 2...
+//! ([`Space::grant_parts`]); a *grant* is one such number: a block of
+//! [`Space::per_tick`] consecutive sequences of one set-aside worker id, at
+//! every tick of the stretch. Grants are handed out once, in increasing
+//! order, by a per-stretch counter that only grows and is made durable
+//! before any ID of the grant is returned (the extension keeps it in shared
+//! memory, the state file and WAL).
+//!
+//! Open stretches. A grant belongs to the one backend that took it, which
+//! keeps it in its [`Open`] table with how many IDs it made at each tick:
+//! the `n`th ID at a tick (from 0) is index `n % per_tick` of the
+//! stretch's `n / per_tick`th grant held. Times may come in any order.
+//! Hence: two backfill IDs of the same tick and the same grant come from
+//! the same backend's table, which counted them apart (the table and the
+//! grants it names are given up together, never one without the other);
+//! different grants of a stretch are disjoint `(worker id, sequence)` sets.
+//! No two backfill IDs are equal.
+//!
+//! Memory. The table is bounded whatever the input: [`MAX_TICKS`] ticks
+//! and [`MAX_GRANTS`] grants, about 18 MiB at most. At either bound the
+//! backend gives up every grant it holds (the rest of them is never used)
+//! and takes new ones as IDs need them.
 //!
 //! What it costs. Capacity: the set-aside ids (each `1/2^worker_bits` of the
-//! live capacity). A grant is a lane through a whole bucket: a time-ordered
-//! import needs one grant per bucket it crosses (one more for each
-//! `per_tick` rows sharing one tick), an unordered one about as many lanes
-//! as the longest run of decreasing times within a bucket (kept per
-//! backend up to [`MAX_LANES`]), and an interrupted or repeated import
-//! takes fresh grants. A bucket holds [`Space::grants_per_bucket`] grants.
+//! live capacity). A stretch holds [`Space::grants_per_bucket`] grants. A
+//! backend takes one grant per stretch it makes IDs in, in any order, one
+//! more per `per_tick` IDs it makes at one tick, and again one per
+//! stretch after each bound (every `MAX_TICKS` distinct ticks). First
+//! grants come in batches of nearby stretches ([`Open::to_take`]): one
+//! durable write for up to [`MAX_BATCH`] of them; a batch takes only
+//! stretches the backend holds none of, so a backend still takes at most
+//! one first grant per stretch between bounds, used or not. It keeps its
+//! grants across statements and transactions, so a repeated statement in
+//! the same session takes none for its stretches.
+//!
+//! What a failure costs, and why grants are never given back. A statement
+//! that fails or is cancelled leaves the grants it took with its backend,
+//! whose table still counts the IDs the statement made: the next statement
+//! of the session goes on with them. Only when the backend exits are they
+//! lost: per failed statement (in a session that then ends) at most the
+//! grants it took, one per stretch (reached or taken in a batch) plus one
+//! per `per_tick` IDs at one tick. They are not given back to the server
+//! for other backends, because a grant's IDs may be visible although the
+//! statement failed: the rows of a rolled-back INSERT are not, but an ID
+//! can leave the backend before the failure (the rows a `SELECT
+//! snowflake_at(...)` already sent to the client, `COPY ... TO`, `dblink`
+//! or `postgres_fdw` writes of another transaction, a `NOTICE`), or be
+//! committed by an earlier
+//! statement or a released savepoint of the same transaction with the same
+//! grant; the backend cannot tell which of these happened. A grant that
+//! made no ID (taken in a batch for a stretch the backend never reached)
+//! would be safe to give back, but grants are numbered by a counter that
+//! only grows: only a stretch's last grant could be given back, by
+//! lowering the counter durably (state file) before another backend could
+//! take it, while WAL replay, which only raises counters, would lose it
+//! again after a crash (safe, never handed out twice). It is not done:
+//! such grants cost at most one per stretch per session, the bound above.
 
 use crate::layout::Layout;
 use crate::ranges::WorkerRanges;
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 
 /// How many buckets the layout's time field is cut into.
 pub const BUCKETS: u32 = 16_384;
-/// How many lanes one backend keeps; beyond that, the least recently used
-/// lane is given up (the rest of its grant is never used).
-pub const MAX_LANES: usize = 16;
 
 /// The set-aside worker ids and what the layout makes of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -213,110 +250,192 @@ pub fn tick_for(
     Ok(layout.tick_at(unix_ms))
 }
 
-/// One grant in use by a backend: the last tick it made an ID at, and how
-/// many IDs it made in that tick.
-#[derive(Clone, Copy, Debug, Default)]
-struct Lane {
-    bucket: u32,
-    grant: u32,
-    last_tick: i64,
-    in_tick: u32,
-    used_at: u64,
-    live: bool,
+/// Distinct ticks a backend remembers IDs at, over every stretch it holds
+/// grants of. At this many, a new tick first gives up every grant held.
+/// `2^20 * 7/8`: the most a hash table of `2^20` slots holds, so the table
+/// never grows past them (16 bytes and a control byte each: 17 MiB).
+pub const MAX_TICKS: usize = 917_504;
+/// Grants a backend holds at once. At this many, a new grant first gives
+/// up every grant held (4 bytes each, plus 32 per stretch: under 1 MiB).
+pub const MAX_GRANTS: usize = 65_536;
+/// The most stretches a backend takes first grants of at once
+/// ([`Open::to_take`]).
+pub const MAX_BATCH: usize = 256;
+
+/// What a backend does for an ID at a tick ([`Open::take`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// The ID is `(tick, grant_parts(grant, index))`.
+    Id { grant: u32, index: u32 },
+    /// A new grant of the stretch `bucket` is needed: take one (durably),
+    /// give it to [`Open::add`] and ask again.
+    NeedGrant { bucket: u32 },
 }
 
-/// A backend's lanes: the grants it holds and how far each went. Fixed
-/// size, no allocation.
-#[derive(Clone, Debug)]
-pub struct Lanes {
-    lanes: [Lane; MAX_LANES],
-    uses: u64,
+/// A backend's open stretches: the grants it holds, per stretch in the
+/// order it took them, and how many IDs it made at each tick. The `n`th ID
+/// at a tick (from 0) is index `n % per_tick` of the stretch's
+/// `n / per_tick`th grant: each `(grant, tick, index)` once, in any order
+/// of ticks. Bounded: at most [`MAX_TICKS`] ticks and [`MAX_GRANTS`]
+/// grants; beyond, every grant is given up ([`Open::clear`]) and the
+/// following IDs take new ones.
+#[derive(Clone, Debug, Default)]
+pub struct Open {
+    counts: HashMap<i64, u32, Mix>,
+    stretches: HashMap<u32, Vec<u32>, Mix>,
+    grants: usize,
+    given_up: u64,
+    taken: usize,
 }
 
-impl Default for Lanes {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Lanes {
-    pub const fn new() -> Lanes {
-        Lanes {
-            lanes: [Lane {
-                bucket: 0,
-                grant: 0,
-                last_tick: 0,
-                in_tick: 0,
-                used_at: 0,
-                live: false,
-            }; MAX_LANES],
-            uses: 0,
-        }
+impl Open {
+    pub fn new() -> Open {
+        Open::default()
     }
 
-    /// The grant and the index within it of a new ID at `tick` of `bucket`
-    /// (each grant allows `per_tick` IDs per tick, in increasing ticks):
-    /// a lane at `tick` with room left, else the lane whose last tick is
-    /// nearest below (so lanes stay useful for earlier times). `None`: a
-    /// new grant is needed ([`Lanes::add`]).
-    pub fn take(&mut self, bucket: u32, tick: i64, per_tick: u32) -> Option<(u32, u32)> {
-        let lane = self
-            .lanes
-            .iter_mut()
-            .filter(|l| {
-                l.live
-                    && l.bucket == bucket
-                    && (l.last_tick < tick || (l.last_tick == tick && l.in_tick < per_tick))
-            })
-            .max_by_key(|l| l.last_tick)?;
-        if lane.last_tick < tick {
-            lane.last_tick = tick;
-            lane.in_tick = 0;
-        }
-        let index = lane.in_tick;
-        lane.in_tick += 1;
-        self.uses += 1;
-        lane.used_at = self.uses;
-        Some((lane.grant, index))
-    }
-
-    /// Keeps a new grant of `bucket`, whose first ID (index 0) was just
-    /// made at `tick`, giving up the least recently used lane when all are
-    /// taken.
-    pub fn add(&mut self, bucket: u32, grant: u32, tick: i64) {
-        self.uses += 1;
-        let lane = Lane {
-            bucket,
+    /// The grant and index of a new ID at `tick`, counted as made; or the
+    /// stretch that needs a new grant first (nothing counted).
+    pub fn take(&mut self, space: &Space, tick: i64) -> Take {
+        let bucket = space.bucket_of(tick);
+        let per_tick = space.per_tick();
+        let made = match self.counts.get(&tick) {
+            Some(&n) => n,
+            None => {
+                if self.counts.len() >= MAX_TICKS {
+                    self.clear();
+                }
+                0
+            }
+        };
+        let slot = (made / per_tick) as usize;
+        let Some(&grant) = self.stretches.get(&bucket).and_then(|g| g.get(slot)) else {
+            if self.grants + MAX_BATCH > MAX_GRANTS {
+                self.clear();
+            }
+            return Take::NeedGrant { bucket };
+        };
+        self.counts.insert(tick, made + 1);
+        Take::Id {
             grant,
-            last_tick: tick,
-            in_tick: 1,
-            used_at: self.uses,
-            live: true,
-        };
-        let slot = match self.lanes.iter().position(|l| !l.live) {
-            Some(i) => i,
-            None => self
-                .lanes
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, l)| l.used_at)
-                .map_or(0, |(i, _)| i),
-        };
-        self.lanes[slot] = lane;
+            index: made % per_tick,
+        }
     }
 
-    /// Gives up every lane (their grants are never used again).
+    /// The stretches to take a grant of, in one durable write, when
+    /// [`Take::NeedGrant`] asks for one of `bucket`: `bucket` first. When
+    /// the backend holds no grant of `bucket`, also first grants of the
+    /// nearest stretches within `usable` it holds none of, as many as it
+    /// took grants so far (so doubling), at most [`MAX_BATCH`] in all: an
+    /// import over many stretches then writes durably about once per
+    /// `MAX_BATCH` stretches, and one that stays in a few takes few more
+    /// than it uses (at most as many as it used).
+    pub fn to_take(&self, bucket: u32, usable: (u32, u32)) -> Vec<u32> {
+        let mut take = vec![bucket];
+        if self.held(bucket) > 0 {
+            return take;
+        }
+        let want = self.taken.clamp(1, MAX_BATCH);
+        let (lo, hi) = usable;
+        let mut step = 1u32;
+        while take.len() < want {
+            let up = bucket.checked_add(step).filter(|&b| b <= hi);
+            let down = bucket.checked_sub(step).filter(|&b| b >= lo);
+            if up.is_none() && down.is_none() {
+                break;
+            }
+            for b in [up, down].into_iter().flatten() {
+                if take.len() < want && self.held(b) == 0 {
+                    take.push(b);
+                }
+            }
+            step += 1;
+        }
+        take
+    }
+
+    /// Keeps a new grant of `bucket`, taken after [`Take::NeedGrant`]
+    /// (or with it, [`Open::to_take`]).
+    pub fn add(&mut self, bucket: u32, grant: u32) {
+        self.stretches.entry(bucket).or_default().push(grant);
+        self.grants += 1;
+        self.taken = self.taken.saturating_add(1);
+    }
+
+    /// Gives up every grant held: no ID is made from them again (they stay
+    /// handed out). Memory is kept for the next ones.
     pub fn clear(&mut self) {
-        *self = Lanes::new();
+        if self.grants > 0 {
+            self.given_up += 1;
+        }
+        self.counts.clear();
+        self.stretches.clear();
+        self.grants = 0;
     }
 
-    /// Lanes held.
+    /// Grants held.
     pub fn len(&self) -> usize {
-        self.lanes.iter().filter(|l| l.live).count()
+        self.grants
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.grants == 0
+    }
+
+    /// Grants held of the stretch `bucket`.
+    pub fn held(&self, bucket: u32) -> usize {
+        self.stretches.get(&bucket).map_or(0, Vec::len)
+    }
+
+    /// Grants taken since the backend started, given up or not.
+    pub fn taken(&self) -> usize {
+        self.taken
+    }
+
+    /// Ticks remembered.
+    pub fn ticks(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// How many times a bound made it give up the grants it held.
+    pub fn given_up(&self) -> u64 {
+        self.given_up
+    }
+}
+
+/// The hash of [`Open`]'s tables: SplitMix64's finalizer over the key, so
+/// that ticks with equal low bits (times on whole seconds) spread over the
+/// table. Not keyed: the keys are times the importer chose, whose worst
+/// case costs only its own speed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mix;
+
+impl BuildHasher for Mix {
+    type Hasher = MixHasher;
+    fn build_hasher(&self) -> MixHasher {
+        MixHasher(0)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 ^= u64::from(n);
+    }
+    fn write_i64(&mut self, n: i64) {
+        self.0 ^= n as u64;
     }
 }
 
@@ -353,24 +472,19 @@ mod tests {
     }
 
     /// What the extension does for one call.
-    fn make(
-        space: &Space,
-        l: &Layout,
-        lanes: &mut Lanes,
-        g: &mut Grants,
-        tick: i64,
-    ) -> Option<i64> {
-        let bucket = space.bucket_of(tick);
-        let (grant, index) = match lanes.take(bucket, tick, space.per_tick()) {
-            Some(taken) => taken,
-            None => {
-                let grant = g.next(bucket, space.grants_per_bucket())?;
-                lanes.add(bucket, grant, tick);
-                (grant, 0)
+    fn make(space: &Space, l: &Layout, open: &mut Open, g: &mut Grants, tick: i64) -> Option<i64> {
+        loop {
+            match open.take(space, tick) {
+                Take::Id { grant, index } => {
+                    let (worker, seq) = space.grant_parts(grant, index)?;
+                    return Some(l.compose(tick, worker, seq).unwrap());
+                }
+                Take::NeedGrant { bucket } => {
+                    let grant = g.next(bucket, space.grants_per_bucket())?;
+                    open.add(bucket, grant);
+                }
             }
-        };
-        let (worker, seq) = space.grant_parts(grant, index)?;
-        Some(l.compose(tick, worker, seq).unwrap())
+        }
     }
 
     #[test]
@@ -454,14 +568,130 @@ mod tests {
         let l = preset("classic");
         let space = Space::new(&l, WorkerRanges::parse("1023", 1023).unwrap());
         let mut g = Grants(Default::default());
-        let mut lanes = Lanes::new();
+        let mut open = Open::new();
         let mut ids = HashSet::new();
         let step = space.bucket_ticks() / 1000;
         for i in 0..5000 {
-            assert!(ids.insert(make(&space, &l, &mut lanes, &mut g, i * step).unwrap()));
+            assert!(ids.insert(make(&space, &l, &mut open, &mut g, i * step).unwrap()));
         }
         assert_eq!(g.0.len(), 5);
         assert!(g.0.values().all(|&n| n == 1), "{:?}", g.0);
+    }
+
+    /// The case 0.7.0 failed: unordered times over five years use one
+    /// grant per stretch, however often they go back.
+    #[test]
+    fn unordered_times_use_one_grant_per_stretch() {
+        let l = preset("classic");
+        let space = Space::new(&l, WorkerRanges::parse("1020-1023", 1023).unwrap());
+        let mut g = Grants(Default::default());
+        let mut open = Open::new();
+        let mut ids = HashSet::new();
+        // The layout's first years (its epoch is less than five years
+        // before NOW).
+        let span = l.tick_at(NOW) as u64;
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..300_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let tick = (x % span) as i64;
+            let id = make(&space, &l, &mut open, &mut g, tick).unwrap();
+            assert!(ids.insert(id));
+            assert_eq!(l.decode(id).unwrap().ticks, tick);
+        }
+        assert!(g.0.values().all(|&n| n == 1), "{:?}", g.0.values().max());
+        assert_eq!(open.len(), g.0.len());
+        assert_eq!(open.given_up(), 0);
+    }
+
+    /// What the extension does for one call, taking grants in batches:
+    /// returns the ID and whether it took grants (one durable write).
+    fn make_batched(
+        space: &Space,
+        l: &Layout,
+        open: &mut Open,
+        g: &mut Grants,
+        tick: i64,
+        usable: (u32, u32),
+    ) -> Option<(i64, bool)> {
+        let mut wrote = false;
+        loop {
+            match open.take(space, tick) {
+                Take::Id { grant, index } => {
+                    let (worker, seq) = space.grant_parts(grant, index)?;
+                    return Some((l.compose(tick, worker, seq).unwrap(), wrote));
+                }
+                Take::NeedGrant { bucket } => {
+                    wrote = true;
+                    for b in open.to_take(bucket, usable) {
+                        match g.next(b, space.grants_per_bucket()) {
+                            Some(grant) => open.add(b, grant),
+                            None if b == bucket => return None,
+                            None => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grants_are_taken_in_doubling_batches_of_nearby_stretches() {
+        let l = preset("classic");
+        let space = Space::new(&l, WorkerRanges::parse("1020-1023", 1023).unwrap());
+        let usable = (100, 100 + 1175);
+        // Ordered over 1,176 stretches: 1, 1, 2, 4, ... 64, 64... grants
+        // per write; no stretch outside the usable ones.
+        let mut g = Grants(Default::default());
+        let mut open = Open::new();
+        let mut ids = HashSet::new();
+        let mut writes = 0;
+        for i in 0..1176 * 10 {
+            let tick = space.bucket_start(100) + i * space.bucket_ticks() / 10;
+            let (id, wrote) = make_batched(&space, &l, &mut open, &mut g, tick, usable).unwrap();
+            assert!(ids.insert(id));
+            writes += usize::from(wrote);
+        }
+        assert!(writes <= 1176 / MAX_BATCH + 10, "{writes} writes");
+        assert_eq!(g.0.len(), 1176);
+        assert!(g
+            .0
+            .iter()
+            .all(|(&b, &n)| n == 1 && (100..=1275).contains(&b)));
+        // One stretch only: one grant.
+        let mut g = Grants(Default::default());
+        let mut open = Open::new();
+        for i in 0..1000 {
+            make_batched(
+                &space,
+                &l,
+                &mut open,
+                &mut g,
+                space.bucket_start(500) + i,
+                usable,
+            )
+            .unwrap();
+        }
+        assert_eq!(g.0.values().sum::<u32>(), 1);
+        // Grants beyond the first of a stretch (rows sharing a tick) are
+        // taken one at a time.
+        let before = open.len();
+        for _ in 0..65 {
+            make_batched(
+                &space,
+                &l,
+                &mut open,
+                &mut g,
+                space.bucket_start(500),
+                usable,
+            )
+            .unwrap();
+        }
+        assert_eq!(open.len(), before + 1);
+        assert_eq!(open.to_take(500, usable), vec![500]);
+        assert_eq!(open.to_take(501, usable), vec![501, 502]);
+        assert_eq!(open.to_take(1275, usable).len(), 2);
     }
 
     #[test]
@@ -469,41 +699,70 @@ mod tests {
         let l = preset("js53");
         let space = Space::new(&l, WorkerRanges::parse("63", 63).unwrap());
         let mut g = Grants(Default::default());
-        let mut lanes = Lanes::new();
+        let mut open = Open::new();
         let mut ids = HashSet::new();
         for i in 0..8 {
-            assert!(ids.insert(make(&space, &l, &mut lanes, &mut g, 777).unwrap()));
+            assert!(ids.insert(make(&space, &l, &mut open, &mut g, 777).unwrap()));
             assert_eq!(g.0[&space.bucket_of(777)], 1, "row {i}");
         }
         for _ in 8..64 {
-            assert!(ids.insert(make(&space, &l, &mut lanes, &mut g, 777).unwrap()));
+            assert!(ids.insert(make(&space, &l, &mut open, &mut g, 777).unwrap()));
         }
         assert_eq!(g.0[&space.bucket_of(777)], 8);
-        assert_eq!(make(&space, &l, &mut lanes, &mut g, 777), None);
+        assert_eq!(open.held(space.bucket_of(777)), 8);
+        // Other ticks of the stretch use the first grant again.
+        for t in [700, 900, 1] {
+            assert!(ids.insert(make(&space, &l, &mut open, &mut g, t).unwrap()));
+        }
+        assert_eq!(g.0[&space.bucket_of(777)], 8);
+        assert_eq!(make(&space, &l, &mut open, &mut g, 777), None);
         // Another bucket still has room.
-        assert!(make(&space, &l, &mut lanes, &mut g, 777 + space.bucket_ticks()).is_some());
+        assert!(make(&space, &l, &mut open, &mut g, 777 + space.bucket_ticks()).is_some());
     }
 
     #[test]
-    fn lanes_fit_best_and_evict_the_least_recently_used() {
-        let mut lanes = Lanes::new();
-        lanes.add(0, 7, 100);
-        lanes.add(0, 8, 50);
-        // 120: both fit; the nearest below (100) is used.
-        assert_eq!(lanes.take(0, 120, 2), Some((7, 0)));
-        assert_eq!(lanes.take(0, 120, 2), Some((7, 1)));
-        // The block of 2 is used up at 120: the other lane, behind it.
-        assert_eq!(lanes.take(0, 120, 2), Some((8, 0)));
-        assert_eq!(lanes.take(0, 60, 2), None);
-        assert_eq!(lanes.take(1, 1000, 2), None);
-        for i in 0..MAX_LANES as u32 {
-            lanes.add(2, 100 + i, 5);
+    fn the_table_is_bounded_and_gives_up_its_grants_at_the_bound() {
+        let l = preset("classic");
+        let space = Space::new(&l, WorkerRanges::parse("1023", 1023).unwrap());
+        let mut g = Grants(Default::default());
+        let mut open = Open::new();
+        // Ticks on whole seconds, across two stretches.
+        let ticks = |i: i64| (i % 2) * space.bucket_ticks() + i * 1000 % space.bucket_ticks();
+        let mut ids = HashSet::new();
+        for i in 0..MAX_TICKS as i64 {
+            assert!(ids.insert(make(&space, &l, &mut open, &mut g, ticks(i)).unwrap()));
         }
-        assert_eq!(lanes.len(), MAX_LANES);
-        // Grants 7 and 8 were the least recently used: gone.
-        assert_eq!(lanes.take(0, 1000, 2), None);
-        lanes.clear();
-        assert!(lanes.is_empty());
+        assert_eq!(
+            (open.ticks(), open.len(), open.given_up()),
+            (MAX_TICKS, 2, 0)
+        );
+        // A tick it knows: no bound reached.
+        assert!(ids.insert(make(&space, &l, &mut open, &mut g, ticks(5)).unwrap()));
+        assert_eq!(open.given_up(), 0);
+        // A new tick: every grant is given up, one new grant taken.
+        let id = make(&space, &l, &mut open, &mut g, ticks(MAX_TICKS as i64)).unwrap();
+        assert!(ids.insert(id));
+        assert_eq!((open.ticks(), open.len(), open.given_up()), (1, 1, 1));
+        // The same ticks again: other grants, other IDs.
+        for i in 0..1000 {
+            assert!(ids.insert(make(&space, &l, &mut open, &mut g, ticks(i)).unwrap()));
+        }
+        assert_eq!(g.0.values().sum::<u32>(), 4);
+        // The grants bound: a stretch's grants are taken only by IDs
+        // sharing a tick; many stretches each with one.
+        let mut open = Open::new();
+        let mut g = Grants(Default::default());
+        let space = Space::new(&l, WorkerRanges::parse("0-1023", 1023).unwrap());
+        for b in 0..(MAX_GRANTS as i64 / 64 + 1) {
+            for _ in 0..64 * 64 + 1 {
+                make(&space, &l, &mut open, &mut g, b * space.bucket_ticks()).unwrap();
+            }
+        }
+        assert!(
+            open.len() <= MAX_GRANTS && open.given_up() == 1,
+            "{}",
+            open.len()
+        );
     }
 
     /// Many backends, unordered and repeated times, crashes that drop every
@@ -515,7 +774,7 @@ mod tests {
         let ids_set = WorkerRanges::parse("62-63", 63).unwrap();
         let space = Space::new(&l, ids_set.clone());
         let mut g = Grants(Default::default());
-        let mut backends: Vec<Lanes> = (0..4).map(|_| Lanes::new()).collect();
+        let mut backends: Vec<Open> = (0..4).map(|_| Open::new()).collect();
         let mut seen = HashSet::new();
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut refused = 0;

@@ -6,7 +6,7 @@
 //! that puts these rules into shared memory, settings, WAL and workers.
 //!
 //! - `layout`     the bit layout of an ID
-//! - `backfill`   IDs for past times: the set-aside space, grants and lanes
+//! - `backfill`   IDs for past times: the set-aside space, grants, open stretches
 //! - `backfill_ids` which set-aside ids a server records at start
 //! - `generator`  the clock and sequence rules (injected clock)
 //! - `held`       the held window: the generator's held IDs in clock milliseconds (hot path)

@@ -17,20 +17,34 @@ pub fn init() {
     wal::init_backfill(replay);
 }
 
-/// Hands out the next grant of `bucket`, durably; `None` when all
-/// `capacity` grants of the bucket are handed out. Like the reservation,
-/// it takes the lock without waiting and otherwise sleeps on the latch for
-/// 1 ms, so a cancel is served while another backend fsyncs.
-pub fn grant(header: &Header, bucket: u32, capacity: u32) -> Option<u32> {
-    let cell = header.backfill().grants.get(bucket as usize)?;
+/// Hands out the next grant of each of `buckets`, durably, in one write of
+/// the state file and one WAL flush; `None` for a bucket whose `capacity`
+/// grants are all handed out (checked before: a full bucket takes
+/// nothing). Like the reservation, it takes the lock without waiting and
+/// otherwise sleeps on the latch for 1 ms, so a cancel is served while
+/// another backend fsyncs.
+pub fn grant(header: &Header, buckets: &[u32], capacity: u32) -> Vec<Option<u32>> {
+    let grants = &header.backfill().grants;
     loop {
         if let Some(_guard) = header.try_reserve_lock() {
-            let grant = cell.load(Acquire);
-            if grant >= capacity {
-                return None;
+            let mut counts = Vec::with_capacity(buckets.len());
+            let taken = buckets
+                .iter()
+                .map(|&bucket| {
+                    let cell = grants.get(bucket as usize)?;
+                    let grant = cell.load(Acquire);
+                    if grant >= capacity {
+                        return None;
+                    }
+                    cell.fetch_max(grant + 1, AcqRel);
+                    counts.push((bucket, grant + 1));
+                    Some(grant)
+                })
+                .collect();
+            if !counts.is_empty() {
+                persist(header, &counts);
             }
-            record(header, bucket, cell, grant + 1);
-            return Some(grant);
+            return taken;
         }
         clock::wait_ms(1);
     }
@@ -58,11 +72,17 @@ pub fn raise(header: &Header, bucket: u32, grants: u32) {
 /// before it is written: should the write fail, grants are lost, never
 /// handed out twice.
 fn record(header: &Header, bucket: u32, cell: &std::sync::atomic::AtomicU32, grants: u32) {
-    header.backfill().used.store(true, Release);
     cell.fetch_max(grants, AcqRel);
+    persist(header, &[(bucket, grants)]);
+}
+
+/// Makes counts just raised in shared memory durable: state file, then
+/// WAL (flushed). The caller holds `reserve_lock`.
+fn persist(header: &Header, counts: &[(u32, u32)]) {
+    header.backfill().used.store(true, Release);
     header.backfill().changes.fetch_add(1, Relaxed);
     reservation::rewrite_state_file(header);
-    wal::log_backfill_grant(bucket, grants);
+    wal::log_backfill_grants(counts);
 }
 
 /// Raises this server's grants from a record of another life of it (the

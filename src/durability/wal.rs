@@ -105,13 +105,29 @@ pub fn log_reservation(until_ms: i64) {
     log(XLOG_SNOWFLAKE_RESERVE, until_ms.to_le_bytes());
 }
 
-/// Writes and flushes a backfill grant record: `grants` of `bucket` are
-/// handed out. Does nothing during recovery (backfill is refused there).
-pub fn log_backfill_grant(bucket: u32, grants: u32) {
-    let mut data = [0u8; 8];
-    data[..4].copy_from_slice(&bucket.to_le_bytes());
-    data[4..].copy_from_slice(&grants.to_le_bytes());
-    log(XLOG_SNOWFLAKE_BACKFILL, data);
+/// Writes backfill grant records, one per `(bucket, grants)`: `grants` of
+/// `bucket` are handed out; flushed once after the last. Does nothing
+/// during recovery (backfill is refused there).
+pub fn log_backfill_grants(counts: &[(u32, u32)]) {
+    // SAFETY: plain calls into the WAL machinery with records of our own
+    // resource manager; each data pointer is valid for its call.
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            return;
+        }
+        let mut last = 0;
+        for &(bucket, grants) in counts {
+            let mut data = [0u8; 8];
+            data[..4].copy_from_slice(&bucket.to_le_bytes());
+            data[4..].copy_from_slice(&grants.to_le_bytes());
+            pg_sys::XLogBeginInsert();
+            pg_sys::XLogRegisterData(data.as_ptr() as _, data.len() as _);
+            last = pg_sys::XLogInsert(RMGR_ID, XLOG_SNOWFLAKE_BACKFILL);
+        }
+        if last != 0 {
+            pg_sys::XLogFlush(last);
+        }
+    }
 }
 
 fn log(info: u8, data: [u8; 8]) {

@@ -85,14 +85,14 @@ pub fn backfill_time(problem: &str) -> ! {
     )
 }
 
-/// 54000: every grant of a bucket is handed out.
+/// 54000: every grant of a bucket is handed out; raised before taking one.
 #[track_caller]
-pub fn backfill_bucket_full(start: &str, end: &str, grants: u32) -> ! {
+pub fn backfill_bucket_full(start: &str, end: &str, grants: u32, held: usize, per_tick: u32) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
         format!("the backfill space for times from {start} to {end} is used up"),
-        Some(format!("All {grants} grants of that stretch of time were handed out: each backend takes one per stretch for each run of increasing times, and a new one when a time repeats or goes back.")),
-        Some("Add worker ids that no server ever used for live IDs at the end of snowflake_id.backfill_worker_ids and restart the server; order the rows by time when backfilling (ORDER BY the time column) to use fewer grants.".into()),
+        Some(format!("This session needed one more grant of that stretch of time; all {grants} are handed out, {held} of them to this session. A session takes one grant per stretch, one more per {per_tick} IDs of one time, and new ones after each {} distinct times and in each new session.", snowflake_core::backfill::MAX_TICKS)),
+        Some("Add worker ids that no server ever used for live IDs at the end of snowflake_id.backfill_worker_ids and restart the server; import in fewer, longer sessions (a session keeps its grants across statements).".into()),
     )
 }
 

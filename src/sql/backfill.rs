@@ -12,15 +12,17 @@ use crate::errors;
 use crate::settings;
 use crate::shmem::{self, LeaseMode};
 use pgrx::prelude::*;
-use snowflake_core::backfill::{tick_for, Lanes, Space};
+use snowflake_core::backfill::{tick_for, Open, Space, Take};
 use snowflake_core::layout::format_unix_ms;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 thread_local! {
-    /// This backend's lanes: the grants it holds. Borrowed only for a
-    /// lookup or an insert, never across a call that can raise an error.
-    static LANES: RefCell<Lanes> = const { RefCell::new(Lanes::new()) };
+    /// This backend's open stretches: the grants it holds and the IDs it
+    /// made at each tick (bounded: `snowflake_core::backfill::MAX_TICKS`).
+    /// Borrowed only for a lookup or an insert, never across a call that
+    /// can raise an error.
+    static OPEN: RefCell<Open> = RefCell::new(Open::new());
 }
 
 /// An ID that decodes to `ts` (the start of its tick) and equals no other
@@ -71,21 +73,32 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         .tick_start_unix_ms(tick)
         .saturating_add(layout.unit_ms - 1);
     reservation::reserve(header, tick_end_ms, layout);
-    let bucket = space.bucket_of(tick);
-    let per_tick = space.per_tick();
-    let (grant, index) = match LANES.with_borrow_mut(|lanes| lanes.take(bucket, tick, per_tick)) {
-        Some(taken) => taken,
-        None => {
-            let Some(grant) = grant(header, bucket, space.grants_per_bucket()) else {
-                let (start, end) = Space::bucket_span_ms(layout, bucket);
-                errors::backfill_bucket_full(
-                    &format_unix_ms(start),
-                    &format_unix_ms(end),
-                    space.grants_per_bucket(),
-                )
-            };
-            LANES.with_borrow_mut(|lanes| lanes.add(bucket, grant, tick));
-            (grant, 0)
+    let (grant, index) = loop {
+        match OPEN.with_borrow_mut(|open| open.take(space, tick)) {
+            Take::Id { grant, index } => break (grant, index),
+            Take::NeedGrant { bucket } => {
+                let usable = usable_buckets(layout, backfill.after_ms.load(Acquire));
+                let buckets = OPEN.with_borrow(|open| open.to_take(bucket, usable));
+                let taken = grant(header, &buckets, space.grants_per_bucket());
+                OPEN.with_borrow_mut(|open| {
+                    for (&b, g) in buckets.iter().zip(&taken) {
+                        if let Some(g) = g {
+                            open.add(b, *g);
+                        }
+                    }
+                });
+                // Checked before it is taken: a full stretch takes nothing.
+                if taken.first().copied().flatten().is_none() {
+                    let (start, end) = Space::bucket_span_ms(layout, bucket);
+                    errors::backfill_bucket_full(
+                        &format_unix_ms(start),
+                        &format_unix_ms(end),
+                        space.grants_per_bucket(),
+                        OPEN.with_borrow(|open| open.held(bucket)),
+                        space.per_tick(),
+                    )
+                }
+            }
         }
     };
     let Some((worker_id, sequence)) = space.grant_parts(grant, index) else {
@@ -94,6 +107,19 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
     layout
         .compose(tick, worker_id, sequence)
         .unwrap_or_else(|e| errors::part_out_of_range(e))
+}
+
+/// The stretches a backfill ID can be made in now: from the epoch or after
+/// `after_ms` up to `snowflake_id.max_drift` ahead of the clock.
+fn usable_buckets(layout: &snowflake_core::layout::Layout, after_ms: i64) -> (u32, u32) {
+    let first = layout.tick_at(after_ms.max(layout.epoch_ms)).max(0);
+    let last = layout
+        .tick_at(crate::clock::unix_ms().saturating_add(settings::max_drift_ms()))
+        .clamp(0, layout.max_ticks());
+    (
+        Space::bucket_for(layout, first),
+        Space::bucket_for(layout, last),
+    )
 }
 
 /// How long a backfill waits for the registry worker's first pass, in ms.
@@ -126,8 +152,9 @@ fn to_timestamptz_or_infinity(unix_ms: i64) -> TimestampWithTimeZone {
 }
 
 /// Each stretch of time with backfill grants: its times, the grants handed
-/// out, how many it holds, and the set-aside ids they are numbered across.
-#[pg_extern(volatile, parallel_safe)]
+/// out, how many it holds and how many are left, how many of them this
+/// session holds, and the set-aside ids they are numbered across.
+#[pg_extern(volatile, parallel_restricted)]
 #[allow(clippy::type_complexity)]
 fn snowflake_backfill() -> TableIterator<
     'static,
@@ -137,6 +164,8 @@ fn snowflake_backfill() -> TableIterator<
         name!(ends_at, TimestampWithTimeZone),
         name!(grants, i64),
         name!(capacity, i64),
+        name!(grants_left, i64),
+        name!(this_session, i64),
         name!(worker_ids, String),
     ),
 > {
@@ -153,12 +182,15 @@ fn snowflake_backfill() -> TableIterator<
             let n = n.load(Relaxed);
             (n > 0).then(|| {
                 let (start, end) = Space::bucket_span_ms(layout, bucket as u32);
+                let held = OPEN.with_borrow(|open| open.held(bucket as u32));
                 (
                     bucket as i32,
                     to_timestamptz_or_infinity(start),
                     to_timestamptz_or_infinity(end),
                     i64::from(n),
                     capacity,
+                    (capacity - i64::from(n)).max(0),
+                    i64::try_from(held).unwrap_or(i64::MAX),
                     ids.clone(),
                 )
             })

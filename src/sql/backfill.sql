@@ -76,6 +76,6 @@ CREATE TRIGGER snowflake_backfill_merge
 COMMENT ON FUNCTION snowflake_at(timestamptz) IS
   'An ID that decodes to the given past time and equals no other ID, from the worker ids set aside by snowflake_id.backfill_worker_ids (backfill; EXECUTE granted by a superuser).';
 COMMENT ON FUNCTION snowflake_backfill() IS
-  'Backfill grants of each stretch of time: its first and last time, grants handed out, grants it holds.';
+  'Backfill grants of each stretch of time: its first and last time, grants handed out, grants it holds, grants left, grants this session holds.';
 COMMENT ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) IS
   'Raises this server''s backfill grants of the stretch of time containing the given time (restored snowflake_backfill_grants rows); superusers only.';

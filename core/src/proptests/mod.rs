@@ -17,8 +17,10 @@
 //! - `layout_new`: which layouts `Layout::new` accepts;
 //! - `held`: the held window against `next_held`;
 //! - `ranges`: worker-id ranges;
-//! - `sharing`: several generators on one position word.
+//! - `sharing`: several generators on one position word;
+//! - `backfill`: backfill IDs of several backends, times in any order.
 
+mod backfill;
 mod generator;
 mod held;
 mod layout;
