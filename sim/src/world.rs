@@ -61,7 +61,7 @@ enum Kind {
     Primary,
     Standby {
         of: usize,
-        copy: Tables,
+        copy: Box<Tables>,
         lsn: u64,
         reply_ms: Option<i64>,
     },
@@ -236,7 +236,7 @@ impl Link<'_> {
             } = &mut r.kind
             {
                 if listed && *of == self.p && t >= r.stalled_until && t >= r.down_until {
-                    *copy = tables.clone();
+                    **copy = tables.clone();
                     *l = lsn;
                     *reply_ms = Some(wall);
                 }
@@ -386,7 +386,7 @@ impl World {
             } else {
                 Kind::Standby {
                     of: 0,
-                    copy: Tables::default(),
+                    copy: Box::default(),
                     lsn: 0,
                     reply_ms: None,
                 }
@@ -406,7 +406,7 @@ impl World {
         for r in regs.iter_mut().skip(1) {
             r.kind = Kind::Standby {
                 of: 0,
-                copy: tables.clone(),
+                copy: Box::new(tables.clone()),
                 lsn,
                 reply_ms: Some(r.clock.wall(0)),
             };
@@ -550,7 +550,7 @@ impl World {
             } = &mut r.kind
             {
                 let (tables, l) = &sources[*of];
-                *copy = tables.clone();
+                **copy = tables.clone();
                 *lsn = *l;
                 *reply_ms = Some(wall);
             }
@@ -780,8 +780,14 @@ impl World {
                     String::new()
                 };
                 let timeline = self.regs[p].store.timeline;
-                let mut store =
-                    Store::promoted_from(copy, lsn, timeline, &name, now_s, self.seed ^ (t as u64));
+                let mut store = Store::promoted_from(
+                    *copy,
+                    lsn,
+                    timeline,
+                    &name,
+                    now_s,
+                    self.seed ^ (t as u64),
+                );
                 // In a split brain, the promoted server runs without a
                 // synchronous standby (it has none left to wait for).
                 store.synchronous_standby_names =
@@ -802,7 +808,7 @@ impl World {
                     if let Kind::Standby { of, copy, lsn, .. } = &mut r.kind {
                         if follow && *of == p && i != s {
                             *of = s;
-                            *copy = tables.clone();
+                            **copy = tables.clone();
                             *lsn = l;
                         }
                     }

@@ -315,7 +315,8 @@ pub fn renew(req: &RenewRequest, ctx: &Context, rows: &mut Vec<BlockRow>) -> Don
             continue;
         };
         let mine = r.owned_by(&req.node, me, previous);
-        if !mine && !(taken.contains(&block) && r.free(now)) {
+        let taken_now = taken.contains(&block) && r.free(now);
+        if !(mine || taken_now) {
             continue;
         }
         let old = r.high_water_ms;

@@ -119,38 +119,66 @@ pub fn in_force(row: Option<&LimitsRow>, now_ms: i64) -> InForce {
     }
 }
 
+/// What a request asks for, as the limits see it.
+struct Asked {
+    /// Every block it names.
+    named: Vec<i64>,
+    /// Every mark it asks for.
+    marks: Vec<i64>,
+    lease_ms: i64,
+    grace_ms: i64,
+    want: Option<i64>,
+    /// Block size and largest worker id, where it sends them.
+    geometry: Option<(i64, i64)>,
+}
+
+impl Asked {
+    fn of(call: &Call) -> Asked {
+        match call {
+            Call::Acquire(r) => Asked {
+                named: r.allowed.clone(),
+                marks: vec![r.high_ms],
+                lease_ms: r.lease_ms,
+                grace_ms: r.grace_ms,
+                want: Some(r.want),
+                geometry: Some((r.block_size, r.max_worker_id)),
+            },
+            Call::Renew(r) => Asked {
+                named: r.blocks.iter().map(|b| b.block).collect(),
+                marks: std::iter::once(r.high_ms)
+                    .chain(r.blocks.iter().map(|b| b.high_ms))
+                    .collect(),
+                lease_ms: r.lease_ms,
+                grace_ms: r.grace_ms,
+                want: None,
+                geometry: (r.block_size != 0 || r.max_worker_id != 0)
+                    .then_some((r.block_size, r.max_worker_id)),
+            },
+            // A release asks for no lease time.
+            Call::Release(r) => Asked {
+                named: vec![r.block],
+                marks: vec![r.high_ms],
+                lease_ms: 1,
+                grace_ms: 0,
+                want: None,
+                geometry: None,
+            },
+        }
+    }
+}
+
 /// Refuses a request beyond the limits, or with values no holder sends,
 /// before anything changes. `held`: the blocks the node holds now.
 pub fn check(call: &Call, lim: &InForce, held: i64, now_ms: i64) -> Result<(), Refusal> {
     let node = call.node();
-    let (named, marks, lease_ms, grace_ms, want, geometry): (
-        Vec<i64>,
-        Vec<i64>,
-        i64,
-        i64,
-        Option<i64>,
-        Option<(i64, i64)>,
-    ) = match call {
-        Call::Acquire(r) => (
-            r.allowed.clone(),
-            vec![r.high_ms],
-            r.lease_ms,
-            r.grace_ms,
-            Some(r.want),
-            Some((r.block_size, r.max_worker_id)),
-        ),
-        Call::Renew(r) => (
-            r.blocks.iter().map(|b| b.block).collect(),
-            std::iter::once(r.high_ms)
-                .chain(r.blocks.iter().map(|b| b.high_ms))
-                .collect(),
-            r.lease_ms,
-            r.grace_ms,
-            None,
-            (r.block_size != 0 || r.max_worker_id != 0).then_some((r.block_size, r.max_worker_id)),
-        ),
-        Call::Release(r) => (vec![r.block], vec![r.high_ms], 1, 0, None, None),
-    };
+    let Asked {
+        named,
+        marks,
+        lease_ms,
+        grace_ms,
+        want,
+        geometry,
+    } = Asked::of(call);
     let invalid = |problem: String| {
         Err(Refusal::new(
             SqlState::InvalidParameterValue,
