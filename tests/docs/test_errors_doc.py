@@ -560,10 +560,10 @@ def test_the_sources_are_parsed(raised):
                   " (the value is not shown)"),
         ("01000", "the snowflake_id layout's time field ran out at {end}: no ID can be made"),
         ("XX000", "snowflake_id redo: unknown op code {info}"),
-        ("54000", "lease request of node % refused: lease_ms % is above the registry's limit"
-                  " max_lease_ms = %"),
-        ("22023", "lease request of node % refused: block % is none of a layout's 64 blocks"
-                  " (0 to 63)"),
+        # the registry's refusals, each with its SqlState (core/src/registry/)
+        ("54000", "lease request of node {node} refused: {problem}"),
+        ("22023", "lease request of node {node} refused: {problem}"),
+        ("42501", "this session does not hold the lock of node {node}"),
         ("22023", "invalid lease limit: max_blocks_per_node must be from 1 to 64, not %"),
     ]:
         assert any(r.sqlstate == state and r.template == message for r in raised), (state, message)
