@@ -20,13 +20,16 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from harness import Cluster  # noqa: E402
-from helpers import LEASE_SCHEMA_SQL  # noqa: E402
+from helpers import LEASE_SCHEMA_SQL, old_release  # noqa: E402
 
 N = int(os.environ.get("BENCH_LEASE_N", "500"))
 ALL = list(range(64))
 # BENCH_FSYNC=off measures the calls' own work; on (the default) adds the
 # WAL flush of each grant, which durable leases need.
 FSYNC = os.environ.get("BENCH_FSYNC", "on") != "off"
+# BENCH_VERSION=0.7.0: a registry of that release (its install script from
+# tests/upgrade/, with this build's library), for a before/after.
+VERSION = os.environ.get("BENCH_VERSION")
 
 
 def per_call_ms(call, n=N) -> list[float]:
@@ -94,7 +97,11 @@ def main() -> int:
     r = Cluster(settings={"fsync": FSYNC})
     r.start()
     try:
-        r.create_extension()
+        if VERSION:
+            with old_release(VERSION):
+                r.sql(f"CREATE EXTENSION snowflake_id VERSION '{VERSION}'")
+        else:
+            r.create_extension()
         with r.connect() as c:
             c.autocommit = True
             # As the lease worker's session: synchronous commits.

@@ -9,6 +9,560 @@
 
 -- == The registry's decisions in the Rust core (issue 42) ==
 
+-- The registry's rules are in the extension's Rust core
+-- (core/src/registry/): the lease functions gather the facts of a call in
+-- one query (snowflake_lease_facts), pass them to snowflake_lease_decide
+-- (src/sql/leases.rs) and apply the writes it returns
+-- (snowflake_lease_call); snowflake_lease_durable waits in PL/pgSQL and
+-- decides through snowflake_lease_durable_progress and _decide. Every
+-- reply carries a token (snowflake_lease_sign) under the registry's key
+-- (token_key: set here, kept from one incarnation to the next); what a
+-- request says it saw counts only with a token that verifies, or from a
+-- node that holds blocks here (a holder before 0.8.0 sends none). The
+-- fleet's layout is fixed by the DBA (snowflake_lease_limits.layout,
+-- snowflake_lease_set_limits(layout => ...)), not by a request. The
+-- functions whose rules moved are dropped; the others are replaced. The
+-- lease role keeps its grants: the functions it calls keep their names
+-- and signatures, and the new ones are called by them only.
+
+ALTER TABLE snowflake_lease_registry
+    ADD COLUMN token_key text NOT NULL DEFAULT '',
+    ADD COLUMN new_key boolean NOT NULL DEFAULT false;
+-- The key of this registry's tokens (no token was issued before).
+UPDATE snowflake_lease_registry SET token_key = md5(gen_random_uuid()::text);
+ALTER TABLE snowflake_lease_limits ADD COLUMN layout text;
+
+DROP FUNCTION snowflake_id_internal.snowflake_lease_check(jsonb);
+DROP FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(int, int);
+DROP FUNCTION snowflake_id_internal.snowflake_lease_standbys_behind(text[], pg_lsn);
+DROP FUNCTION snowflake_id_internal.snowflake_lease_reply(text, timestamptz, jsonb);
+DROP FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int);
+
+-- The rules (src/sql/leases.rs).
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_decide(call text, request jsonb, server jsonb, rows jsonb)
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_decide_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(facts jsonb)
+RETURNS jsonb IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_progress_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(facts jsonb)
+RETURNS jsonb IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_decide_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn)
+RETURNS text IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, jsonb, jsonb, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn) FROM PUBLIC;
+
+-- What they read, and the calls (as src/sql/leases.sql has them).
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_block_class() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT 1936613751
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_block_class() IS
+  'Used by the lease functions: the class of the advisory lock a holder''s session holds on each of its blocks.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_timeline() RETURNS int
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_timeline() IS
+  'Used by the lease functions: the WAL timeline this server writes.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_ms(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE WHEN pg_catalog.isfinite(t) THEN floor(extract(epoch FROM t) * 1000)::bigint
+                WHEN extract(epoch FROM t) < 0 THEN -9223372036854775808
+                ELSE 9223372036854775807 END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_ms(timestamptz) IS
+  'Used by the lease functions: a time as Unix ms (-infinity and infinity as the least and greatest bigint).';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_time(ms bigint) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE ms WHEN -9223372036854775808 THEN '-infinity'::timestamptz
+                   WHEN 9223372036854775807 THEN 'infinity'::timestamptz
+                   ELSE pg_catalog.to_timestamp(ms / 1000.0) END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_time(bigint) IS
+  'Used by the lease functions: Unix ms as a time (the least and greatest bigint as -infinity and infinity).';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_standby_name() RETURNS text
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f
+                      WHERE f.name = 'snowflake_id.registry_standby_name' AND f.error IS NULL
+                      ORDER BY f.seqno DESC LIMIT 1), '')
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_standby_name() IS
+  'Used by the lease functions: snowflake_id.registry_standby_name as the configuration files set it.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_history(tli int) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    history text;
+    last text[];
+BEGIN
+    BEGIN
+        history := pg_catalog.pg_read_file(format('pg_wal/%s.history', lpad(upper(to_hex(tli)), 8, '0')));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE LOG 'snowflake_id registry: cannot read the history of timeline % (%): fencing', tli, SQLERRM;
+        RETURN NULL;
+    END;
+    last := string_to_array((SELECT l FROM unnest(string_to_array(btrim(history, E'\n'), E'\n'))
+                                   WITH ORDINALITY AS h(l, n) ORDER BY n DESC LIMIT 1), E'\t');
+    IF cardinality(last) < 3 OR last[1] !~ '^[0-9]{1,9}$' THEN
+        RETURN NULL;
+    END IF;
+    RETURN jsonb_build_array(last[1]::bigint, last[2], last[3]);
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_history(int) IS
+  'Used by the lease functions: the last line of a timeline''s history file (parent, switch point, reason), or NULL.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_candidates_json(members text[], valid_until timestamptz,
+                                                                      timeline int, updated_at timestamptz)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT jsonb_build_object('members', to_jsonb(members),
+                              'valid_until_ms', snowflake_id_internal.snowflake_lease_ms(valid_until),
+                              'timeline', timeline,
+                              'updated_at_ms', snowflake_id_internal.snowflake_lease_ms(updated_at))
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_json(text[], timestamptz, int, timestamptz) IS
+  'Used by the lease functions: the failover candidates'' row as jsonb, times in Unix ms.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_facts(node text) RETURNS jsonb
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    WITH here AS (
+        SELECT snowflake_id_internal.snowflake_lease_timeline() AS tli,
+               hashtextextended('snowflake_id node ' || node, 0) AS key,
+               snowflake_id_internal.snowflake_lease_block_class()::oid AS class,
+               (SELECT d.oid FROM pg_catalog.pg_database d
+                 WHERE d.datname = pg_catalog.current_database()) AS db
+    ), locks AS (
+        SELECT coalesce(bool_or(l.granted AND l.pid = pg_catalog.pg_backend_pid() AND l.objsubid = 1
+                                AND l.classid = ((h.key >> 32) & 4294967295)::oid
+                                AND l.objid = (h.key & 4294967295)::oid), false) AS node_locked,
+               coalesce(jsonb_agg(l.objid::int ORDER BY l.objid)
+                            FILTER (WHERE l.granted AND l.pid = pg_catalog.pg_backend_pid()
+                                      AND l.objsubid = 2 AND l.classid = h.class), '[]') AS locked,
+               coalesce(bool_or(l.pid <> pg_catalog.pg_backend_pid() AND l.objsubid = 2
+                                AND l.classid = h.class), false) AS others
+          FROM here h
+          LEFT JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.database = h.db
+         GROUP BY h.key, h.class
+    ), reg AS (
+        SELECT g.* FROM @extschema@.snowflake_lease_registry g LIMIT 1
+    )
+    SELECT jsonb_build_object(
+        'server', jsonb_build_object(
+            'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.now()),
+            'timeline', h.tli,
+            'insert_lsn', pg_catalog.pg_current_wal_insert_lsn() - '0/0'::pg_lsn,
+            'session', snowflake_id_internal.snowflake_lease_session(),
+            'postmaster_start_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.pg_postmaster_start_time()),
+            'fsync_off', pg_catalog.current_setting('fsync') = 'off',
+            'synchronous_commit_off', pg_catalog.current_setting('synchronous_commit') = 'off',
+            'node_locked', k.node_locked,
+            'locked', k.locked,
+            'others_lock_blocks', k.others,
+            -- Read only after a timeline change (a promotion to prove).
+            'proof', CASE WHEN (SELECT r.timeline FROM reg r) <> h.tli THEN jsonb_build_object(
+                'standby_name', snowflake_id_internal.snowflake_lease_standby_name(),
+                'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
+                                          w.members, w.valid_until, w.timeline, w.updated_at)
+                                 FROM @extschema@.snowflake_lease_standbys w LIMIT 1),
+                'history', snowflake_id_internal.snowflake_lease_history(h.tli)) ELSE '{}' END,
+            'fresh_incarnation', md5(gen_random_uuid()::text),
+            'fresh_key', md5(gen_random_uuid()::text),
+            'role', session_user,
+            'client', coalesce('client ' || inet_client_addr()::text, 'local connection')),
+        'rows', jsonb_build_object(
+            'registry', (SELECT jsonb_build_object(
+                'incarnation', r.incarnation, 'timeline', r.timeline,
+                'postmaster_start_ms', snowflake_id_internal.snowflake_lease_ms(r.postmaster_start),
+                'started_at_ms', snowflake_id_internal.snowflake_lease_ms(r.started_at),
+                'fenced_until_ms', snowflake_id_internal.snowflake_lease_ms(r.fenced_until),
+                'fence_floor_ms', r.fence_floor_ms, 'max_lease_ms', r.max_lease_ms,
+                'max_grace_ms', r.max_grace_ms, 'max_ahead_ms', r.max_ahead_ms, 'cause', r.cause,
+                'previous_incarnation', r.previous_incarnation, 'token_key', r.token_key,
+                'new_key', r.new_key) FROM reg r),
+            'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'block', b.block, 'first_worker_id', b.first_worker_id,
+                'last_worker_id', b.last_worker_id, 'layout', b.layout,
+                'holder_node', b.holder_node, 'holder_name', b.holder_name,
+                'leased_at_ms', snowflake_id_internal.snowflake_lease_ms(b.leased_at),
+                'renewed_at_ms', snowflake_id_internal.snowflake_lease_ms(b.renewed_at),
+                'expires_at_ms', snowflake_id_internal.snowflake_lease_ms(b.expires_at),
+                'grace_ms', floor(extract(epoch FROM b.grace) * 1000)::bigint,
+                'high_water_ms', b.high_water_ms,
+                'released_at_ms', snowflake_id_internal.snowflake_lease_ms(b.released_at),
+                'leases', b.leases, 'floor_ms', b.floor_ms, 'holder_session', b.holder_session)
+                ORDER BY b.block), '[]')
+                FROM @extschema@.snowflake_lease_blocks b),
+            'limits', (SELECT jsonb_build_object(
+                'max_lease_ms', l.max_lease_ms, 'max_grace_ms', l.max_grace_ms,
+                'max_ahead_ms', l.max_ahead_ms, 'max_blocks_per_node', l.max_blocks_per_node,
+                'previous_max_lease_ms', l.previous_max_lease_ms,
+                'previous_max_grace_ms', l.previous_max_grace_ms,
+                'previous_max_ahead_ms', l.previous_max_ahead_ms,
+                'previous_until_ms', snowflake_id_internal.snowflake_lease_ms(l.previous_until),
+                'layout', l.layout)
+                FROM @extschema@.snowflake_lease_limits l LIMIT 1)))
+      FROM here h, locks k
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) IS
+  'Used by the lease functions: the facts of a lease call (this server and session, the registry''s rows) as the rules in the extension take them.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT pg_catalog.pg_advisory_xact_lock(1936613750, 0)
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() IS
+  'Used by the lease functions: the transaction lock under which lease calls are decided one at a time.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_reply(answer jsonb, key text, extra jsonb)
+RETURNS jsonb
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT jsonb_build_object(
+        'incarnation', answer->>'incarnation',
+        'lsn', p::text,
+        'token', snowflake_id_internal.snowflake_lease_sign(coalesce(key, ''), answer->>'incarnation', p),
+        'fenced_until_ms', answer->'fenced_until_ms') || extra
+      FROM pg_catalog.pg_current_wal_insert_lsn() p
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jsonb) IS
+  'Used by the lease functions: the reply with the incarnation, WAL position, token and fence.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_call(call text, req jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    size int := pg_catalog.pg_column_size(req);
+    facts jsonb;
+    decided jsonb;
+    w jsonb;
+    line text;
+BEGIN
+    IF size > 65536 THEN
+        RAISE LOG 'snowflake_id registry: refused a lease request of % bytes (role %, %)',
+            size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
+        RAISE EXCEPTION 'lease request of % bytes refused: the limit is 65536', size
+            USING ERRCODE = '54000',
+                  HINT = 'The snowflake_id lease worker never sends such a request: who called the lease functions by hand?';
+    END IF;
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
+    facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
+    decided := snowflake_id_internal.snowflake_lease_decide(call, req, facts->'server', facts->'rows');
+    w := decided->'writes';
+    IF jsonb_typeof(w->'registry') = 'object' THEN
+        DELETE FROM @extschema@.snowflake_lease_registry;
+        INSERT INTO @extschema@.snowflake_lease_registry
+               (incarnation, timeline, postmaster_start, started_at, fenced_until, fence_floor_ms,
+                max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key)
+        SELECT r.incarnation, r.timeline, snowflake_id_internal.snowflake_lease_time(r.postmaster_start_ms),
+               snowflake_id_internal.snowflake_lease_time(r.started_at_ms),
+               snowflake_id_internal.snowflake_lease_time(r.fenced_until_ms), r.fence_floor_ms,
+               r.max_lease_ms, r.max_grace_ms, r.max_ahead_ms, r.cause, r.previous_incarnation,
+               r.token_key, r.new_key
+          FROM jsonb_to_record(w->'registry') AS r(
+               incarnation text, timeline int, postmaster_start_ms bigint, started_at_ms bigint,
+               fenced_until_ms bigint, fence_floor_ms bigint, max_lease_ms bigint, max_grace_ms bigint,
+               max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean);
+    END IF;
+    IF jsonb_array_length(w->'blocks') > 0 THEN
+        -- New rows arrive unleased (a leased row inserted is a restore:
+        -- snowflake_lease_blocks_restored), then every row is written.
+        INSERT INTO @extschema@.snowflake_lease_blocks (block, first_worker_id, last_worker_id, layout,
+                                                        high_water_ms)
+        SELECT b.block, b.first_worker_id, b.last_worker_id, b.layout, b.high_water_ms
+          FROM jsonb_to_recordset(w->'blocks') AS b(block int, first_worker_id int, last_worker_id int,
+                                                  layout text, high_water_ms bigint)
+        ON CONFLICT DO NOTHING;
+        UPDATE @extschema@.snowflake_lease_blocks t
+           SET first_worker_id = b.first_worker_id, last_worker_id = b.last_worker_id,
+               layout = b.layout, holder_node = b.holder_node, holder_name = b.holder_name,
+               leased_at = snowflake_id_internal.snowflake_lease_time(b.leased_at_ms),
+               renewed_at = snowflake_id_internal.snowflake_lease_time(b.renewed_at_ms),
+               expires_at = snowflake_id_internal.snowflake_lease_time(b.expires_at_ms),
+               grace = b.grace_ms * interval '1 millisecond', high_water_ms = b.high_water_ms,
+               released_at = snowflake_id_internal.snowflake_lease_time(b.released_at_ms),
+               leases = b.leases, floor_ms = b.floor_ms, holder_session = b.holder_session
+          FROM jsonb_to_recordset(w->'blocks') AS b(
+               block int, first_worker_id int, last_worker_id int, layout text, holder_node text,
+               holder_name text, leased_at_ms bigint, renewed_at_ms bigint, expires_at_ms bigint,
+               grace_ms bigint, high_water_ms bigint, released_at_ms bigint, leases bigint,
+               floor_ms bigint, holder_session text)
+         WHERE t.block = b.block;
+    END IF;
+    PERFORM pg_catalog.pg_try_advisory_lock(snowflake_id_internal.snowflake_lease_block_class(), b::int)
+       FROM jsonb_array_elements_text(w->'lock') b;
+    PERFORM pg_catalog.pg_advisory_unlock(snowflake_id_internal.snowflake_lease_block_class(), b::int)
+       FROM jsonb_array_elements_text(w->'unlock') b;
+    FOR line IN SELECT jsonb_array_elements_text(w->'log') LOOP
+        RAISE LOG 'snowflake_id registry: %', line;
+    END LOOP;
+    RETURN snowflake_id_internal.snowflake_lease_reply(
+        decided->'answer', (SELECT g.token_key FROM @extschema@.snowflake_lease_registry g LIMIT 1),
+        CASE call WHEN 'release' THEN jsonb_build_object('released', coalesce(decided->'answer'->'released', 'false'))
+                  ELSE jsonb_build_object('blocks', decided->'answer'->'blocks') END);
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_call(text, jsonb) IS
+  'Used by the lease functions: one lease call, gathered, decided by the rules in the extension, written and answered.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() RETURNS jsonb
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'application_name', r.application_name, 'sync_state', r.sync_state,
+               'flush_lsn', r.flush_lsn - '0/0'::pg_lsn,
+               'physical', EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
+                                    WHERE a.pid = r.pid AND a.datid IS NULL),
+               'streaming', r.state = 'streaming',
+               'reply_time_ms', snowflake_id_internal.snowflake_lease_ms(r.reply_time))), '[]')
+      FROM pg_catalog.pg_stat_replication r
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() IS
+  'Used by the lease functions: this server''s WAL senders as the durability rules take them.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_limits_changed() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    was record;
+    bad text;
+BEGIN
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+        RAISE EXCEPTION 'the registry''s lease limits are changed, not deleted'
+            USING ERRCODE = '55000',
+                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8.';
+    END IF;
+    bad := CASE
+        WHEN NEW.max_lease_ms IS NULL OR NEW.max_lease_ms NOT BETWEEN 2000 AND 86400000 THEN
+            format('max_lease_ms must be from 2000 to 86400000 (the range of snowflake_id.lease_time), not %s', NEW.max_lease_ms)
+        WHEN NEW.max_grace_ms IS NULL OR NEW.max_grace_ms NOT BETWEEN 1000 AND 86400000 THEN
+            format('max_grace_ms must be from 1000 to 86400000, not %s', NEW.max_grace_ms)
+        WHEN NEW.max_ahead_ms IS NULL OR NEW.max_ahead_ms NOT BETWEEN 0 AND 172800000 THEN
+            format('max_ahead_ms must be from 0 to 172800000, not %s', NEW.max_ahead_ms)
+        WHEN NEW.max_blocks_per_node IS NULL OR NEW.max_blocks_per_node NOT BETWEEN 1 AND 64 THEN
+            format('max_blocks_per_node must be from 1 to 64, not %s', NEW.max_blocks_per_node)
+        END;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid lease limit: %', bad USING ERRCODE = '22023';
+    END IF;
+    -- Before this change (a BEFORE trigger's query does not see its row).
+    SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();
+    NEW.changed_at := now();
+    IF (NEW.max_lease_ms < was.max_lease_ms OR NEW.max_grace_ms < was.max_grace_ms
+        OR NEW.max_ahead_ms < was.max_ahead_ms)
+       AND (EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
+                     WHERE (b.holder_node IS NOT NULL AND b.expires_at + b.grace > now())
+                        OR b.high_water_ms > extract(epoch FROM now()) * 1000)
+            OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_registry g WHERE g.fenced_until > now())) THEN
+        NEW.previous_max_lease_ms := was.fence_lease_ms;
+        NEW.previous_max_grace_ms := was.fence_grace_ms;
+        NEW.previous_max_ahead_ms := was.fence_ahead_ms;
+        NEW.previous_until := greatest(was.previous_until,
+            now() + (greatest(was.fence_lease_ms, was.fence_ahead_ms) + was.fence_grace_ms)
+                    * interval '1 millisecond');
+        RAISE NOTICE 'fences use the higher limits until %: grants made under them may still run',
+            NEW.previous_until;
+    ELSE
+        NEW.previous_max_lease_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_lease_ms END;
+        NEW.previous_max_grace_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_grace_ms END;
+        NEW.previous_max_ahead_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_ahead_ms END;
+        NEW.previous_until := was.previous_until;
+    END IF;
+    -- A holder whose lease_time is max_lease_ms asks for more than these.
+    IF NEW.max_grace_ms < greatest(NEW.max_lease_ms / 5, 1000) THEN
+        RAISE NOTICE 'a holder with snowflake_id.lease_time = % ms asks for a grace of % ms, above max_grace_ms: it is refused',
+            NEW.max_lease_ms, greatest(NEW.max_lease_ms / 5, 1000);
+    END IF;
+    IF NEW.max_ahead_ms < NEW.max_lease_ms + 60000 THEN
+        RAISE NOTICE 'a holder with snowflake_id.lease_time = % ms and the default snowflake_id.max_drift (60 s) asks for marks % ms ahead, above max_ahead_ms: it is refused',
+            NEW.max_lease_ms, NEW.max_lease_ms + 60000;
+    END IF;
+    IF NEW.layout = '' THEN
+        RAISE EXCEPTION 'invalid lease limit: layout must not be empty' USING ERRCODE = '22023',
+            HINT = 'Give the layout the fleet''s holders send (the layout of the rows of snowflake_lease_blocks), or NULL for none fixed.';
+    END IF;
+    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, layout %',
+        session_user, NEW.max_lease_ms, NEW.max_grace_ms, NEW.max_ahead_ms, NEW.max_blocks_per_node,
+        coalesce(NEW.layout, '(not fixed)');
+    RETURN NEW;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_limits_changed() IS
+  'Trigger: checks a change of snowflake_lease_limits, keeps a lowered limit bounding fences while grants made under the higher one may run, and refuses a DELETE or TRUNCATE.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_begin(req jsonb, OUT incarnation text,
+                                                            OUT fenced_until timestamptz,
+                                                            OUT locked int[], OUT fence_floor_ms bigint)
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT g.incarnation, CASE WHEN g.fenced_until > pg_catalog.now() THEN g.fenced_until END,
+           ARRAY(SELECT l.objid::int FROM pg_catalog.pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_catalog.pg_backend_pid()
+                    AND l.objsubid = 2
+                    AND l.classid = snowflake_id_internal.snowflake_lease_block_class()::oid
+                  ORDER BY l.objid),
+           coalesce(g.fence_floor_ms, 0)
+      FROM (SELECT 1) one
+      LEFT JOIN @extschema@.snowflake_lease_registry g ON true
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) IS
+  'The registry''s incarnation and fence as they stand, and this session''s block locks; holders find the lease functions by it.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_acquire(req jsonb) RETURNS jsonb
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT snowflake_id_internal.snowflake_lease_call('acquire', req)
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) IS
+  'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, up to max_blocks_per_node, and returns the floor each must start above; none while the registry is fenced.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_renew(req jsonb) RETURNS jsonb
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT snowflake_id_internal.snowflake_lease_call('renew', req)
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_renew(jsonb) IS
+  'Called by a holder''s lease worker: extends its leases and raises their marks (re-asserting them to a new incarnation while fenced); returns the blocks it still holds.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_release(req jsonb) RETURNS jsonb
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT snowflake_id_internal.snowflake_lease_call('release', req)
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) IS
+  'Called by a holder''s lease worker: returns an idle block, recording the time of the newest ID it issued there (never below the floor it leased the block with).';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_durable(req jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    wait_ms bigint := least(greatest(coalesce((req->>'wait_ms')::bigint, 0), 0), 5000);
+    deadline timestamptz := pg_catalog.clock_timestamp() + wait_ms * interval '1 millisecond';
+    tli int := snowflake_id_internal.snowflake_lease_timeline();
+    facts jsonb;
+    p jsonb;
+    d jsonb;
+    line text;
+BEGIN
+    facts := jsonb_build_object(
+        'synchronous_standby_names', pg_catalog.current_setting('synchronous_standby_names'),
+        'me', snowflake_id_internal.snowflake_lease_standby_name(),
+        'target', pg_catalog.pg_current_wal_flush_lsn() - '0/0'::pg_lsn,
+        'timeline', tli,
+        'incarnation_here', EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_registry g
+                                     WHERE g.timeline = tli),
+        'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
+                                  w.members, w.valid_until, w.timeline, w.updated_at)
+                         FROM @extschema@.snowflake_lease_standbys w LIMIT 1));
+    LOOP
+        facts := facts || jsonb_build_object(
+            'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.clock_timestamp()),
+            'standbys', snowflake_id_internal.snowflake_lease_standbys_now());
+        p := snowflake_id_internal.snowflake_lease_durable_progress(facts);
+        EXIT WHEN (p->>'done')::boolean OR NOT (facts->>'incarnation_here')::boolean
+               OR pg_catalog.clock_timestamp() >= deadline;
+        PERFORM pg_catalog.pg_sleep(0.005);
+    END LOOP;
+    -- The row lock makes this a transaction that writes: its commit waits
+    -- for no standby.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
+    IF (p->>'enough')::boolean AND (facts->>'incarnation_here')::boolean THEN
+        facts := facts || jsonb_build_object(
+            'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
+                                      w.members, w.valid_until, w.timeline, w.updated_at)
+                             FROM @extschema@.snowflake_lease_standbys w LIMIT 1 FOR UPDATE),
+            'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.clock_timestamp()),
+            'standbys', snowflake_id_internal.snowflake_lease_standbys_now());
+    END IF;
+    d := snowflake_id_internal.snowflake_lease_durable_decide(facts);
+    IF jsonb_typeof(d->'write') = 'object' THEN
+        -- Not waited for: a row that no candidate received changes nothing
+        -- they may conclude (each keeps the older row it has).
+        UPDATE @extschema@.snowflake_lease_standbys
+           SET members = ARRAY(SELECT jsonb_array_elements_text(d->'write'->'members')),
+               valid_until = snowflake_id_internal.snowflake_lease_time((d->'write'->>'valid_until_ms')::bigint),
+               timeline = (d->'write'->>'timeline')::int,
+               updated_at = snowflake_id_internal.snowflake_lease_time((d->'write'->>'updated_at_ms')::bigint);
+        IF NOT FOUND THEN
+            -- Deleted by hand: made again.
+            INSERT INTO @extschema@.snowflake_lease_standbys (members, valid_until, timeline, updated_at)
+            SELECT ARRAY(SELECT jsonb_array_elements_text(d->'write'->'members')),
+                   snowflake_id_internal.snowflake_lease_time((d->'write'->>'valid_until_ms')::bigint),
+                   (d->'write'->>'timeline')::int,
+                   snowflake_id_internal.snowflake_lease_time((d->'write'->>'updated_at_ms')::bigint)
+            ON CONFLICT DO NOTHING;
+        END IF;
+    END IF;
+    FOR line IN SELECT jsonb_array_elements_text(d->'log') LOOP
+        RAISE LOG 'snowflake_id registry: %', line;
+    END LOOP;
+    RETURN d->'reply';
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) IS
+  'Called by a holder''s lease worker after each grant: whether this session''s commits are flushed on enough synchronous standbys (synchronous_standby_names), and on every failover candidate (snowflake_lease_standbys), that a failover keeps them.';
+
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_block_class() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_timeline() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_ms(timestamptz) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_time(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standby_name() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_history(int) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_json(text[], timestamptz, int, timestamptz) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_call(text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() FROM PUBLIC;
+
+CREATE FUNCTION snowflake_lease_set_limits(max_lease_ms bigint DEFAULT NULL,
+                                           max_grace_ms bigint DEFAULT NULL,
+                                           max_ahead_ms bigint DEFAULT NULL,
+                                           max_blocks_per_node int DEFAULT NULL,
+                                           layout text DEFAULT NULL)
+RETURNS TABLE (name text, value bigint, fence_value bigint, fence_value_until timestamptz)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    UPDATE @extschema@.snowflake_lease_limits l
+       SET max_lease_ms = coalesce($1, l.max_lease_ms), max_grace_ms = coalesce($2, l.max_grace_ms),
+           max_ahead_ms = coalesce($3, l.max_ahead_ms),
+           max_blocks_per_node = coalesce($4, l.max_blocks_per_node),
+           layout = coalesce($5, l.layout)
+     WHERE num_nonnulls($1, $2, $3, $4, $5) > 0;
+    -- The first change: from the defaults.
+    INSERT INTO @extschema@.snowflake_lease_limits
+           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout)
+    SELECT coalesce($1, f.max_lease_ms), coalesce($2, f.max_grace_ms),
+           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5
+      FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
+     WHERE num_nonnulls($1, $2, $3, $4, $5) > 0
+       AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_limits);
+    SELECT x.name, x.value, x.fence_value, CASE WHEN x.value < x.fence_value THEN f.previous_until END
+      FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
+     CROSS JOIN LATERAL (VALUES ('max_lease_ms', f.max_lease_ms, f.fence_lease_ms),
+                                ('max_grace_ms', f.max_grace_ms, f.fence_grace_ms),
+                                ('max_ahead_ms', f.max_ahead_ms, f.fence_ahead_ms),
+                                ('max_blocks_per_node', f.max_blocks_per_node::bigint,
+                                 f.max_blocks_per_node::bigint)) x(name, value, fence_value)
+$fn$;
+COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text) IS
+  'On a registry: changes the fleet''s limits (each argument given; none: no change) and fixes its layout, and returns the limits in force. No lease request may exceed them; fences rest on them.';
+REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text) FROM PUBLIC;
+
+CREATE OR REPLACE VIEW snowflake_leases AS
+SELECT b.block, b.first_worker_id, b.last_worker_id, b.holder_node, b.holder_name,
+       b.leased_at, b.renewed_at, b.expires_at,
+       CASE WHEN b.high_water_ms > 0
+            THEN to_timestamp(b.high_water_ms / 1000.0) END AS floor,
+       b.holder_node IS NOT NULL AS leased,
+       k.pid IS NOT NULL AS live,
+       k.pid AS registry_pid,
+       b.released_at, b.leases
+  FROM snowflake_lease_blocks b
+  LEFT JOIN LATERAL (SELECT l.pid FROM pg_catalog.pg_locks l
+                      WHERE l.locktype = 'advisory' AND l.granted
+                        AND l.classid = 1936613751::oid AND l.objid = b.block::oid
+                        AND l.objsubid = 2 LIMIT 1) k ON true;
+
 -- == Getting it, switching to it and watching it (issue 43) ==
 
 -- snowflake_health(): one row per check (src/sql/health.rs), for pg_monitor.

@@ -106,3 +106,32 @@ pub fn no_lease_on_standby() -> ! {
         Some("Make IDs on the primary, or promote this server. To make IDs on a hot standby, give it its own snowflake_id.worker_ids and no snowflake_id.registry.".into()),
     )
 }
+
+/// A refusal of the registry's rules (`snowflake_core::registry`), with
+/// the SQLSTATE, message, detail and hint they chose: its messages are in
+/// `core/src/registry/` (`Refusal::new`), which
+/// `tests/docs/test_errors_doc.py` reads as it reads this directory.
+pub fn registry_refusal(refusal: snowflake_core::registry::Refusal) -> ! {
+    use snowflake_core::registry::SqlState;
+    let code = match refusal.code {
+        SqlState::InvalidParameterValue => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        SqlState::ProgramLimitExceeded => PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        SqlState::NotInPrerequisiteState => {
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        }
+        SqlState::InsufficientPrivilege => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+    };
+    raise(code, refusal.message, refusal.detail, refusal.hint)
+}
+
+/// 22023: a lease request (or the facts the registry's SQL gathered for
+/// it) that does not parse: `required` names the keys the call needs,
+/// `error` what was wrong.
+pub fn invalid_lease_request(required: &str, error: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        "invalid lease request".into(),
+        Some(format!("{required} ({error})")),
+        Some("The snowflake_id lease worker never sends such a request: who called the lease functions by hand?".into()),
+    )
+}

@@ -1,7 +1,153 @@
-//! The registry's side of the lease protocol, in `leases.sql`: the block
-//! table, the registry's incarnation, and the SECURITY DEFINER functions a
-//! holder calls (`snowflake_lease_begin`, `_acquire`, `_renew`, `_release`).
-//! The holder's side is `snowflake_core::holder`, driven by
-//! `workers::lease_worker`.
+//! The registry's side of the lease protocol. `leases.sql` has the tables
+//! and the SECURITY DEFINER functions a holder calls
+//! (`snowflake_lease_acquire`, `_renew`, `_release`, `_durable`): they
+//! gather the facts of a call, pass them to the functions below, and apply
+//! the writes these return. The rules are `snowflake_core::registry`'s
+//! (the holder's side is `snowflake_core::holder`, driven by
+//! `workers::lease_worker`); this is glue: jsonb in, jsonb out, refusals
+//! raised as errors.
+//!
+//! Internal (`snowflake_id_internal`, EXECUTE revoked from PUBLIC in
+//! `leases.sql`): only the lease functions, which run as the extension's
+//! owner, call them. Each is declared by hand (`sql = ...`): pgrx's
+//! `schema =` wants a schema of its own (`#[pg_schema]`), and this one is
+//! made by `internal_schema.sql`.
 
-pgrx::extension_sql_file!("leases.sql", name = "leases");
+use crate::errors;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use snowflake_core::protocol::{AcquireRequest, ReleaseRequest, RenewRequest};
+use snowflake_core::registry::{self, durable, token, Call, Rows, Server};
+
+/// What each call's request must have (the detail of `invalid lease
+/// request`).
+const ACQUIRE_KEYS: &str = "node, name and layout (strings), allowed (an array), block_size, max_worker_id, want, lease_ms, grace_ms and high_ms (numbers) are required.";
+const RENEW_KEYS: &str =
+    "node (a string), blocks (an array), lease_ms, grace_ms and high_ms (numbers) are required.";
+const RELEASE_KEYS: &str = "node (a string), block and high_ms (numbers) are required.";
+
+fn request<T: DeserializeOwned>(value: Value, keys: &str) -> T {
+    serde_json::from_value(value)
+        .unwrap_or_else(|e| errors::invalid_lease_request(keys, &e.to_string()))
+}
+
+/// Facts the registry's own SQL gathered: one that does not parse is a bug.
+fn facts<T: DeserializeOwned>(value: Value, what: &str) -> T {
+    serde_json::from_value(value).unwrap_or_else(|e| {
+        errors::internal(&format!(
+            "snowflake_id registry: the {what} gathered for a lease call do not parse: {e}"
+        ))
+    })
+}
+
+fn to_jsonb<T: serde::Serialize>(value: &T) -> JsonB {
+    JsonB(serde_json::to_value(value).unwrap_or_else(|e| {
+        errors::internal(&format!(
+            "snowflake_id registry: a decision does not serialize: {e}"
+        ))
+    }))
+}
+
+/// One lease call decided: `call` is `acquire`, `renew` or `release`,
+/// `request` the holder's jsonb, `server` and `rows` the facts
+/// `snowflake_lease_facts()` gathered (`server` also has the session's
+/// `role` and `client`, for the log). Returns the outcome (`answer`,
+/// `writes`); a refusal is raised, its log line logged first.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_decide(call text, request jsonb, server jsonb, rows jsonb)
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_decide_wrapper';
+"#)]
+fn snowflake_lease_decide(call: &str, request: JsonB, server: JsonB, rows: JsonB) -> JsonB {
+    let req = request.0;
+    let call = match call {
+        "acquire" => Call::Acquire(self::request::<AcquireRequest>(req, ACQUIRE_KEYS)),
+        "renew" => Call::Renew(self::request::<RenewRequest>(req, RENEW_KEYS)),
+        "release" => Call::Release(self::request::<ReleaseRequest>(req, RELEASE_KEYS)),
+        other => errors::internal(&format!(
+            "snowflake_id registry: no lease call is named {other}"
+        )),
+    };
+    let text = |key: &str| {
+        server
+            .0
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (role, client) = (text("role"), text("client"));
+    let server: Server = facts(server.0, "server facts");
+    let rows: Rows = facts(rows.0, "rows");
+    match registry::decide(&call, &server, &rows) {
+        Ok(outcome) => to_jsonb(&outcome),
+        Err(refusal) => {
+            if let Some(line) = &refusal.log {
+                pgrx::log!("snowflake_id registry: {line} (role {role}, {client})");
+            }
+            errors::registry_refusal(refusal)
+        }
+    }
+}
+
+/// One look at the standbys while `snowflake_lease_durable` waits:
+/// `flushed`, `behind`, `done` (nothing left to wait for) and `enough`
+/// (enough synchronous standbys flushed the target).
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(facts jsonb)
+RETURNS jsonb IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_progress_wrapper';
+"#)]
+fn snowflake_lease_durable_progress(facts: JsonB) -> JsonB {
+    let facts: durable::Facts = self::facts(facts.0, "durability facts");
+    let p = durable::progress(&facts);
+    JsonB(json!({
+        "flushed": p.flushed,
+        "behind": p.behind,
+        "done": p.done,
+        "enough": p.flushed >= durable::needed(&facts.synchronous_standby_names),
+    }))
+}
+
+/// The durability decision after the wait: the `reply`, the candidates'
+/// row to `write` (null: none) and the `log` lines.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(facts jsonb)
+RETURNS jsonb IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_decide_wrapper';
+"#)]
+fn snowflake_lease_durable_decide(facts: JsonB) -> JsonB {
+    let facts: durable::Facts = self::facts(facts.0, "durability facts");
+    let d = durable::decide(&facts);
+    JsonB(json!({
+        "reply": serde_json::to_value(&d.reply).unwrap_or(Value::Null),
+        "write": serde_json::to_value(&d.write).unwrap_or(Value::Null),
+        "log": d.log,
+    }))
+}
+
+/// The registry's token for `incarnation` at `lsn` under `key`
+/// (`snowflake_core::registry::token`): '' for a key that is none. Declared
+/// with `pg_lsn`, which is passed by value as a 64-bit integer, as the
+/// `i64` the wrapper reads.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn)
+RETURNS text IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
+"#)]
+fn snowflake_lease_sign(key: &str, incarnation: &str, lsn: i64) -> String {
+    token::sign(key, incarnation, u64::from_ne_bytes(lsn.to_ne_bytes()))
+}
+
+pgrx::extension_sql_file!(
+    "leases.sql",
+    name = "leases",
+    requires = [
+        snowflake_lease_decide,
+        snowflake_lease_durable_progress,
+        snowflake_lease_durable_decide,
+        snowflake_lease_sign
+    ]
+);

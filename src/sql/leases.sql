@@ -1,11 +1,13 @@
--- The registry side of fleet leases (see core/src/lease.rs for the rules and
--- the safety argument, core/src/holder.rs for the holder side, and
--- docs/design/fleet-fencing.md for incarnations and fences).
+-- The registry side of fleet leases (see core/src/registry/ for its rules,
+-- core/src/lease.rs for the safety argument, core/src/holder.rs for the
+-- holder side, and docs/design/fleet-fencing.md for incarnations and
+-- fences).
 --
 -- Any server with the extension created can be a fleet's registry: the
 -- holders' lease workers connect to it and call the functions below. No
--- preloading is needed here; every rule that uses the registry's clock is
--- in these functions (now()), every rule that uses a holder's clock is in
+-- preloading is needed here; every rule that uses the registry's clock
+-- reads it here (now()) and is decided in the extension's Rust
+-- (snowflake_lease_decide), every rule that uses a holder's clock is in
 -- the holder.
 --
 -- The tables and the view are in the extension's schema;
@@ -14,6 +16,51 @@
 -- extension's membership (src/workers/lease_worker/connection.rs). Every
 -- name in their bodies is schema-qualified, and their search_path is
 -- pinned to pg_catalog, pg_temp.
+
+-- The rules are in the extension's Rust core (core/src/registry/): every
+-- lease function takes the registry's lock, gathers the facts of its call
+-- in one query (snowflake_lease_facts), passes them to
+-- snowflake_lease_decide, and applies the writes it returns
+-- (snowflake_lease_call). The functions below name what the rules read.
+
+-- The class of the registry's session-level advisory locks of blocks:
+-- each holder's registry session holds (this class, the block number)
+-- while it holds the block, gone when its session ends.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_block_class() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT 1936613751
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_block_class() IS
+  'Used by the lease functions: the class of the advisory lock a holder''s session holds on each of its blocks.';
+
+-- The WAL timeline this server writes (the first 8 hex digits of the
+-- current WAL file's name).
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_timeline() RETURNS int
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_timeline() IS
+  'Used by the lease functions: the WAL timeline this server writes.';
+
+-- Times as the rules take them: Unix ms (bigint), -infinity and infinity
+-- as the least and greatest bigint; and back.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_ms(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE WHEN pg_catalog.isfinite(t) THEN floor(extract(epoch FROM t) * 1000)::bigint
+                WHEN extract(epoch FROM t) < 0 THEN -9223372036854775808
+                ELSE 9223372036854775807 END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_ms(timestamptz) IS
+  'Used by the lease functions: a time as Unix ms (-infinity and infinity as the least and greatest bigint).';
+
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_time(ms bigint) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE ms WHEN -9223372036854775808 THEN '-infinity'::timestamptz
+                   WHEN 9223372036854775807 THEN 'infinity'::timestamptz
+                   ELSE pg_catalog.to_timestamp(ms / 1000.0) END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_time(bigint) IS
+  'Used by the lease functions: Unix ms as a time (the least and greatest bigint as -infinity and infinity).';
 
 CREATE TABLE snowflake_lease_blocks (
     block          int PRIMARY KEY,
@@ -46,22 +93,26 @@ SELECT pg_catalog.pg_extension_config_dump('snowflake_lease_blocks', '');
 -- Every lease, with whether the holder's registry session is alive: each
 -- holder keeps a session-level advisory lock (class 1936613751, the block
 -- number) here, gone when its session ends.
+
+-- Every lease, with whether the holder's registry session is alive: each
+-- holder keeps a session-level advisory lock here on each of its blocks
+-- (snowflake_lease_block_class(), the block number), gone when its session
+-- ends. (The class is written here, not called: a role that may read the
+-- view need not have EXECUTE on the internal functions.)
 CREATE VIEW snowflake_leases AS
 SELECT b.block, b.first_worker_id, b.last_worker_id, b.holder_node, b.holder_name,
        b.leased_at, b.renewed_at, b.expires_at,
        CASE WHEN b.high_water_ms > 0
             THEN to_timestamp(b.high_water_ms / 1000.0) END AS floor,
        b.holder_node IS NOT NULL AS leased,
-       EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-                WHERE l.locktype = 'advisory' AND l.granted
-                  AND l.classid = 1936613751::oid AND l.objid = b.block::oid
-                  AND l.objsubid = 2) AS live,
-       (SELECT l.pid FROM pg_catalog.pg_locks l
-         WHERE l.locktype = 'advisory' AND l.granted
-           AND l.classid = 1936613751::oid AND l.objid = b.block::oid
-           AND l.objsubid = 2 LIMIT 1) AS registry_pid,
+       k.pid IS NOT NULL AS live,
+       k.pid AS registry_pid,
        b.released_at, b.leases
-  FROM snowflake_lease_blocks b;
+  FROM snowflake_lease_blocks b
+  LEFT JOIN LATERAL (SELECT l.pid FROM pg_catalog.pg_locks l
+                      WHERE l.locktype = 'advisory' AND l.granted
+                        AND l.classid = 1936613751::oid AND l.objid = b.block::oid
+                        AND l.objsubid = 2 LIMIT 1) k ON true;
 COMMENT ON VIEW snowflake_leases IS
   'Every block of worker ids known to this registry: holder (name and node id), leased at, expires at (registry clock), floor (new holders start above it), and whether the holder''s session is live.';
 REVOKE ALL ON snowflake_leases FROM PUBLIC;
@@ -93,7 +144,15 @@ CREATE TABLE snowflake_lease_registry (
     -- The incarnation this one continues without a fence (0.7.0): a
     -- promoted synchronous standby that had every durable grant of it
     -- (snowflake_lease_promotion_proven). Its holders are not evidence.
-    previous_incarnation text
+    previous_incarnation text,
+    -- The key of the registry's tokens (32 hex digits,
+    -- snowflake_lease_sign): every reply carries a token for its
+    -- incarnation and WAL position, and what a request says it saw counts
+    -- only with a token that verifies. Kept from one incarnation to the
+    -- next; new_key: made with this row (the row was gone), so that tokens
+    -- of older incarnations cannot verify (core/src/registry/token.rs).
+    token_key         text NOT NULL DEFAULT '',
+    new_key           boolean NOT NULL DEFAULT false
 );
 CREATE UNIQUE INDEX snowflake_lease_registry_one_row ON snowflake_lease_registry ((true));
 COMMENT ON TABLE snowflake_lease_registry IS
@@ -173,7 +232,11 @@ CREATE TABLE snowflake_lease_limits (
     previous_max_grace_ms bigint,
     previous_max_ahead_ms bigint,
     previous_until        timestamptz,
-    changed_at            timestamptz NOT NULL DEFAULT now()
+    changed_at            timestamptz NOT NULL DEFAULT now(),
+    -- The fleet's layout (the `layout` its holders send), fixed by the DBA:
+    -- block rows are made and kept under it only. NULL: the layout of the
+    -- rows there are, or of the first holder's request.
+    layout                text
 );
 CREATE UNIQUE INDEX snowflake_lease_limits_one_row ON snowflake_lease_limits ((true));
 COMMENT ON TABLE snowflake_lease_limits IS
@@ -283,8 +346,13 @@ BEGIN
         RAISE NOTICE 'a holder with snowflake_id.lease_time = % ms and the default snowflake_id.max_drift (60 s) asks for marks % ms ahead, above max_ahead_ms: it is refused',
             NEW.max_lease_ms, NEW.max_lease_ms + 60000;
     END IF;
-    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %',
-        session_user, NEW.max_lease_ms, NEW.max_grace_ms, NEW.max_ahead_ms, NEW.max_blocks_per_node;
+    IF NEW.layout = '' THEN
+        RAISE EXCEPTION 'invalid lease limit: layout must not be empty' USING ERRCODE = '22023',
+            HINT = 'Give the layout the fleet''s holders send (the layout of the rows of snowflake_lease_blocks), or NULL for none fixed.';
+    END IF;
+    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, layout %',
+        session_user, NEW.max_lease_ms, NEW.max_grace_ms, NEW.max_ahead_ms, NEW.max_blocks_per_node,
+        coalesce(NEW.layout, '(not fixed)');
     RETURN NEW;
 END
 $fn$;
@@ -297,30 +365,35 @@ CREATE TRIGGER snowflake_lease_limits_truncate BEFORE TRUNCATE ON snowflake_leas
     FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_limits_changed();
 
 -- The DBA's way to change the limits: each argument given replaces that
--- limit (NULL: unchanged); with none, nothing changes. Returns the limits
--- in force, one row each: `value` is what requests are checked against,
+-- limit (NULL: unchanged); with none, nothing changes. `layout` fixes the
+-- fleet's layout (the layout its holders send, as the rows of
+-- snowflake_lease_blocks show it): block rows are then made and kept under
+-- it only, whatever layout a request names. Returns the limits in force,
+-- one row each: `value` is what requests are checked against,
 -- `fence_value` what fences use (higher, after a lowered limit, until
--- `fence_value_until`). For the extension's owner and superusers: EXECUTE
--- is revoked from PUBLIC, and it runs with the caller's rights on the
--- table (revoked from PUBLIC too).
+-- `fence_value_until`); the layout is in snowflake_lease_limits. For the
+-- extension's owner and superusers: EXECUTE is revoked from PUBLIC, and it
+-- runs with the caller's rights on the table (revoked from PUBLIC too).
 CREATE FUNCTION snowflake_lease_set_limits(max_lease_ms bigint DEFAULT NULL,
                                            max_grace_ms bigint DEFAULT NULL,
                                            max_ahead_ms bigint DEFAULT NULL,
-                                           max_blocks_per_node int DEFAULT NULL)
+                                           max_blocks_per_node int DEFAULT NULL,
+                                           layout text DEFAULT NULL)
 RETURNS TABLE (name text, value bigint, fence_value bigint, fence_value_until timestamptz)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     UPDATE @extschema@.snowflake_lease_limits l
        SET max_lease_ms = coalesce($1, l.max_lease_ms), max_grace_ms = coalesce($2, l.max_grace_ms),
            max_ahead_ms = coalesce($3, l.max_ahead_ms),
-           max_blocks_per_node = coalesce($4, l.max_blocks_per_node)
-     WHERE num_nonnulls($1, $2, $3, $4) > 0;
+           max_blocks_per_node = coalesce($4, l.max_blocks_per_node),
+           layout = coalesce($5, l.layout)
+     WHERE num_nonnulls($1, $2, $3, $4, $5) > 0;
     -- The first change: from the defaults.
     INSERT INTO @extschema@.snowflake_lease_limits
-           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node)
+           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout)
     SELECT coalesce($1, f.max_lease_ms), coalesce($2, f.max_grace_ms),
-           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node)
+           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
-     WHERE num_nonnulls($1, $2, $3, $4) > 0
+     WHERE num_nonnulls($1, $2, $3, $4, $5) > 0
        AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_limits);
     SELECT x.name, x.value, x.fence_value, CASE WHEN x.value < x.fence_value THEN f.previous_until END
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
@@ -330,9 +403,9 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                                 ('max_blocks_per_node', f.max_blocks_per_node::bigint,
                                  f.max_blocks_per_node::bigint)) x(name, value, fence_value)
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int) IS
-  'On a registry: changes the fleet''s limits (each argument given; none: no change) and returns those in force. No lease request may exceed them; fences rest on them.';
-REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int) FROM PUBLIC;
+COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text) IS
+  'On a registry: changes the fleet''s limits (each argument given; none: no change) and fixes its layout, and returns the limits in force. No lease request may exceed them; fences rest on them.';
+REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text) FROM PUBLIC;
 
 -- Emptying the lease table (DELETE, TRUNCATE) or restoring it forgets
 -- grants: the next call starts a new incarnation.
@@ -408,303 +481,6 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
   'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory). One node per session.';
 
--- Refuses a lease request beyond the fleet's limits (snowflake_lease_limits)
--- before anything changes: a lease time, grace or mark a holder within
--- them never asks for (54000, the limit named, with which setting of the
--- holder to lower or which limit to raise), more blocks for one node than
--- max_blocks_per_node (54000), or a value no holder sends at all: a block
--- outside the 64 of a layout, a negative lease time, grace or mark, a
--- block size or largest worker id of no layout (22023). Numbers are
--- compared as numeric, so no value is out of bigint's range here. Each
--- refusal is logged with the node, the session's role and address.
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_check(req jsonb) RETURNS void
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    node text := req->>'node';
-    now_ms numeric := trunc(extract(epoch FROM now()) * 1000);
-    lease_ms numeric := (req->>'lease_ms')::numeric;
-    grace_ms numeric := (req->>'grace_ms')::numeric;
-    high_ms numeric := (req->>'high_ms')::numeric;
-    want numeric := (req->>'want')::numeric;
-    block_size numeric := (req->>'block_size')::numeric;
-    max_worker_id numeric := (req->>'max_worker_id')::numeric;
-    lim record;
-    named numeric[];
-    marks numeric[];
-    bad numeric;
-    held int := 0;
-    problem text;
-    hint text;
-    code text := '54000';
-BEGIN
-    SELECT * INTO lim FROM snowflake_id_internal.snowflake_lease_limits_in_force();
-    -- Every block the request names, and every mark.
-    named := ARRAY(SELECT (req->>'block')::numeric WHERE req ? 'block'
-                   UNION ALL
-                   SELECT a::numeric FROM pg_catalog.jsonb_array_elements_text(
-                       CASE WHEN pg_catalog.jsonb_typeof(req->'allowed') = 'array' THEN req->'allowed' END) a
-                   UNION ALL
-                   SELECT (a->>'block')::numeric FROM pg_catalog.jsonb_array_elements(
-                       CASE WHEN pg_catalog.jsonb_typeof(req->'blocks') = 'array' THEN req->'blocks' END) a);
-    marks := ARRAY(SELECT m FROM (SELECT high_ms
-                                  UNION ALL
-                                  SELECT (a->>'high_ms')::numeric FROM pg_catalog.jsonb_array_elements(
-                                      CASE WHEN pg_catalog.jsonb_typeof(req->'blocks') = 'array'
-                                           THEN req->'blocks' END) a) x(m)
-                    WHERE m IS NOT NULL);
-    IF req ? 'want' THEN
-        -- Blocks this node holds now (an expired one is no longer used).
-        SELECT count(*) INTO held FROM @extschema@.snowflake_lease_blocks b
-         WHERE b.holder_node = node AND b.expires_at > now();
-    END IF;
-    SELECT min(x) INTO bad FROM unnest(named) x WHERE x NOT BETWEEN 0 AND 63 OR x <> trunc(x);
-    IF bad IS NOT NULL THEN
-        code := '22023';
-        problem := format('block %s is none of a layout''s 64 blocks (0 to 63)', bad);
-    ELSIF block_size NOT BETWEEN 1 AND 1024 OR max_worker_id NOT BETWEEN 0 AND 65535 THEN
-        code := '22023';
-        problem := format('block_size %s and max_worker_id %s are no layout''s (1 to 1024, 0 to 65535)',
-                          block_size, max_worker_id);
-    ELSIF lease_ms <= 0 OR grace_ms < 0 OR want < 1 THEN
-        code := '22023';
-        problem := format('lease_ms must be positive, grace_ms not negative and want at least 1 (lease_ms %s, grace_ms %s, want %s)',
-                          lease_ms, grace_ms, coalesce(want::text, 'none'));
-    ELSIF (SELECT min(m) FROM unnest(marks) m) < 0 THEN
-        code := '22023';
-        problem := format('a mark (high_ms) of %s is before 1970', (SELECT min(m) FROM unnest(marks) m));
-    ELSIF lease_ms > lim.max_lease_ms THEN
-        problem := format('lease_ms %s is above the registry''s limit max_lease_ms = %s',
-                          lease_ms, lim.max_lease_ms);
-        hint := format('lease_ms is the holder''s snowflake_id.lease_time: lower it on that server to at most %s ms, or raise the limit on the registry with snowflake_lease_set_limits(max_lease_ms => ...).',
-                       lim.max_lease_ms);
-    ELSIF grace_ms > lim.max_grace_ms THEN
-        problem := format('grace_ms %s is above the registry''s limit max_grace_ms = %s',
-                          grace_ms, lim.max_grace_ms);
-        hint := format('A holder asks for a grace of a fifth of its snowflake_id.lease_time (at least 1 s): lower snowflake_id.lease_time on that server to at most %s ms, or raise the limit on the registry with snowflake_lease_set_limits(max_grace_ms => ...).',
-                       lim.max_grace_ms * 5);
-    ELSIF (SELECT max(m) FROM unnest(marks) m) - now_ms > lim.max_ahead_ms THEN
-        problem := format('a mark (high_ms) %s ms ahead of the registry''s clock is above its limit max_ahead_ms = %s',
-                          (SELECT max(m) FROM unnest(marks) m) - now_ms, lim.max_ahead_ms);
-        hint := 'A holder asks for marks of its clock + snowflake_id.lease_time + snowflake_id.max_drift: lower those on that server, check that its clock is not ahead of the registry''s, or raise the limit on the registry with snowflake_lease_set_limits(max_ahead_ms => ...).';
-    ELSIF want > lim.max_blocks_per_node OR held >= lim.max_blocks_per_node THEN
-        -- (A renewal keeps what the node holds; a re-assertion takes no
-        -- more than it may hold: snowflake_lease_renew.)
-        problem := CASE
-            WHEN want > lim.max_blocks_per_node THEN
-                format('want %s is above the registry''s limit max_blocks_per_node = %s', want, lim.max_blocks_per_node)
-            ELSE format('the node holds %s blocks already: the registry''s limit max_blocks_per_node is %s', held,
-                        lim.max_blocks_per_node)
-            END;
-        hint := format('Lower snowflake_id.max_blocks on that server to at most %s, or raise the limit on the registry with snowflake_lease_set_limits(max_blocks_per_node => ...).',
-                       lim.max_blocks_per_node);
-    END IF;
-    IF problem IS NOT NULL THEN
-        RAISE LOG 'snowflake_id registry: refused a lease request of node % (role %, %): %',
-            node, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection'), problem;
-        RAISE EXCEPTION 'lease request of node % refused: %', node, problem
-            USING ERRCODE = code, HINT = coalesce(hint, 'The snowflake_id lease worker never sends such a request: who called the lease functions by hand?');
-    END IF;
-END
-$fn$;
-COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_check(jsonb) IS
-  'Used by the lease functions: refuses (and logs) a request beyond the fleet''s limits (snowflake_lease_limits) or with values no holder sends.';
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_check(jsonb) FROM PUBLIC;
-
--- Whether this server, just promoted from timeline old_tli to tli, has
--- every grant a holder used (0.7.0): it was a member of the registry's
--- failover candidates (snowflake_lease_standbys, by its
--- snowflake_id.registry_standby_name) in the last row it received, that
--- row is still valid (its old primary reports nothing durable without it
--- before valid_until plus a margin), and its timeline history says a
--- promotion ended recovery (not a recovery target: a point-in-time
--- recovery stops before grants it then lacks). NULL when any of that
--- cannot be shown (the file unreadable, no name set): the caller fences.
--- Returns what was shown, for the registry's log.
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(old_tli int, tli int)
-RETURNS text
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    -- From the configuration files only: a session could SET it (a
-    -- placeholder where the library is not loaded).
-    me text := coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f
-                          WHERE f.name = 'snowflake_id.registry_standby_name' AND f.error IS NULL
-                          ORDER BY f.seqno DESC LIMIT 1), '');
-    w @extschema@.snowflake_lease_standbys;
-    history text;
-    last text[];
-BEGIN
-    IF me = '' OR pg_catalog.current_setting('fsync') = 'off' THEN
-        -- (With fsync off, a crash may have lost WAL this server reported
-        -- flushed, and kept an older row that names it.)
-        RETURN NULL;
-    END IF;
-    SELECT * INTO w FROM @extschema@.snowflake_lease_standbys;
-    IF NOT FOUND OR w.timeline <> old_tli OR NOT me = ANY (w.members) OR now() >= w.valid_until THEN
-        RETURN NULL;
-    END IF;
-    BEGIN
-        history := pg_catalog.pg_read_file(format('pg_wal/%s.history', lpad(upper(to_hex(tli)), 8, '0')));
-    EXCEPTION WHEN OTHERS THEN
-        RAISE LOG 'snowflake_id registry: cannot read the history of timeline % (%): fencing', tli, SQLERRM;
-        RETURN NULL;
-    END;
-    -- Its last line: parent timeline, switch point, reason.
-    last := string_to_array((SELECT l FROM unnest(string_to_array(btrim(history, E'\n'), E'\n'))
-                                   WITH ORDINALITY AS h(l, n) ORDER BY n DESC LIMIT 1), E'\t');
-    IF cardinality(last) < 3 OR last[1] <> old_tli::text OR last[3] <> 'no recovery target specified' THEN
-        RETURN NULL;
-    END IF;
-    RETURN format('standby %s promoted at %s, a failover candidate until %s: it has every durable grant',
-                  me, last[2], w.valid_until);
-END
-$fn$;
-COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(int, int) IS
-  'Used by the lease functions: whether this promoted server was a synchronous standby with every grant reported durable (NULL: not shown; the new incarnation fences).';
-
--- The start of every lease call: checks that this session holds the
--- node's lock (only the holder's own session renews or releases its
--- blocks) and that the request is within the fleet's limits
--- (snowflake_lease_check), starts a new incarnation when the registry may
--- have forgotten grants, and returns it with the fence and the block locks
--- this session holds (one look at pg_locks: it briefly takes every lock
--- partition).
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_begin(req jsonb, OUT incarnation text,
-                                                            OUT fenced_until timestamptz,
-                                                            OUT locked int[], OUT fence_floor_ms bigint)
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    node text := req->>'node';
-    known text := coalesce(req->>'incarnation', '');
-    seen pg_lsn := coalesce(req->>'lsn', '0/0')::pg_lsn;
-    lease_ms bigint;
-    grace_ms bigint;
-    high_ms bigint;
-    key bigint;
-    mydb oid := (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database());
-    has_node boolean;
-    tli int := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int;
-    now_ms bigint := (extract(epoch FROM now()) * 1000)::bigint;
-    lim record;
-    r @extschema@.snowflake_lease_registry;
-    cause text;
-    proven text;
-    evidence boolean := false;
-BEGIN
-    IF node IS NULL THEN
-        RAISE EXCEPTION 'lease request has no node' USING ERRCODE = '22023';
-    END IF;
-    IF current_setting('synchronous_commit') = 'off' THEN
-        RAISE EXCEPTION 'lease sessions must commit synchronously'
-            USING ERRCODE = '55000',
-                  DETAIL = 'synchronous_commit is off in this session: a grant could be lost in a crash after the holder used it.',
-                  HINT = 'Do not set synchronous_commit = off for the role the lease workers connect as (the lease worker asks for on).';
-    END IF;
-    key := hashtextextended('snowflake_id node ' || node, 0);
-    SELECT coalesce(bool_or(l.objsubid = 1 AND l.classid = ((key >> 32) & 4294967295)::oid
-                            AND l.objid = (key & 4294967295)::oid), false),
-           coalesce(array_agg(l.objid::int) FILTER (WHERE l.objsubid = 2
-                                                     AND l.classid = 1936613751::oid), '{}')
-      INTO has_node, locked
-      FROM pg_catalog.pg_locks l
-     WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_catalog.pg_backend_pid()
-       AND l.database = mydb;
-    IF NOT has_node THEN
-        RAISE EXCEPTION 'this session does not hold the lock of node %', node
-            USING ERRCODE = '42501',
-                  DETAIL = 'Only the registry session of the server that is this node (after snowflake_lease_hello) may lease, renew or release its blocks.',
-                  HINT = 'Lease functions are called by the snowflake_id lease worker of each server; do not call them by hand.';
-    END IF;
-    -- Nothing beyond the limits goes further: every value below is in range.
-    PERFORM snowflake_id_internal.snowflake_lease_check(req);
-    lease_ms := coalesce((req->>'lease_ms')::bigint, 0);
-    grace_ms := coalesce((req->>'grace_ms')::bigint, 0);
-    high_ms := (req->>'high_ms')::bigint;
-    -- What fences rest on: every grant this registry confirmed was within
-    -- the limits in force then (fence_*: the limits, or higher ones they
-    -- replaced while grants made under those may still run).
-    SELECT * INTO lim FROM snowflake_id_internal.snowflake_lease_limits_in_force();
-    -- No row lock: a new incarnation replaces the one row (two calls that
-    -- both try fail one on the unique index; its holder retries).
-    SELECT * INTO r FROM @extschema@.snowflake_lease_registry;
-    IF NOT FOUND THEN
-        cause := 'a registry with no incarnation (new, made again, lease table emptied or restored)';
-        -- Holders may be using grants it forgot: the caller knew an older
-        -- incarnation or holds block locks, leased rows (restored), or
-        -- other live sessions holding block locks here.
-        evidence := known <> '' OR cardinality(locked) > 0
-                 OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b WHERE b.holder_node IS NOT NULL)
-                 OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-                             WHERE l.locktype = 'advisory' AND l.classid = 1936613751::oid
-                               AND l.objsubid = 2 AND l.database = mydb
-                               AND l.pid <> pg_catalog.pg_backend_pid());
-    ELSIF r.timeline <> tli THEN
-        cause := format('WAL timeline %s, was %s (promotion or point-in-time recovery)', tli, r.timeline);
-        proven := snowflake_id_internal.snowflake_lease_promotion_proven(r.timeline, tli);
-        evidence := proven IS NULL;
-        IF proven IS NOT NULL THEN
-            cause := cause || ': ' || proven;
-        END IF;
-    ELSIF seen > pg_current_wal_insert_lsn() AND known IS DISTINCT FROM r.previous_incarnation THEN
-        -- (A holder of the incarnation a proven promotion continued may
-        -- have seen a position of the old timeline past the promotion:
-        -- a grant that never became durable, which it did not use.)
-        cause := format('a holder saw WAL position %s, above this server''s %s (the registry went back in time)',
-                        seen, pg_current_wal_insert_lsn());
-        evidence := true;
-    ELSIF current_setting('fsync') = 'off' AND r.postmaster_start <> pg_postmaster_start_time() THEN
-        cause := 'a restart with fsync off';
-        evidence := true;
-    ELSIF known <> '' AND known <> r.incarnation AND known IS DISTINCT FROM r.previous_incarnation
-          AND (r.fenced_until IS NULL OR r.fenced_until < now())
-          AND now() < r.started_at + (lim.fence_lease_ms + lim.fence_grace_ms) * interval '1 millisecond' THEN
-        -- A holder of an older incarnation soon after this one began
-        -- unfenced: it may be using a grant this one forgot.
-        cause := format('node %s knew incarnation %s', node, known);
-        evidence := true;
-    END IF;
-    IF cause IS NOT NULL THEN
-        DELETE FROM @extschema@.snowflake_lease_registry;
-        r.previous_incarnation := CASE WHEN proven IS NOT NULL THEN r.incarnation END;
-        r.incarnation := md5(gen_random_uuid()::text);
-        r.timeline := tli;
-        r.postmaster_start := pg_postmaster_start_time();
-        r.started_at := now();
-        r.cause := cause;
-        r.max_lease_ms := greatest(coalesce(r.max_lease_ms, 0), lease_ms);
-        r.max_grace_ms := greatest(coalesce(r.max_grace_ms, 0), grace_ms);
-        r.max_ahead_ms := greatest(coalesce(r.max_ahead_ms, 0), coalesce(high_ms - now_ms, 0));
-        r.fence_floor_ms := coalesce(r.fence_floor_ms, 0);
-        r.fenced_until := NULL;
-        IF evidence THEN
-            -- Every grant it may have forgotten has run out at its holder
-            -- by then, and allowed no mark above this floor. The limits are
-            -- in range: no sum here leaves bigint's.
-            r.fenced_until := now() + (lim.fence_lease_ms + lim.fence_grace_ms) * interval '1 millisecond';
-            r.fence_floor_ms := now_ms + lim.fence_ahead_ms + lim.fence_grace_ms;
-            UPDATE @extschema@.snowflake_lease_blocks b
-               SET high_water_ms = greatest(b.high_water_ms, r.fence_floor_ms);
-            RAISE LOG 'snowflake_id registry: new incarnation % after %: no block is leased anew until %, and every block''s floor is raised to %',
-                r.incarnation, cause, r.fenced_until, to_timestamp(r.fence_floor_ms / 1000.0);
-        ELSE
-            RAISE LOG 'snowflake_id registry: new incarnation % (%)', r.incarnation, cause;
-        END IF;
-        INSERT INTO @extschema@.snowflake_lease_registry SELECT r.*;
-    ELSIF lease_ms > r.max_lease_ms OR grace_ms > r.max_grace_ms OR high_ms - now_ms > r.max_ahead_ms THEN
-        -- What holders ask for, shown for choosing the limits.
-        UPDATE @extschema@.snowflake_lease_registry g
-           SET max_lease_ms = greatest(g.max_lease_ms, lease_ms),
-               max_grace_ms = greatest(g.max_grace_ms, grace_ms),
-               max_ahead_ms = greatest(g.max_ahead_ms, coalesce(high_ms - now_ms, 0))
-        RETURNING * INTO r;
-    END IF;
-    incarnation := r.incarnation;
-    fence_floor_ms := r.fence_floor_ms;
-    fenced_until := CASE WHEN r.fenced_until > now() THEN r.fenced_until END;
-END
-$fn$;
-COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) IS
-  'Used by the lease functions: checks the caller holds the node''s lock and the request is within the fleet''s limits, and returns the registry''s incarnation and fence, starting a new one when grants may have been forgotten.';
-
 -- The calling registry session, as `pid:start` (backend start in Unix
 -- microseconds): what a holder knows of its own earlier session. A node's
 -- blocks stay with the session that leased or last renewed them, or one
@@ -722,465 +498,444 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_session() IS
   'Used by the lease functions: this registry session as pid:start, the session a node''s blocks belong to.';
 
--- The reply every lease call ends with.
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_reply(incarnation text, fenced_until timestamptz,
-                                                            extra jsonb)
+-- This server's snowflake_id.registry_standby_name, from the configuration
+-- files only: a session could SET it (a placeholder where the library is
+-- not loaded). '' for none.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_standby_name() RETURNS text
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f
+                      WHERE f.name = 'snowflake_id.registry_standby_name' AND f.error IS NULL
+                      ORDER BY f.seqno DESC LIMIT 1), '')
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_standby_name() IS
+  'Used by the lease functions: snowflake_id.registry_standby_name as the configuration files set it.';
+
+-- The last line of timeline tli's history file, [parent timeline, switch
+-- point, reason]; NULL when it cannot be read (logged: the caller fences).
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_history(tli int) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    history text;
+    last text[];
+BEGIN
+    BEGIN
+        history := pg_catalog.pg_read_file(format('pg_wal/%s.history', lpad(upper(to_hex(tli)), 8, '0')));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE LOG 'snowflake_id registry: cannot read the history of timeline % (%): fencing', tli, SQLERRM;
+        RETURN NULL;
+    END;
+    last := string_to_array((SELECT l FROM unnest(string_to_array(btrim(history, E'\n'), E'\n'))
+                                   WITH ORDINALITY AS h(l, n) ORDER BY n DESC LIMIT 1), E'\t');
+    IF cardinality(last) < 3 OR last[1] !~ '^[0-9]{1,9}$' THEN
+        RETURN NULL;
+    END IF;
+    RETURN jsonb_build_array(last[1]::bigint, last[2], last[3]);
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_history(int) IS
+  'Used by the lease functions: the last line of a timeline''s history file (parent, switch point, reason), or NULL.';
+
+-- The failover candidates' row as the rules take it.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_candidates_json(members text[], valid_until timestamptz,
+                                                                      timeline int, updated_at timestamptz)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT jsonb_build_object('members', to_jsonb(members),
+                              'valid_until_ms', snowflake_id_internal.snowflake_lease_ms(valid_until),
+                              'timeline', timeline,
+                              'updated_at_ms', snowflake_id_internal.snowflake_lease_ms(updated_at))
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_json(text[], timestamptz, int, timestamptz) IS
+  'Used by the lease functions: the failover candidates'' row as jsonb, times in Unix ms.';
+
+-- The facts of a lease call of `node`, in one query: `server` (this
+-- server and session: its clock, timeline, WAL position, session,
+-- postmaster start, fsync, synchronous_commit, the node's lock, the block
+-- locks of this session and whether others hold any, and after a timeline
+-- change what proves a promotion; fresh names for a new incarnation and a
+-- new token key; the session's role and address for the log) and `rows`
+-- (the registry's row, every block row, the limits' row), as the rules in
+-- core/src/registry take them (times in Unix ms, WAL positions as numbers).
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_facts(node text) RETURNS jsonb
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    WITH here AS (
+        SELECT snowflake_id_internal.snowflake_lease_timeline() AS tli,
+               hashtextextended('snowflake_id node ' || node, 0) AS key,
+               snowflake_id_internal.snowflake_lease_block_class()::oid AS class,
+               (SELECT d.oid FROM pg_catalog.pg_database d
+                 WHERE d.datname = pg_catalog.current_database()) AS db
+    ), locks AS (
+        SELECT coalesce(bool_or(l.granted AND l.pid = pg_catalog.pg_backend_pid() AND l.objsubid = 1
+                                AND l.classid = ((h.key >> 32) & 4294967295)::oid
+                                AND l.objid = (h.key & 4294967295)::oid), false) AS node_locked,
+               coalesce(jsonb_agg(l.objid::int ORDER BY l.objid)
+                            FILTER (WHERE l.granted AND l.pid = pg_catalog.pg_backend_pid()
+                                      AND l.objsubid = 2 AND l.classid = h.class), '[]') AS locked,
+               coalesce(bool_or(l.pid <> pg_catalog.pg_backend_pid() AND l.objsubid = 2
+                                AND l.classid = h.class), false) AS others
+          FROM here h
+          LEFT JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.database = h.db
+         GROUP BY h.key, h.class
+    ), reg AS (
+        SELECT g.* FROM @extschema@.snowflake_lease_registry g LIMIT 1
+    )
+    SELECT jsonb_build_object(
+        'server', jsonb_build_object(
+            'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.now()),
+            'timeline', h.tli,
+            'insert_lsn', pg_catalog.pg_current_wal_insert_lsn() - '0/0'::pg_lsn,
+            'session', snowflake_id_internal.snowflake_lease_session(),
+            'postmaster_start_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.pg_postmaster_start_time()),
+            'fsync_off', pg_catalog.current_setting('fsync') = 'off',
+            'synchronous_commit_off', pg_catalog.current_setting('synchronous_commit') = 'off',
+            'node_locked', k.node_locked,
+            'locked', k.locked,
+            'others_lock_blocks', k.others,
+            -- Read only after a timeline change (a promotion to prove).
+            'proof', CASE WHEN (SELECT r.timeline FROM reg r) <> h.tli THEN jsonb_build_object(
+                'standby_name', snowflake_id_internal.snowflake_lease_standby_name(),
+                'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
+                                          w.members, w.valid_until, w.timeline, w.updated_at)
+                                 FROM @extschema@.snowflake_lease_standbys w LIMIT 1),
+                'history', snowflake_id_internal.snowflake_lease_history(h.tli)) ELSE '{}' END,
+            'fresh_incarnation', md5(gen_random_uuid()::text),
+            'fresh_key', md5(gen_random_uuid()::text),
+            'role', session_user,
+            'client', coalesce('client ' || inet_client_addr()::text, 'local connection')),
+        'rows', jsonb_build_object(
+            'registry', (SELECT jsonb_build_object(
+                'incarnation', r.incarnation, 'timeline', r.timeline,
+                'postmaster_start_ms', snowflake_id_internal.snowflake_lease_ms(r.postmaster_start),
+                'started_at_ms', snowflake_id_internal.snowflake_lease_ms(r.started_at),
+                'fenced_until_ms', snowflake_id_internal.snowflake_lease_ms(r.fenced_until),
+                'fence_floor_ms', r.fence_floor_ms, 'max_lease_ms', r.max_lease_ms,
+                'max_grace_ms', r.max_grace_ms, 'max_ahead_ms', r.max_ahead_ms, 'cause', r.cause,
+                'previous_incarnation', r.previous_incarnation, 'token_key', r.token_key,
+                'new_key', r.new_key) FROM reg r),
+            'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'block', b.block, 'first_worker_id', b.first_worker_id,
+                'last_worker_id', b.last_worker_id, 'layout', b.layout,
+                'holder_node', b.holder_node, 'holder_name', b.holder_name,
+                'leased_at_ms', snowflake_id_internal.snowflake_lease_ms(b.leased_at),
+                'renewed_at_ms', snowflake_id_internal.snowflake_lease_ms(b.renewed_at),
+                'expires_at_ms', snowflake_id_internal.snowflake_lease_ms(b.expires_at),
+                'grace_ms', floor(extract(epoch FROM b.grace) * 1000)::bigint,
+                'high_water_ms', b.high_water_ms,
+                'released_at_ms', snowflake_id_internal.snowflake_lease_ms(b.released_at),
+                'leases', b.leases, 'floor_ms', b.floor_ms, 'holder_session', b.holder_session)
+                ORDER BY b.block), '[]')
+                FROM @extschema@.snowflake_lease_blocks b),
+            'limits', (SELECT jsonb_build_object(
+                'max_lease_ms', l.max_lease_ms, 'max_grace_ms', l.max_grace_ms,
+                'max_ahead_ms', l.max_ahead_ms, 'max_blocks_per_node', l.max_blocks_per_node,
+                'previous_max_lease_ms', l.previous_max_lease_ms,
+                'previous_max_grace_ms', l.previous_max_grace_ms,
+                'previous_max_ahead_ms', l.previous_max_ahead_ms,
+                'previous_until_ms', snowflake_id_internal.snowflake_lease_ms(l.previous_until),
+                'layout', l.layout)
+                FROM @extschema@.snowflake_lease_limits l LIMIT 1)))
+      FROM here h, locks k
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) IS
+  'Used by the lease functions: the facts of a lease call (this server and session, the registry''s rows) as the rules in the extension take them.';
+
+-- The registry's lock: lease calls are decided one at a time, each on the
+-- rows the last one wrote (held to the end of the transaction).
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT pg_catalog.pg_advisory_xact_lock(1936613750, 0)
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() IS
+  'Used by the lease functions: the transaction lock under which lease calls are decided one at a time.';
+
+-- The reply every lease call ends with: the answer's incarnation and
+-- fence, this server's WAL position after the call's writes and the
+-- registry's token for the two (under `key`), and `extra`.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_reply(answer jsonb, key text, extra jsonb)
 RETURNS jsonb
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT jsonb_build_object(
-        'incarnation', incarnation,
-        'lsn', pg_current_wal_insert_lsn()::text,
-        'fenced_until_ms', (extract(epoch FROM fenced_until) * 1000)::bigint) || extra
+        'incarnation', answer->>'incarnation',
+        'lsn', p::text,
+        'token', snowflake_id_internal.snowflake_lease_sign(coalesce(key, ''), answer->>'incarnation', p),
+        'fenced_until_ms', answer->'fenced_until_ms') || extra
+      FROM pg_catalog.pg_current_wal_insert_lsn() p
 $fn$;
-COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_reply(text, timestamptz, jsonb) IS
-  'Used by the lease functions: the reply with the incarnation, WAL position and fence.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jsonb) IS
+  'Used by the lease functions: the reply with the incarnation, WAL position, token and fence.';
 
--- Leases up to `want` free blocks among `allowed` (block numbers of
--- `block_size` ids each) to `node`: the least recently used first (the
--- lowest high-water mark), a free block, or one whose lease expired more
--- than its grace ago by this server's clock; none while fenced, and no
--- more than the node may still hold (max_blocks_per_node). Returns each
--- block with the floor its new holder must start above (the highest ID
--- time any earlier holder may have issued), records it (floor_ms) and the
--- new holder's own bound `high_ms`.
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_acquire(req jsonb) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+-- One lease call (`acquire`, `renew`, `release`): under the registry's
+-- lock, gathers its facts, has the rules decide (a refusal is raised
+-- there, and logged with the node, the session's role and address), writes
+-- what they return (rows replaced or added, block locks taken or given
+-- up), logs their lines and replies. A request larger than any holder
+-- sends is refused before it is parsed.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_call(call text, req jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    node text := req->>'node';
-    name text := req->>'name';
-    lay text := req->>'layout';
-    block_size int;
-    max_worker_id int;
-    allowed int[];
-    want int;
-    lease_ms bigint;
-    grace_ms bigint;
-    high_ms bigint;
-    room int;
-    g record;
-    other text;
-    granted jsonb;
+    size int := pg_catalog.pg_column_size(req);
+    facts jsonb;
+    decided jsonb;
+    w jsonb;
+    line text;
 BEGIN
-    IF name IS NULL OR lay IS NULL OR pg_catalog.jsonb_typeof(req->'allowed') IS DISTINCT FROM 'array'
-       OR EXISTS (SELECT 1 FROM unnest(ARRAY['block_size', 'max_worker_id', 'want', 'lease_ms',
-                                             'grace_ms', 'high_ms']) k
-                   WHERE pg_catalog.jsonb_typeof(req->k) IS DISTINCT FROM 'number') THEN
-        RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
-            DETAIL = 'name, layout, allowed (an array), block_size, max_worker_id, want, lease_ms, grace_ms and high_ms (numbers) are required.';
+    IF size > 65536 THEN
+        RAISE LOG 'snowflake_id registry: refused a lease request of % bytes (role %, %)',
+            size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
+        RAISE EXCEPTION 'lease request of % bytes refused: the limit is 65536', size
+            USING ERRCODE = '54000',
+                  HINT = 'The snowflake_id lease worker never sends such a request: who called the lease functions by hand?';
     END IF;
-    -- Checks the request against the limits before anything is cast.
-    SELECT * INTO g FROM snowflake_id_internal.snowflake_lease_begin(req);
-    block_size := (req->>'block_size')::int;
-    max_worker_id := (req->>'max_worker_id')::int;
-    allowed := ARRAY(SELECT pg_catalog.jsonb_array_elements_text(req->'allowed')::int);
-    want := (req->>'want')::int;
-    lease_ms := (req->>'lease_ms')::bigint;
-    grace_ms := (req->>'grace_ms')::bigint;
-    high_ms := (req->>'high_ms')::bigint;
-    -- No more than the node may still hold (it holds fewer than the limit,
-    -- or begin refused): a holder asks for one block at a time.
-    SELECT l.max_blocks_per_node - (SELECT count(*) FROM @extschema@.snowflake_lease_blocks b
-                                     WHERE b.holder_node = node AND b.expires_at > now())
-      INTO room FROM snowflake_id_internal.snowflake_lease_limits_in_force() l;
-    IF want > room THEN
-        RAISE LOG 'snowflake_id registry: node % asked for % blocks; it may hold % more (max_blocks_per_node)',
-            node, want, room;
-        want := greatest(room, 0);
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
+    facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
+    decided := snowflake_id_internal.snowflake_lease_decide(call, req, facts->'server', facts->'rows');
+    w := decided->'writes';
+    IF jsonb_typeof(w->'registry') = 'object' THEN
+        DELETE FROM @extschema@.snowflake_lease_registry;
+        INSERT INTO @extschema@.snowflake_lease_registry
+               (incarnation, timeline, postmaster_start, started_at, fenced_until, fence_floor_ms,
+                max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key)
+        SELECT r.incarnation, r.timeline, snowflake_id_internal.snowflake_lease_time(r.postmaster_start_ms),
+               snowflake_id_internal.snowflake_lease_time(r.started_at_ms),
+               snowflake_id_internal.snowflake_lease_time(r.fenced_until_ms), r.fence_floor_ms,
+               r.max_lease_ms, r.max_grace_ms, r.max_ahead_ms, r.cause, r.previous_incarnation,
+               r.token_key, r.new_key
+          FROM jsonb_to_record(w->'registry') AS r(
+               incarnation text, timeline int, postmaster_start_ms bigint, started_at_ms bigint,
+               fenced_until_ms bigint, fence_floor_ms bigint, max_lease_ms bigint, max_grace_ms bigint,
+               max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean);
     END IF;
-    -- New rows start at the last fence's floor: a registry that forgot
-    -- rows may meet blocks that holders used under grants it lost.
-    INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout,
-                                                         high_water_ms)
-    SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), lay,
-           g.fence_floor_ms
-      FROM unnest(allowed) a
-     WHERE a >= 0 AND a * block_size <= max_worker_id
-    ON CONFLICT DO NOTHING;
-    SELECT b.layout INTO other FROM @extschema@.snowflake_lease_blocks b
-     WHERE b.block = ANY (allowed) AND b.layout <> lay LIMIT 1;
-    IF other IS NOT NULL THEN
-        RAISE EXCEPTION 'this fleet''s leases were made under another layout'
-            USING ERRCODE = '55000',
-                  DETAIL = format('The registry''s blocks use %s; the server %s uses %s.', other, name, lay),
-                  HINT = 'Every server of a fleet must use the same snowflake_id layout settings.';
+    IF jsonb_array_length(w->'blocks') > 0 THEN
+        -- New rows arrive unleased (a leased row inserted is a restore:
+        -- snowflake_lease_blocks_restored), then every row is written.
+        INSERT INTO @extschema@.snowflake_lease_blocks (block, first_worker_id, last_worker_id, layout,
+                                                        high_water_ms)
+        SELECT b.block, b.first_worker_id, b.last_worker_id, b.layout, b.high_water_ms
+          FROM jsonb_to_recordset(w->'blocks') AS b(block int, first_worker_id int, last_worker_id int,
+                                                  layout text, high_water_ms bigint)
+        ON CONFLICT DO NOTHING;
+        UPDATE @extschema@.snowflake_lease_blocks t
+           SET first_worker_id = b.first_worker_id, last_worker_id = b.last_worker_id,
+               layout = b.layout, holder_node = b.holder_node, holder_name = b.holder_name,
+               leased_at = snowflake_id_internal.snowflake_lease_time(b.leased_at_ms),
+               renewed_at = snowflake_id_internal.snowflake_lease_time(b.renewed_at_ms),
+               expires_at = snowflake_id_internal.snowflake_lease_time(b.expires_at_ms),
+               grace = b.grace_ms * interval '1 millisecond', high_water_ms = b.high_water_ms,
+               released_at = snowflake_id_internal.snowflake_lease_time(b.released_at_ms),
+               leases = b.leases, floor_ms = b.floor_ms, holder_session = b.holder_session
+          FROM jsonb_to_recordset(w->'blocks') AS b(
+               block int, first_worker_id int, last_worker_id int, layout text, holder_node text,
+               holder_name text, leased_at_ms bigint, renewed_at_ms bigint, expires_at_ms bigint,
+               grace_ms bigint, high_water_ms bigint, released_at_ms bigint, leases bigint,
+               floor_ms bigint, holder_session text)
+         WHERE t.block = b.block;
     END IF;
-    IF g.fenced_until IS NOT NULL THEN
-        RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until, '{"blocks": []}');
-    END IF;
-    WITH picked AS (
-        SELECT b.block FROM @extschema@.snowflake_lease_blocks b
-         WHERE b.block = ANY (allowed)
-           AND (b.holder_node IS NULL OR b.expires_at + b.grace < now())
-         ORDER BY b.high_water_ms, b.block
-         LIMIT want
-           FOR UPDATE SKIP LOCKED
-    ), old AS (
-        SELECT b.block, b.high_water_ms FROM @extschema@.snowflake_lease_blocks b
-         WHERE b.block IN (SELECT p.block FROM picked p)
-    ), done AS (
-        UPDATE @extschema@.snowflake_lease_blocks b
-           SET holder_node = node, holder_name = name, leased_at = now(), renewed_at = now(),
-               holder_session = snowflake_id_internal.snowflake_lease_session(),
-               expires_at = now() + lease_ms * interval '1 millisecond',
-               grace = grace_ms * interval '1 millisecond',
-               high_water_ms = greatest(b.high_water_ms, high_ms), floor_ms = old.high_water_ms,
-               released_at = NULL, leases = b.leases + 1
-          FROM old
-         WHERE b.block = old.block
-     RETURNING b.block, old.high_water_ms
-    )
-    SELECT coalesce(jsonb_agg(jsonb_build_object('block', d.block, 'floor_ms', d.high_water_ms)
-                              ORDER BY d.block), '[]')
-      INTO granted FROM done d;
-    PERFORM pg_try_advisory_lock(1936613751, b.block)
-       FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (allowed) AND b.block <> ALL (g.locked)
-        AND b.holder_session = snowflake_id_internal.snowflake_lease_session();
-    RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until,
-                                             jsonb_build_object('blocks', granted));
+    PERFORM pg_catalog.pg_try_advisory_lock(snowflake_id_internal.snowflake_lease_block_class(), b::int)
+       FROM jsonb_array_elements_text(w->'lock') b;
+    PERFORM pg_catalog.pg_advisory_unlock(snowflake_id_internal.snowflake_lease_block_class(), b::int)
+       FROM jsonb_array_elements_text(w->'unlock') b;
+    FOR line IN SELECT jsonb_array_elements_text(w->'log') LOOP
+        RAISE LOG 'snowflake_id registry: %', line;
+    END LOOP;
+    RETURN snowflake_id_internal.snowflake_lease_reply(
+        decided->'answer', (SELECT g.token_key FROM @extschema@.snowflake_lease_registry g LIMIT 1),
+        CASE call WHEN 'release' THEN jsonb_build_object('released', coalesce(decided->'answer'->'released', 'false'))
+                  ELSE jsonb_build_object('blocks', decided->'answer'->'blocks') END);
 END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_call(text, jsonb) IS
+  'Used by the lease functions: one lease call, gathered, decided by the rules in the extension, written and answered.';
+
+-- The registry's incarnation, its fence, the block locks this session
+-- holds and the last fence's floor, as they stand (no call is decided
+-- here). Holders find the lease functions' schema by this function.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_begin(req jsonb, OUT incarnation text,
+                                                            OUT fenced_until timestamptz,
+                                                            OUT locked int[], OUT fence_floor_ms bigint)
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT g.incarnation, CASE WHEN g.fenced_until > pg_catalog.now() THEN g.fenced_until END,
+           ARRAY(SELECT l.objid::int FROM pg_catalog.pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_catalog.pg_backend_pid()
+                    AND l.objsubid = 2
+                    AND l.classid = snowflake_id_internal.snowflake_lease_block_class()::oid
+                  ORDER BY l.objid),
+           coalesce(g.fence_floor_ms, 0)
+      FROM (SELECT 1) one
+      LEFT JOIN @extschema@.snowflake_lease_registry g ON true
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) IS
+  'The registry''s incarnation and fence as they stand, and this session''s block locks; holders find the lease functions by it.';
+
+-- Leases up to `want` free blocks among `allowed` to `node`, least
+-- recently used first; none while fenced, none beyond
+-- max_blocks_per_node, rows made under the fleet's layout only
+-- (core/src/registry/blocks.rs: acquire).
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_acquire(req jsonb) RETURNS jsonb
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT snowflake_id_internal.snowflake_lease_call('acquire', req)
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) IS
   'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, up to max_blocks_per_node, and returns the floor each must start above; none while the registry is fenced.';
 
--- Renews `node`'s leases of the blocks it names: a new expiry by this
--- server's clock and the holder's new bound. During a fence, a holder that
--- knew an older incarnation re-asserts its blocks: each one not leased to
--- another live holder is its again, with the greater of the marks (and the
--- mark before as its floor_ms), as long as the node holds no more than
--- max_blocks_per_node. Returns
--- the blocks still leased to `node` with their marks before the renewal
--- (a block missing from the result was handed to another holder after its
--- lease expired, or was not re-asserted).
+-- Renews `node`'s leases of the blocks it names, re-asserting them to a
+-- new, fenced incarnation (core/src/registry/blocks.rs: renew).
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_renew(req jsonb) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    node text := req->>'node';
-    lease_ms bigint;
-    grace_ms bigint;
-    high_ms bigint;
-    block_size int;
-    max_worker_id int;
-    lay text := req->>'layout';
-    known text := coalesce(req->>'incarnation', '');
-    me text := snowflake_id_internal.snowflake_lease_session();
-    previous text := coalesce(req->>'previous_session', '');
-    g record;
-    reassert boolean;
-    blocks int[];
-    taken int[] := '{}';
-    room int;
-    kept jsonb;
-BEGIN
-    IF pg_catalog.jsonb_typeof(req->'blocks') IS DISTINCT FROM 'array'
-       OR EXISTS (SELECT 1 FROM unnest(ARRAY['lease_ms', 'grace_ms', 'high_ms']) k
-                   WHERE pg_catalog.jsonb_typeof(req->k) IS DISTINCT FROM 'number') THEN
-        RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
-            DETAIL = 'blocks (an array), lease_ms, grace_ms and high_ms (numbers) are required.';
-    END IF;
-    -- Checks the request against the limits before anything is cast.
-    SELECT * INTO g FROM snowflake_id_internal.snowflake_lease_begin(req);
-    lease_ms := (req->>'lease_ms')::bigint;
-    grace_ms := (req->>'grace_ms')::bigint;
-    high_ms := (req->>'high_ms')::bigint;
-    block_size := (req->>'block_size')::int;
-    max_worker_id := (req->>'max_worker_id')::int;
-    reassert := g.fenced_until IS NOT NULL AND known <> '' AND known <> g.incarnation;
-    blocks := ARRAY(SELECT DISTINCT a.block
-                      FROM pg_catalog.jsonb_to_recordset(req->'blocks') AS a(block int, high_ms bigint)
-                     WHERE a.block IS NOT NULL);
-    IF reassert AND block_size > 0 AND lay IS NOT NULL THEN
-        -- Rows the registry forgot altogether (an emptied table).
-        INSERT INTO @extschema@.snowflake_lease_blocks AS b (block, first_worker_id, last_worker_id, layout,
-                                                             high_water_ms)
-        SELECT a, a * block_size, least(a * block_size + block_size - 1, max_worker_id), lay,
-               g.fence_floor_ms
-          FROM unnest(blocks) a
-         WHERE a >= 0 AND a * block_size <= max_worker_id
-        ON CONFLICT DO NOTHING;
-    END IF;
-    IF reassert THEN
-        -- A re-assertion takes no more blocks than the node may still hold
-        -- (max_blocks_per_node); its own blocks it renews in any case.
-        SELECT l.max_blocks_per_node - (SELECT count(*) FROM @extschema@.snowflake_lease_blocks b
-                                         WHERE b.holder_node = node AND b.expires_at > now())
-          INTO room FROM snowflake_id_internal.snowflake_lease_limits_in_force() l;
-        taken := ARRAY(SELECT b.block FROM @extschema@.snowflake_lease_blocks b
-                        WHERE b.block = ANY (blocks) AND b.holder_node IS DISTINCT FROM node
-                          AND (b.holder_node IS NULL OR b.expires_at + b.grace < now())
-                        ORDER BY b.block);
-        IF cardinality(taken) > greatest(room, 0) THEN
-            RAISE LOG 'snowflake_id registry: node % re-asserted % blocks it does not hold; it may hold % more (max_blocks_per_node)',
-                node, cardinality(taken), greatest(room, 0);
-            taken := taken[1:greatest(room, 0)];
-        END IF;
-    END IF;
-    WITH asked AS (
-        SELECT a.block, max(coalesce(a.high_ms, 0)) AS high_ms
-          FROM pg_catalog.jsonb_to_recordset(req->'blocks') AS a(block int, high_ms bigint)
-         GROUP BY a.block
-    ), old AS (
-        -- This node's blocks of this session or the one it names as its
-        -- previous (NULL: leased before 0.7.0); another session's wait
-        -- for their lease and grace to run out, then go by acquire.
-        SELECT b.block, b.high_water_ms, a.high_ms AS asserted,
-               b.holder_node = node AND (b.holder_session IS NULL
-                                         OR b.holder_session IN (me, previous)) AS mine
-          FROM @extschema@.snowflake_lease_blocks b
-          JOIN asked a ON a.block = b.block
-         WHERE (b.holder_node = node AND (b.holder_session IS NULL
-                                          OR b.holder_session IN (me, previous)))
-            OR (b.block = ANY (taken) AND (b.holder_node IS NULL OR b.expires_at + b.grace < now()))
-           FOR UPDATE OF b
-    ), done AS (
-        UPDATE @extschema@.snowflake_lease_blocks b
-           SET holder_node = node, holder_session = me,
-               leased_at = CASE WHEN old.mine THEN b.leased_at ELSE now() END,
-               leases = b.leases + CASE WHEN old.mine THEN 0 ELSE 1 END,
-               released_at = NULL,
-               renewed_at = now(), expires_at = now() + lease_ms * interval '1 millisecond',
-               grace = grace_ms * interval '1 millisecond',
-               high_water_ms = greatest(b.high_water_ms, high_ms,
-                                        CASE WHEN old.mine THEN 0 ELSE old.asserted END),
-               floor_ms = CASE WHEN old.mine THEN b.floor_ms ELSE old.high_water_ms END
-          FROM old
-         WHERE b.block = old.block
-     RETURNING b.block, old.high_water_ms
-    )
-    SELECT coalesce(jsonb_agg(jsonb_build_object('block', d.block, 'floor_ms', d.high_water_ms)
-                              ORDER BY d.block), '[]')
-      INTO kept FROM done d;
-    -- After a reconnect the session locks are gone: take them again.
-    PERFORM pg_try_advisory_lock(1936613751, b.block)
-       FROM @extschema@.snowflake_lease_blocks b
-      WHERE b.holder_node = node AND b.block = ANY (blocks) AND b.block <> ALL (g.locked)
-        AND b.holder_session = me;
-    -- Blocks handed to another holder: this session's lock is stale.
-    PERFORM pg_advisory_unlock(1936613751, h)
-       FROM unnest(g.locked) h
-      WHERE h = ANY (blocks)
-        AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
-                         WHERE b.block = h AND b.holder_node = node);
-    RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until,
-                                             jsonb_build_object('blocks', kept));
-END
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT snowflake_id_internal.snowflake_lease_call('renew', req)
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_renew(jsonb) IS
   'Called by a holder''s lease worker: extends its leases and raises their marks (re-asserting them to a new incarnation while fenced); returns the blocks it still holds.';
 
--- Gives a block back. The holder has stopped issuing from it and passes
--- the time of the newest ID it issued there (not below the block's floor
--- when it leased it), which becomes the next holder's floor. Never below
--- that floor as the registry recorded it (floor_ms): a mark passed lower
--- (0) would let the next holder start below IDs made before.
+-- Gives a block back, recording the newest ID time its holder issued
+-- there, never below its floor (core/src/registry/blocks.rs: release).
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_release(req jsonb) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    node text := req->>'node';
-    blk int;
-    high_ms bigint;
-    previous text := coalesce(req->>'previous_session', '');
-    g record;
-    done boolean;
-BEGIN
-    IF EXISTS (SELECT 1 FROM unnest(ARRAY['block', 'high_ms']) k
-                WHERE pg_catalog.jsonb_typeof(req->k) IS DISTINCT FROM 'number') THEN
-        RAISE EXCEPTION 'invalid lease request' USING ERRCODE = '22023',
-            DETAIL = 'block and high_ms (numbers) are required.';
-    END IF;
-    -- Checks the request against the limits before anything is cast.
-    SELECT * INTO g FROM snowflake_id_internal.snowflake_lease_begin(req);
-    blk := (req->>'block')::int;
-    high_ms := (req->>'high_ms')::bigint;
-    UPDATE @extschema@.snowflake_lease_blocks b
-       SET holder_node = NULL, released_at = now(), expires_at = NULL,
-           high_water_ms = greatest(b.floor_ms, high_ms)
-     WHERE b.block = blk AND b.holder_node = node
-       AND (b.holder_session IS NULL
-            OR b.holder_session IN (snowflake_id_internal.snowflake_lease_session(), previous));
-    done := FOUND;
-    PERFORM pg_advisory_unlock(1936613751, blk) WHERE blk = ANY (g.locked);
-    RETURN snowflake_id_internal.snowflake_lease_reply(g.incarnation, g.fenced_until,
-                                             jsonb_build_object('released', done));
-END
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT snowflake_id_internal.snowflake_lease_call('release', req)
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) IS
   'Called by a holder''s lease worker: returns an idle block, recording the time of the newest ID it issued there (never below the floor it leased the block with).';
 
--- The failover candidates among `members` that have not flushed `target`:
--- no physical standby streams under that name, more than one does (a
--- name is a candidate's only while it is unique), or the one that does is
--- behind. Logical WAL senders (a subscription, pg_recvlogical), which
--- have a database, never stand for a candidate.
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_standbys_behind(members text[], target pg_lsn)
-RETURNS text[]
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT coalesce(array_agg(m ORDER BY m), '{}')
-      FROM unnest(members) m
-     WHERE (SELECT count(*) <> 1 OR bool_or(r.flush_lsn IS NULL OR r.flush_lsn < target)
-              FROM pg_catalog.pg_stat_replication r
-              JOIN pg_catalog.pg_stat_activity a ON a.pid = r.pid AND a.datid IS NULL
-             WHERE r.application_name = m)
+-- This server's WAL senders as the durability rules take them: name,
+-- sync_state, flush position, whether physical (a logical sender, which
+-- has a database, never stands for a failover candidate), streaming, and
+-- the standby's clock at its last reply.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() RETURNS jsonb
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'application_name', r.application_name, 'sync_state', r.sync_state,
+               'flush_lsn', r.flush_lsn - '0/0'::pg_lsn,
+               'physical', EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
+                                    WHERE a.pid = r.pid AND a.datid IS NULL),
+               'streaming', r.state = 'streaming',
+               'reply_time_ms', snowflake_id_internal.snowflake_lease_ms(r.reply_time))), '[]')
+      FROM pg_catalog.pg_stat_replication r
 $fn$;
-COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_behind(text[], pg_lsn) IS
-  'Used by the lease functions: the failover candidates that have not flushed a WAL position.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() IS
+  'Used by the lease functions: this server''s WAL senders as the durability rules take them.';
 
 -- Whether what this session committed is where a failover can reach it:
--- on enough synchronous standbys to satisfy synchronous_standby_names
--- (`FIRST n` or `ANY n`: n standbys whose sync_state is sync or quorum have
--- flushed it), waiting up to `wait_ms` (at most 5 s). A holder calls it
--- after every lease or renewal and uses the grant only when it answers
--- durable: a COMMIT whose wait for the standby was cancelled (a query
--- cancel; not statement_timeout, which is off by then) returned with only
--- a WARNING, and an old primary cut off from its standby after a
--- promotion can never make one durable. The position checked is this
--- server's flush position when the call begins, at or past the end of the
--- session's last commit. With no
--- synchronous standby named, the local flush is all there is: mode `local`
--- (or `asynchronous` when standbys stream: a failover to one of them loses
--- grants, and the registry's new incarnation is fenced). SECURITY DEFINER:
--- pg_stat_replication shows positions only to privileged roles.
+-- on enough synchronous standbys to satisfy synchronous_standby_names, and
+-- on every failover candidate (core/src/registry/durable.rs), waiting up
+-- to `wait_ms` (at most 5 s). A holder calls it after every lease or
+-- renewal and uses the grant only when it answers durable. The position
+-- checked is this server's flush position when the call begins, at or
+-- past the end of the session's last commit. The candidates' row is then
+-- read and changed under its lock (FOR UPDATE, which waits for a session
+-- writing it, so that a candidate it adds is seen and a drop is never
+-- decided from a row another session just moved on), and written with
+-- synchronous_commit = local: nothing here waits for a standby.
+-- SECURITY DEFINER: pg_stat_replication shows positions only to
+-- privileged roles.
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable(req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     wait_ms bigint := least(greatest(coalesce((req->>'wait_ms')::bigint, 0), 0), 5000);
-    names text := pg_catalog.current_setting('synchronous_standby_names');
-    -- From the configuration files only: a session could SET it (a
-    -- placeholder where the library is not loaded).
-    me text := coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f
-                          WHERE f.name = 'snowflake_id.registry_standby_name' AND f.error IS NULL
-                          ORDER BY f.seqno DESC LIMIT 1), '');
-    target pg_lsn := pg_catalog.pg_current_wal_flush_lsn();
     deadline timestamptz := pg_catalog.clock_timestamp() + wait_ms * interval '1 millisecond';
-    tli int := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int;
-    -- How long a failover candidate stays one without keeping up, and the
-    -- margin for the clocks of the registry's servers.
-    ttl interval := interval '30 seconds';
-    margin interval := interval '15 seconds';
-    mode text := 'synchronous';
-    needed int := 0;
-    flushed int := 0;
-    w @extschema@.snowflake_lease_standbys;
-    members text[];
-    behind text[];
-    keep text[];
-    durable boolean;
+    tli int := snowflake_id_internal.snowflake_lease_timeline();
+    facts jsonb;
+    p jsonb;
+    d jsonb;
+    line text;
 BEGIN
-    IF pg_catalog.btrim(names) = '' THEN
-        mode := CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication r WHERE r.state = 'streaming')
-                     THEN 'asynchronous' ELSE 'local' END;
-    ELSE
-        -- [FIRST] n (...) or ANY n (...); a plain list (or *) is FIRST 1.
-        needed := coalesce((pg_catalog.regexp_match(names, '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int, 1);
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_registry g WHERE g.timeline = tli) THEN
-        -- Promoted, and no lease call began its incarnation yet.
-        RETURN jsonb_build_object('durable', false, 'mode', mode, 'needed', needed, 'flushed', 0,
-                                  'lsn', target::text, 'behind', '[]'::jsonb);
-    END IF;
-    -- The failover candidates must have it too (this server is none).
-    SELECT * INTO w FROM @extschema@.snowflake_lease_standbys;
-    members := array(SELECT m FROM unnest(coalesce(w.members, '{}')) m WHERE m <> me);
+    facts := jsonb_build_object(
+        'synchronous_standby_names', pg_catalog.current_setting('synchronous_standby_names'),
+        'me', snowflake_id_internal.snowflake_lease_standby_name(),
+        'target', pg_catalog.pg_current_wal_flush_lsn() - '0/0'::pg_lsn,
+        'timeline', tli,
+        'incarnation_here', EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_registry g
+                                     WHERE g.timeline = tli),
+        'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
+                                  w.members, w.valid_until, w.timeline, w.updated_at)
+                         FROM @extschema@.snowflake_lease_standbys w LIMIT 1));
     LOOP
-        SELECT count(*) INTO flushed FROM pg_catalog.pg_stat_replication r
-         WHERE r.sync_state IN ('sync', 'quorum') AND r.flush_lsn >= target;
-        behind := snowflake_id_internal.snowflake_lease_standbys_behind(members, target);
-        EXIT WHEN (flushed >= needed AND cardinality(behind) = 0) OR pg_catalog.clock_timestamp() >= deadline;
+        facts := facts || jsonb_build_object(
+            'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.clock_timestamp()),
+            'standbys', snowflake_id_internal.snowflake_lease_standbys_now());
+        p := snowflake_id_internal.snowflake_lease_durable_progress(facts);
+        EXIT WHEN (p->>'done')::boolean OR NOT (facts->>'incarnation_here')::boolean
+               OR pg_catalog.clock_timestamp() >= deadline;
         PERFORM pg_catalog.pg_sleep(0.005);
     END LOOP;
-    durable := flushed >= needed;
-    -- The row is read and changed under its lock, FOR UPDATE from the
-    -- start: that waits for a session that is writing the row, so that a
-    -- candidate it adds (in WAL before this grant) is seen, and a drop is
-    -- never decided from a row another session has just moved on (the row
-    -- is only ever updated in place, so a session that waited for the lock
-    -- reads the row the other wrote). A read FOR SHARE upgraded to FOR
-    -- UPDATE when the row had to change deadlocked two calls that both had
-    -- to. Nothing here waits for a standby: this function's own writes
-    -- commit locally.
-    -- The row lock makes this a transaction that writes: its commit
-    -- waits for no standby.
+    -- The row lock makes this a transaction that writes: its commit waits
+    -- for no standby.
     PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
-    IF durable THEN
-        SELECT * INTO w FROM @extschema@.snowflake_lease_standbys FOR UPDATE;
+    IF (p->>'enough')::boolean AND (facts->>'incarnation_here')::boolean THEN
+        facts := facts || jsonb_build_object(
+            'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
+                                      w.members, w.valid_until, w.timeline, w.updated_at)
+                             FROM @extschema@.snowflake_lease_standbys w LIMIT 1 FOR UPDATE),
+            'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.clock_timestamp()),
+            'standbys', snowflake_id_internal.snowflake_lease_standbys_now());
+    END IF;
+    d := snowflake_id_internal.snowflake_lease_durable_decide(facts);
+    IF jsonb_typeof(d->'write') = 'object' THEN
+        -- Not waited for: a row that no candidate received changes nothing
+        -- they may conclude (each keeps the older row it has).
+        UPDATE @extschema@.snowflake_lease_standbys
+           SET members = ARRAY(SELECT jsonb_array_elements_text(d->'write'->'members')),
+               valid_until = snowflake_id_internal.snowflake_lease_time((d->'write'->>'valid_until_ms')::bigint),
+               timeline = (d->'write'->>'timeline')::int,
+               updated_at = snowflake_id_internal.snowflake_lease_time((d->'write'->>'updated_at_ms')::bigint);
         IF NOT FOUND THEN
-            -- Deleted by hand: made again, with no candidate; ask again.
+            -- Deleted by hand: made again.
             INSERT INTO @extschema@.snowflake_lease_standbys (members, valid_until, timeline, updated_at)
-            VALUES ('{}', '-infinity', tli, pg_catalog.now()) ON CONFLICT DO NOTHING;
-            durable := false;
-        ELSE
-            members := array(SELECT m FROM unnest(w.members) m WHERE m <> me);
-            behind := snowflake_id_internal.snowflake_lease_standbys_behind(members, target);
-            IF cardinality(behind) > 0 AND pg_catalog.now() <= w.valid_until + margin THEN
-                -- A candidate that may be promoted without a fence lacks it.
-                durable := false;
-            END IF;
+            SELECT ARRAY(SELECT jsonb_array_elements_text(d->'write'->'members')),
+                   snowflake_id_internal.snowflake_lease_time((d->'write'->>'valid_until_ms')::bigint),
+                   (d->'write'->>'timeline')::int,
+                   snowflake_id_internal.snowflake_lease_time((d->'write'->>'updated_at_ms')::bigint)
+            ON CONFLICT DO NOTHING;
         END IF;
     END IF;
-    IF durable THEN
-        -- Candidates: the members that kept up, and every synchronous
-        -- standby that has it (added: a row it receives names it, and it
-        -- has everything before that row).
-        keep := array(SELECT DISTINCT m FROM (
-                          SELECT m FROM unnest(members) m WHERE NOT m = ANY (behind)
-                          UNION ALL
-                          SELECT r.application_name FROM pg_catalog.pg_stat_replication r
-                           WHERE r.sync_state IN ('sync', 'quorum') AND r.flush_lsn >= target
-                             AND r.application_name <> me AND r.application_name <> ''
-                             AND cardinality(snowflake_id_internal.snowflake_lease_standbys_behind(
-                                                 ARRAY[r.application_name::text], target)) = 0) c(m)
-                      ORDER BY m);
-        IF NOT (cardinality(behind) = 0 AND w.timeline = tli AND keep IS NOT DISTINCT FROM w.members
-                AND w.valid_until >= pg_catalog.now() + ttl - interval '5 seconds') THEN
-            -- Not waited for: a row that no candidate received changes
-            -- nothing they may conclude (each keeps the older row it has).
-            UPDATE @extschema@.snowflake_lease_standbys
-               SET members = keep, timeline = tli,
-                   -- Never earlier than a candidate may have read (a call
-                   -- whose transaction began long ago has an old now()).
-                   valid_until = greatest(valid_until, pg_catalog.now() + ttl),
-                   updated_at = pg_catalog.now();
-            IF cardinality(behind) > 0 THEN
-                RAISE LOG 'snowflake_id registry: standby % dropped from the failover candidates (a candidate until %, and behind since)',
-                    array_to_string(behind, ', '), w.valid_until;
-            END IF;
-        END IF;
-    END IF;
-    RETURN jsonb_build_object('durable', durable, 'mode', mode, 'needed', needed, 'flushed', flushed,
-                              'lsn', target::text, 'behind', to_jsonb(coalesce(behind, '{}')));
+    FOR line IN SELECT jsonb_array_elements_text(d->'log') LOOP
+        RAISE LOG 'snowflake_id registry: %', line;
+    END LOOP;
+    RETURN d->'reply';
 END
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) IS
   'Called by a holder''s lease worker after each grant: whether this session''s commits are flushed on enough synchronous standbys (synchronous_standby_names), and on every failover candidate (snowflake_lease_standbys), that a failover keeps them.';
 
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_block_class() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_timeline() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_ms(timestamptz) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_time(bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_session() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standby_name() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_history(int) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_json(text[], timestamptz, int, timestamptz) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_call(text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_reply(text, timestamptz, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_renew(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_session() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(int, int) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_behind(text[], pg_lsn) FROM PUBLIC;
+-- The rules (src/sql/leases.rs), called by the functions above only.
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, jsonb, jsonb, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn) FROM PUBLIC;
 
 -- A registry made with no holder alive starts its first incarnation here,
--- unfenced, so that a standby made from it has the row and its timeline
--- (its promotion is then a timeline change, fenced). Made again while
--- holders' sessions hold block locks (the extension dropped and created
--- again), no row: the first lease call fences.
+-- unfenced, with a new token key, so that a standby made from it has the
+-- row and its timeline (its promotion is then a timeline change, fenced).
+-- Made again while holders' sessions hold block locks (the extension
+-- dropped and created again), no row: the first lease call fences.
 INSERT INTO @extschema@.snowflake_lease_registry
-       (incarnation, timeline, postmaster_start, started_at, cause)
-SELECT md5(gen_random_uuid()::text),
-       ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int,
-       pg_postmaster_start_time(), now(), 'created'
+       (incarnation, timeline, postmaster_start, started_at, cause, token_key, new_key)
+SELECT md5(gen_random_uuid()::text), snowflake_id_internal.snowflake_lease_timeline(),
+       pg_postmaster_start_time(), now(), 'created', md5(gen_random_uuid()::text), true
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-                    WHERE l.locktype = 'advisory' AND l.classid = 1936613751::oid AND l.objsubid = 2
+                    WHERE l.locktype = 'advisory' AND l.objsubid = 2
+                      AND l.classid = snowflake_id_internal.snowflake_lease_block_class()::oid
                       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                                          WHERE d.datname = pg_catalog.current_database()));
 
 -- The failover candidates' one row (snowflake_lease_durable updates it in
 -- place): none yet.
 INSERT INTO @extschema@.snowflake_lease_standbys (members, valid_until, timeline, updated_at)
-SELECT '{}', '-infinity',
-       ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int, now();
+SELECT '{}', '-infinity', snowflake_id_internal.snowflake_lease_timeline(), now();

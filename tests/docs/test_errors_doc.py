@@ -6,6 +6,8 @@ What the code raises:
 
 * Rust (src/**/*.rs): the message of every ``raise(code, message, ...)``
   and ``ErrorReport::new(code, message, ...)`` (src/errors/), of every
+  ``Refusal::new(SqlState::.., message)`` of the registry's rules
+  (core/src/registry/, raised by ``errors::registry_refusal``), of every
   check hook failure (``guc_check_failure(message, ...)``: 22023, as
   PostgreSQL reports it), of ``errors::internal(message)`` (XX000), and of
   pgrx's ``error!`` (XX000), ``warning!`` (01000) and
@@ -370,9 +372,19 @@ SITES = {
 }
 
 
+# The registry's refusals (core/src/registry/, `Refusal::new(SqlState::..,
+# message)`), raised by src/errors/'s registry_refusal(), which passes
+# them on (their messages are checked here, where they are written).
+REGISTRY = ROOT / "core" / "src" / "registry"
+REFUSAL_STATES = {"InvalidParameterValue": "22023", "ProgramLimitExceeded": "54000",
+                  "NotInPrerequisiteState": "55000", "InsufficientPrivilege": "42501"}
+PASS_THROUGH = {"registry_refusal"}
+
+
 def rust_raised() -> list[Raised]:
     codes = sqlstates()
-    files = sorted(SRC.rglob("*.rs"))
+    files = sorted(SRC.rglob("*.rs")) + sorted(p for p in REGISTRY.rglob("*.rs")
+                                               if p.name != "tests.rs")
     out, seen = [], set()
     all_fns = [f for p in files for f in rust_functions(p)]
     for fn in all_fns:
@@ -385,7 +397,10 @@ def rust_raised() -> list[Raised]:
             name = b[i].value + ("!" if macro else "")
             if name not in SITES or not is_p(b[i + 1 + macro], "("):
                 continue
-            if name == "new" and not (i >= 2 and is_i(b[i - 2], "ErrorReport")):
+            refusal = name == "new" and i >= 2 and is_i(b[i - 2], "Refusal")
+            if name == "new" and not (i >= 2 and is_i(b[i - 2], "ErrorReport")) and not refusal:
+                continue
+            if fn.name in PASS_THROUGH and fn.file.startswith("src/errors/"):
                 continue
             # raise() and guc_check_failure() are src/errors/'s own; internal()
             # is errors::internal() elsewhere (other functions share the names)
@@ -409,7 +424,11 @@ def rust_raised() -> list[Raised]:
                 continue
             hinted = raise_hinted(name, args, fn)
             for alt in alts:
-                if isinstance(code_at, int):
+                if refusal:
+                    names = [t.value for t in alt[1][1] if t.value in REFUSAL_STATES]
+                    assert len(names) == 1, f"{where}: SqlState {names}"
+                    sqlstate = REFUSAL_STATES[names[0]]
+                elif isinstance(code_at, int):
                     names = [t.value for t in alt[1][1] if t.value.startswith("ERRCODE_")]
                     assert len(names) == 1, f"{where}: SQLSTATE {names}"
                     sqlstate = codes[names[0]]
@@ -559,10 +578,10 @@ def test_the_sources_are_parsed(raised):
                   " (the value is not shown)"),
         ("01000", "the snowflake_id layout's time field ran out at {end}: no ID can be made"),
         ("XX000", "snowflake_id redo: unknown op code {info}"),
-        ("54000", "lease request of node % refused: lease_ms % is above the registry's limit"
-                  " max_lease_ms = %"),
-        ("22023", "lease request of node % refused: block % is none of a layout's 64 blocks"
-                  " (0 to 63)"),
+        # the registry's refusals, each with its SqlState (core/src/registry/)
+        ("54000", "lease request of node {node} refused: {problem}"),
+        ("22023", "lease request of node {node} refused: {problem}"),
+        ("42501", "this session does not hold the lock of node {node}"),
         ("22023", "invalid lease limit: max_blocks_per_node must be from 1 to 64, not %"),
     ]:
         assert any(r.sqlstate == state and r.template == message for r in raised), (state, message)

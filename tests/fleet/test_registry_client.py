@@ -374,6 +374,88 @@ def test_a_holder_leases_from_a_0_5_0_registry_and_through_its_update(make_clust
     assert cfg["registry_unreachable_since"] is None and cfg["blocks_held"] == 1, cfg
 
 
+def test_a_holder_leases_from_a_0_7_0_registry_and_through_its_update(make_cluster):
+    """A rolling upgrade (issue 42): a holder of this build leases from a
+    registry still on 0.7.0 (its lease functions in PL/pgSQL, replies
+    without a token), as the lease role; the registry's ALTER EXTENSION
+    UPDATE to 0.8.0 (the rules in the extension) happens under the
+    holder's open session, which renews its block in the same incarnation,
+    unfenced, and IDs keep coming for more than two lease times."""
+    r = make_cluster(settings={"fsync": True})
+    with old_release("0.7.0"):
+        r.sql("CREATE EXTENSION snowflake_id VERSION '0.7.0'")
+    r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
+          " max_ahead_ms => 70000)")
+    conninfo = lease_role(r, "snowflake_id_internal")
+    a = holder(make_cluster, r, **{"snowflake_id.registry": conninfo,
+                                   "snowflake_id.worker_ids": "0-15"})
+    with a.connect() as conn:
+        before = ids(conn, 100)
+    assert [row[1] for row in leases(r)] == [config(a)["node_id"]]
+    incarnation = r.scalar("SELECT incarnation FROM snowflake_lease_registry")
+
+    with r.connect() as conn:
+        conn.execute("ALTER EXTENSION snowflake_id UPDATE")
+        updated_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    assert r.scalar("SELECT extversion FROM pg_extension WHERE extname = 'snowflake_id'") != "0.7.0"
+    wait_until(lambda: r.scalar("SELECT max(renewed_at) FROM snowflake_lease_blocks"
+                                " WHERE holder_node IS NOT NULL") > updated_at,
+               timeout=LEASE_S * 2, what="a renewal after the registry's update")
+    made = []
+    with a.connect(options="-c statement_timeout=5s") as conn:
+        deadline = time.monotonic() + 2.5 * LEASE_S
+        while time.monotonic() < deadline:
+            made += ids(conn, 100)
+            time.sleep(0.2)
+    assert min(made) > max(before) and len(set(made)) == len(made)
+    assert r.sql("SELECT incarnation, fenced_until FROM snowflake_lease_registry") \
+        == [(incarnation, None)]
+    cfg = config(a)
+    assert cfg["registry_unreachable_since"] is None and cfg["blocks_held"] == 1, cfg
+
+
+def holder_0_7_0_bindir() -> str:
+    """The bindir of a PostgreSQL where a 0.7.0 build of the extension is
+    installed (SNOWFLAKE_PG_CONFIG_0_7_0 names its pg_config), for a real
+    0.7.0 holder; no test installs it."""
+    pgc = os.environ.get("SNOWFLAKE_PG_CONFIG_0_7_0")
+    if not pgc or not os.path.exists(pgc):
+        pytest.skip("SNOWFLAKE_PG_CONFIG_0_7_0 names no pg_config with a 0.7.0 build installed")
+    share = subprocess.check_output([pgc, "--sharedir"], text=True).strip()
+    with open(os.path.join(share, "extension", "snowflake_id.control")) as f:
+        assert "default_version = '0.7.0'" in f.read(), f"{pgc}: not a 0.7.0 build"
+    return subprocess.check_output([pgc, "--bindir"], text=True).strip()
+
+
+def test_a_0_7_0_holder_leases_from_this_registry(make_cluster):
+    """A rolling upgrade (issue 42): a server of 0.7.0 (its lease worker
+    sends no token) leases from a registry of this build, renews its block
+    for more than two lease times in the registry's first incarnation,
+    unfenced, and makes IDs throughout."""
+    r = registry_server(make_cluster)
+    r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
+          " max_ahead_ms => 70000)")
+    incarnation = r.scalar("SELECT incarnation FROM snowflake_lease_registry")
+    a = make_cluster(settings={"snowflake_id.registry": r.conninfo(),
+                               "snowflake_id.lease_time": LEASE,
+                               "snowflake_id.worker_ids": "0-15"},
+                     bindir=holder_0_7_0_bindir())
+    a.create_extension()
+    assert a.scalar("SELECT extversion FROM pg_extension WHERE extname = 'snowflake_id'") == "0.7.0"
+    made = []
+    with a.connect(options="-c statement_timeout=35s") as conn:
+        made += ids(conn, 100)
+        deadline = time.monotonic() + 2.5 * LEASE_S
+        while time.monotonic() < deadline:
+            made += ids(conn, 100)
+            time.sleep(0.2)
+    assert sorted(made) == made and len(set(made)) == len(made)
+    assert [row[1] for row in leases(r)] == [config(a)["node_id"]]
+    assert r.scalar("SELECT count(*) FROM snowflake_lease_blocks WHERE renewed_at > leased_at") == 1
+    assert r.sql("SELECT incarnation, fenced_until FROM snowflake_lease_registry") \
+        == [(incarnation, None)]
+
+
 def test_a_lease_role_without_usage_on_the_internal_schema_is_told_so(make_cluster):
     """On a 0.6.0 registry, a lease role with EXECUTE on the lease functions
     but no USAGE on snowflake_id_internal leases nothing, and the holder's

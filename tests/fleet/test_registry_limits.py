@@ -66,9 +66,11 @@ def limited_registry(make_cluster, **limits):
 
 
 def set_limits(r, **limits) -> dict:
-    args = ", ".join(f"{k} => {int(v)}" for k, v in limits.items())
+    args = ", ".join(f"{k} => {int(v)}" if k != "layout" else f"{k} => %s"
+                     for k, v in limits.items())
     return {name: (value, fence, until) for name, value, fence, until
-            in r.sql(f"SELECT * FROM snowflake_lease_set_limits({args})")}
+            in r.sql(f"SELECT * FROM snowflake_lease_set_limits({args})",
+                     *[v for k, v in limits.items() if k == "layout"])}
 
 
 def lease_role(r) -> None:
@@ -386,3 +388,93 @@ def test_an_update_from_0_6_0_keeps_serving_holders_with_longer_leases(make_clus
     assert "refused" not in h.log()
     with h.connect() as conn:
         assert min(ids(conn, 10)) > max(made)
+
+
+# What the lease role may send, and may not make the registry believe
+# (issue 42: found on 0.7.0 by the attack on real servers). With
+# SNOWFLAKE_LIMITS_REGISTRY=0.7.0 (0.7.0's install script) each fails as
+# the issue describes.
+
+def registry_row(r) -> tuple:
+    return r.sql("SELECT incarnation, fenced_until FROM snowflake_lease_registry")[0]
+
+
+def test_a_position_from_a_node_holding_no_block_starts_no_incarnation(make_cluster):
+    """One renewal from the lease role, for a node that holds no block,
+    saying it saw WAL position FFFFFFFF/FFFFFFFF (with no token the
+    registry issued): the registry keeps its incarnation, is not fenced,
+    and leases the next request at once. 0.7.0 started a new incarnation
+    ('a holder saw WAL position FFFFFFFF/FFFFFFFF') fenced for the limits'
+    lease time plus grace, and could be kept fenced by repeating it."""
+    r = limited_registry(make_cluster)
+    lease_role(r)
+    before = registry_row(r)
+    assert before[1] is None
+    x = Intruder(r)
+    try:
+        reply = x.renew([], lsn="FFFFFFFF/FFFFFFFF", incarnation=before[0])
+        assert reply["fenced_until_ms"] is None, reply
+        assert registry_row(r) == before
+        assert len(x.acquire()["blocks"]) == 1
+    finally:
+        x.close()
+    assert registry_row(r) == before
+
+
+def test_a_made_up_layout_does_not_lock_out_the_fleet(make_cluster):
+    """The lease role's first acquire names the layout 'not a layout' on a
+    fresh registry: only the block it was granted gets a row. A real holder
+    is refused (55000, another layout) until the DBA fixes the fleet's
+    layout with snowflake_lease_set_limits(layout => ...); then it leases
+    without any table edited by hand. 0.7.0 made all 64 rows under the
+    made-up layout, and refused every real holder until the table was
+    edited."""
+    r = limited_registry(make_cluster)
+    lease_role(r)
+    x = Intruder(r)
+    try:
+        got = x.acquire(layout="not a layout")["blocks"]
+    finally:
+        x.close()
+    assert len(got) == 1, got
+    rows = r.sql("SELECT block, layout FROM snowflake_lease_blocks ORDER BY block")
+    assert rows == [(got[0]["block"], "not a layout")]
+
+    mark = r.log_mark()
+    h = holder(make_cluster, r)
+    # The registry logs the holder's refusal, with the layout it sends.
+    found = wait_until(lambda: re.search(r"blocks use not a layout; the server .+? uses ([^\n]+)\.\n",
+                                         r.log(since=mark)),
+                       timeout=30, what="the real holder refused for its layout")
+    layout = found.group(1)
+    assert not r.scalar("SELECT count(*) FROM snowflake_lease_blocks WHERE holder_node <> 'intruder'")
+    set_limits(r, layout=layout)
+    assert r.scalar("SELECT layout FROM snowflake_lease_limits") == layout
+    with h.connect(options="-c statement_timeout=60s") as conn:
+        wait_until(lambda: can_make_id(conn), timeout=60, what="the real holder leasing")
+    assert {row[0] for row in r.sql("SELECT layout FROM snowflake_lease_blocks"
+                                    " WHERE holder_node IS NOT NULL AND holder_node <> 'intruder'")} \
+        == {layout}
+
+
+def test_a_request_without_a_token_is_served_and_the_reply_has_one(make_cluster):
+    """A 0.7.0 holder's requests carry no token: a lease and its renewal
+    (the reply's incarnation and WAL position, no token) are served in the
+    same incarnation, unfenced. Every reply carries the registry's token
+    (32 hex digits) for its incarnation and position; 0.7.0's replies have
+    none."""
+    r = limited_registry(make_cluster)
+    lease_role(r)
+    x = Intruder(r)
+    try:
+        first = x.acquire()
+        block = first["blocks"][0]["block"]
+        again = x.renew([block], incarnation=first["incarnation"], lsn=first["lsn"])
+        assert again["incarnation"] == first["incarnation"], (first, again)
+        assert [b["block"] for b in again["blocks"]] == [block]
+        assert again["fenced_until_ms"] is None
+        for reply in (first, again):
+            assert re.fullmatch(r"[0-9a-f]{32}", reply.get("token", "")), reply
+        assert first["token"] != again["token"]
+    finally:
+        x.close()
