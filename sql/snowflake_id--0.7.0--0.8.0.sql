@@ -27,10 +27,21 @@
 
 ALTER TABLE snowflake_lease_registry
     ADD COLUMN token_key text NOT NULL DEFAULT '',
-    ADD COLUMN new_key boolean NOT NULL DEFAULT false;
+    ADD COLUMN new_key boolean NOT NULL DEFAULT false,
+    ADD COLUMN grants bigint NOT NULL DEFAULT 0;
 -- The key of this registry's tokens (no token was issued before).
 UPDATE snowflake_lease_registry SET token_key = md5(gen_random_uuid()::text);
-ALTER TABLE snowflake_lease_limits ADD COLUMN layout text;
+ALTER TABLE snowflake_lease_limits ADD COLUMN layout text,
+    ADD COLUMN unsigned_evidence boolean NOT NULL DEFAULT false;
+-- Holders of 0.7.0 send no token: what they say they saw keeps counting
+-- (from nodes that hold blocks) until the DBA clears unsigned_evidence,
+-- once every holder runs 0.8.0.
+UPDATE snowflake_lease_limits SET unsigned_evidence = true;
+INSERT INTO snowflake_lease_limits (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node,
+                                    unsigned_evidence)
+SELECT 600000, 120000, 720000, 8, true
+ WHERE NOT EXISTS (SELECT 1 FROM snowflake_lease_limits)
+   AND EXISTS (SELECT 1 FROM snowflake_lease_blocks);
 
 DROP FUNCTION snowflake_id_internal.snowflake_lease_check(jsonb);
 DROP FUNCTION snowflake_id_internal.snowflake_lease_promotion_proven(int, int);
@@ -48,13 +59,13 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_progress_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(facts jsonb)
 RETURNS jsonb IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_decide_wrapper';
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn)
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn, grants bigint)
 RETURNS text IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, jsonb, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
 
 -- What they read, and the calls (as src/sql/leases.sql has them).
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_block_class() RETURNS int
@@ -188,7 +199,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'fence_floor_ms', r.fence_floor_ms, 'max_lease_ms', r.max_lease_ms,
                 'max_grace_ms', r.max_grace_ms, 'max_ahead_ms', r.max_ahead_ms, 'cause', r.cause,
                 'previous_incarnation', r.previous_incarnation, 'token_key', r.token_key,
-                'new_key', r.new_key) FROM reg r),
+                'new_key', r.new_key, 'grants', r.grants) FROM reg r),
             'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'block', b.block, 'first_worker_id', b.first_worker_id,
                 'last_worker_id', b.last_worker_id, 'layout', b.layout,
@@ -209,7 +220,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'previous_max_grace_ms', l.previous_max_grace_ms,
                 'previous_max_ahead_ms', l.previous_max_ahead_ms,
                 'previous_until_ms', snowflake_id_internal.snowflake_lease_ms(l.previous_until),
-                'layout', l.layout)
+                'layout', l.layout, 'unsigned_evidence', l.unsigned_evidence)
                 FROM @extschema@.snowflake_lease_limits l LIMIT 1)))
       FROM here h, locks k
 $fn$;
@@ -229,7 +240,9 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT jsonb_build_object(
         'incarnation', answer->>'incarnation',
         'lsn', p::text,
-        'token', snowflake_id_internal.snowflake_lease_sign(coalesce(key, ''), answer->>'incarnation', p),
+        'grants', coalesce((answer->>'grants')::bigint, 0),
+        'token', snowflake_id_internal.snowflake_lease_sign(coalesce(key, ''), answer->>'incarnation', p,
+                                                            coalesce((answer->>'grants')::bigint, 0)),
         'fenced_until_ms', answer->'fenced_until_ms') || extra
       FROM pg_catalog.pg_current_wal_insert_lsn() p
 $fn$;
@@ -260,16 +273,18 @@ BEGIN
         DELETE FROM @extschema@.snowflake_lease_registry;
         INSERT INTO @extschema@.snowflake_lease_registry
                (incarnation, timeline, postmaster_start, started_at, fenced_until, fence_floor_ms,
-                max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key)
+                max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key,
+                grants)
         SELECT r.incarnation, r.timeline, snowflake_id_internal.snowflake_lease_time(r.postmaster_start_ms),
                snowflake_id_internal.snowflake_lease_time(r.started_at_ms),
                snowflake_id_internal.snowflake_lease_time(r.fenced_until_ms), r.fence_floor_ms,
                r.max_lease_ms, r.max_grace_ms, r.max_ahead_ms, r.cause, r.previous_incarnation,
-               r.token_key, r.new_key
+               r.token_key, r.new_key, r.grants
           FROM jsonb_to_record(w->'registry') AS r(
                incarnation text, timeline int, postmaster_start_ms bigint, started_at_ms bigint,
                fenced_until_ms bigint, fence_floor_ms bigint, max_lease_ms bigint, max_grace_ms bigint,
-               max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean);
+               max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean,
+               grants bigint);
     END IF;
     IF jsonb_array_length(w->'blocks') > 0 THEN
         -- New rows arrive unleased (a leased row inserted is a restore:
@@ -348,7 +363,9 @@ BEGIN
             format('max_blocks_per_node must be from 1 to 64, not %s', NEW.max_blocks_per_node)
         END;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid lease limit: %', bad USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid lease limit: %', bad
+            USING ERRCODE = '22023',
+                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64), or NULL to keep it.';
     END IF;
     -- Before this change (a BEFORE trigger's query does not see its row).
     SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();
@@ -922,71 +939,6 @@ BEGIN
 END
 $fn$;
 
--- The lease limits' trigger: the 22023 of a limit out of range gets a
--- HINT (src/sql/leases.sql).
-CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_limits_changed() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    was record;
-    bad text;
-BEGIN
-    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
-        RAISE EXCEPTION 'the registry''s lease limits are changed, not deleted'
-            USING ERRCODE = '55000',
-                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8.';
-    END IF;
-    bad := CASE
-        WHEN NEW.max_lease_ms IS NULL OR NEW.max_lease_ms NOT BETWEEN 2000 AND 86400000 THEN
-            format('max_lease_ms must be from 2000 to 86400000 (the range of snowflake_id.lease_time), not %s', NEW.max_lease_ms)
-        WHEN NEW.max_grace_ms IS NULL OR NEW.max_grace_ms NOT BETWEEN 1000 AND 86400000 THEN
-            format('max_grace_ms must be from 1000 to 86400000, not %s', NEW.max_grace_ms)
-        WHEN NEW.max_ahead_ms IS NULL OR NEW.max_ahead_ms NOT BETWEEN 0 AND 172800000 THEN
-            format('max_ahead_ms must be from 0 to 172800000, not %s', NEW.max_ahead_ms)
-        WHEN NEW.max_blocks_per_node IS NULL OR NEW.max_blocks_per_node NOT BETWEEN 1 AND 64 THEN
-            format('max_blocks_per_node must be from 1 to 64, not %s', NEW.max_blocks_per_node)
-        END;
-    IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid lease limit: %', bad
-            USING ERRCODE = '22023',
-                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64), or NULL to keep it.';
-    END IF;
-    -- Before this change (a BEFORE trigger's query does not see its row).
-    SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();
-    NEW.changed_at := now();
-    IF (NEW.max_lease_ms < was.max_lease_ms OR NEW.max_grace_ms < was.max_grace_ms
-        OR NEW.max_ahead_ms < was.max_ahead_ms)
-       AND (EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
-                     WHERE (b.holder_node IS NOT NULL AND b.expires_at + b.grace > now())
-                        OR b.high_water_ms > extract(epoch FROM now()) * 1000)
-            OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_registry g WHERE g.fenced_until > now())) THEN
-        NEW.previous_max_lease_ms := was.fence_lease_ms;
-        NEW.previous_max_grace_ms := was.fence_grace_ms;
-        NEW.previous_max_ahead_ms := was.fence_ahead_ms;
-        NEW.previous_until := greatest(was.previous_until,
-            now() + (greatest(was.fence_lease_ms, was.fence_ahead_ms) + was.fence_grace_ms)
-                    * interval '1 millisecond');
-        RAISE NOTICE 'fences use the higher limits until %: grants made under them may still run',
-            NEW.previous_until;
-    ELSE
-        NEW.previous_max_lease_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_lease_ms END;
-        NEW.previous_max_grace_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_grace_ms END;
-        NEW.previous_max_ahead_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_ahead_ms END;
-        NEW.previous_until := was.previous_until;
-    END IF;
-    -- A holder whose lease_time is max_lease_ms asks for more than these.
-    IF NEW.max_grace_ms < greatest(NEW.max_lease_ms / 5, 1000) THEN
-        RAISE NOTICE 'a holder with snowflake_id.lease_time = % ms asks for a grace of % ms, above max_grace_ms: it is refused',
-            NEW.max_lease_ms, greatest(NEW.max_lease_ms / 5, 1000);
-    END IF;
-    IF NEW.max_ahead_ms < NEW.max_lease_ms + 60000 THEN
-        RAISE NOTICE 'a holder with snowflake_id.lease_time = % ms and the default snowflake_id.max_drift (60 s) asks for marks % ms ahead, above max_ahead_ms: it is refused',
-            NEW.max_lease_ms, NEW.max_lease_ms + 60000;
-    END IF;
-    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %',
-        session_user, NEW.max_lease_ms, NEW.max_grace_ms, NEW.max_ahead_ms, NEW.max_blocks_per_node;
-    RETURN NEW;
-END
-$fn$;
 
 -- == Backfill at migration scale (issue 44) ==
 -- Backfill takes one grant per stretch of time and session, in any order

@@ -115,6 +115,19 @@
 
 use crate::ranges::WorkerRanges;
 
+/// A layout as holders and the registry compare it between servers (the
+/// `layout` of a lease request, and of the registry's block rows).
+pub fn layout_text(layout: &crate::layout::Layout) -> String {
+    format!(
+        "{} total bits, {} worker bits, {} sequence bits, {} ms per tick, epoch {}",
+        layout.total_bits,
+        layout.worker_bits,
+        layout.sequence_bits,
+        layout.unit_ms,
+        crate::layout::format_unix_ms(layout.epoch_ms)
+    )
+}
+
 /// How many blocks a layout's worker ids are cut into (at most).
 pub const BLOCKS_PER_LAYOUT: u32 = 64;
 

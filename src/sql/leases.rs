@@ -79,7 +79,12 @@ fn snowflake_lease_decide(call: &str, request: JsonB, server: JsonB, rows: JsonB
             .to_string()
     };
     let (role, client) = (text("role"), text("client"));
-    let server: Server = facts(server.0, "server facts");
+    let mut server: Server = facts(server.0, "server facts");
+    // This registry server's own layout settings: the fleet's layout on a
+    // registry with no rows and none fixed by the DBA.
+    server
+        .layout
+        .get_or_insert_with(|| snowflake_core::lease::layout_text(crate::settings::layout()));
     let rows: Rows = facts(rows.0, "rows");
     match registry::decide(&call, &server, &rows) {
         Ok(outcome) => to_jsonb(&outcome),
@@ -128,17 +133,22 @@ fn snowflake_lease_durable_decide(facts: JsonB) -> JsonB {
     }))
 }
 
-/// The registry's token for `incarnation` at `lsn` under `key`
-/// (`snowflake_core::registry::token`): '' for a key that is none. Declared
-/// with `pg_lsn`, which is passed by value as a 64-bit integer, as the
-/// `i64` the wrapper reads.
+/// The registry's token for `incarnation` at `lsn` with `grants` under
+/// `key` (`snowflake_core::registry::token`): '' for a key that is none.
+/// Declared with `pg_lsn`, which is passed by value as a 64-bit integer,
+/// as the `i64` the wrapper reads.
 #[pg_extern(sql = r#"
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn)
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn, grants bigint)
 RETURNS text IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
 "#)]
-fn snowflake_lease_sign(key: &str, incarnation: &str, lsn: i64) -> String {
-    token::sign(key, incarnation, u64::from_ne_bytes(lsn.to_ne_bytes()))
+fn snowflake_lease_sign(key: &str, incarnation: &str, lsn: i64, grants: i64) -> String {
+    token::sign(
+        key,
+        incarnation,
+        u64::from_ne_bytes(lsn.to_ne_bytes()),
+        grants,
+    )
 }
 
 pgrx::extension_sql_file!(

@@ -152,7 +152,11 @@ CREATE TABLE snowflake_lease_registry (
     -- next; new_key: made with this row (the row was gone), so that tokens
     -- of older incarnations cannot verify (core/src/registry/token.rs).
     token_key         text NOT NULL DEFAULT '',
-    new_key           boolean NOT NULL DEFAULT false
+    new_key           boolean NOT NULL DEFAULT false,
+    -- Calls that granted, over every incarnation (0.8.0): replies carry
+    -- it, signed; a holder that saw more shows the registry was restored
+    -- to an earlier state however far its WAL has moved since.
+    grants            bigint NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX snowflake_lease_registry_one_row ON snowflake_lease_registry ((true));
 COMMENT ON TABLE snowflake_lease_registry IS
@@ -236,7 +240,12 @@ CREATE TABLE snowflake_lease_limits (
     -- The fleet's layout (the `layout` its holders send), fixed by the DBA:
     -- block rows are made and kept under it only. NULL: the layout of the
     -- rows there are, or of the first holder's request.
-    layout                text
+    layout                text,
+    -- What a request without a token (a holder before 0.8.0) says it saw
+    -- counts, from a node holding blocks: the update from 0.7.0 sets it,
+    -- the DBA clears it once every holder runs 0.8.0 (while on, the lease
+    -- role can fence the fleet with such requests).
+    unsigned_evidence     boolean NOT NULL DEFAULT false
 );
 CREATE UNIQUE INDEX snowflake_lease_limits_one_row ON snowflake_lease_limits ((true));
 COMMENT ON TABLE snowflake_lease_limits IS
@@ -611,7 +620,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'fence_floor_ms', r.fence_floor_ms, 'max_lease_ms', r.max_lease_ms,
                 'max_grace_ms', r.max_grace_ms, 'max_ahead_ms', r.max_ahead_ms, 'cause', r.cause,
                 'previous_incarnation', r.previous_incarnation, 'token_key', r.token_key,
-                'new_key', r.new_key) FROM reg r),
+                'new_key', r.new_key, 'grants', r.grants) FROM reg r),
             'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'block', b.block, 'first_worker_id', b.first_worker_id,
                 'last_worker_id', b.last_worker_id, 'layout', b.layout,
@@ -632,7 +641,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'previous_max_grace_ms', l.previous_max_grace_ms,
                 'previous_max_ahead_ms', l.previous_max_ahead_ms,
                 'previous_until_ms', snowflake_id_internal.snowflake_lease_ms(l.previous_until),
-                'layout', l.layout)
+                'layout', l.layout, 'unsigned_evidence', l.unsigned_evidence)
                 FROM @extschema@.snowflake_lease_limits l LIMIT 1)))
       FROM here h, locks k
 $fn$;
@@ -657,7 +666,9 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT jsonb_build_object(
         'incarnation', answer->>'incarnation',
         'lsn', p::text,
-        'token', snowflake_id_internal.snowflake_lease_sign(coalesce(key, ''), answer->>'incarnation', p),
+        'grants', coalesce((answer->>'grants')::bigint, 0),
+        'token', snowflake_id_internal.snowflake_lease_sign(coalesce(key, ''), answer->>'incarnation', p,
+                                                            coalesce((answer->>'grants')::bigint, 0)),
         'fenced_until_ms', answer->'fenced_until_ms') || extra
       FROM pg_catalog.pg_current_wal_insert_lsn() p
 $fn$;
@@ -694,16 +705,18 @@ BEGIN
         DELETE FROM @extschema@.snowflake_lease_registry;
         INSERT INTO @extschema@.snowflake_lease_registry
                (incarnation, timeline, postmaster_start, started_at, fenced_until, fence_floor_ms,
-                max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key)
+                max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key,
+                grants)
         SELECT r.incarnation, r.timeline, snowflake_id_internal.snowflake_lease_time(r.postmaster_start_ms),
                snowflake_id_internal.snowflake_lease_time(r.started_at_ms),
                snowflake_id_internal.snowflake_lease_time(r.fenced_until_ms), r.fence_floor_ms,
                r.max_lease_ms, r.max_grace_ms, r.max_ahead_ms, r.cause, r.previous_incarnation,
-               r.token_key, r.new_key
+               r.token_key, r.new_key, r.grants
           FROM jsonb_to_record(w->'registry') AS r(
                incarnation text, timeline int, postmaster_start_ms bigint, started_at_ms bigint,
                fenced_until_ms bigint, fence_floor_ms bigint, max_lease_ms bigint, max_grace_ms bigint,
-               max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean);
+               max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean,
+               grants bigint);
     END IF;
     IF jsonb_array_length(w->'blocks') > 0 THEN
         -- New rows arrive unleased (a leased row inserted is a restore:
@@ -918,7 +931,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) 
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, jsonb, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
 
 -- A registry made with no holder alive starts its first incarnation here,
 -- unfenced, with a new token key, so that a standby made from it has the

@@ -100,7 +100,7 @@ impl Worker {
         let holder = Holder::new(Identity {
             node: node_id,
             name: node_name(),
-            layout: layout_text(&layout),
+            layout: snowflake_core::lease::layout_text(&layout),
             block_size: lease::block_size(layout.max_worker_id()),
             max_worker_id: layout.max_worker_id(),
         });
@@ -197,16 +197,4 @@ fn node_name() -> String {
         "localhost".into()
     };
     format!("{host}:{port}")
-}
-
-/// The layout as the registry compares it between servers.
-fn layout_text(layout: &Layout) -> String {
-    format!(
-        "{} total bits, {} worker bits, {} sequence bits, {} ms per tick, epoch {}",
-        layout.total_bits,
-        layout.worker_bits,
-        layout.sequence_bits,
-        layout.unit_ms,
-        format_unix_ms(layout.epoch_ms)
-    )
 }
