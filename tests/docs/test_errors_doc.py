@@ -445,7 +445,9 @@ def raise_hinted(name: str, args: list[list[Tok]], fn: Fn) -> bool:
     if name == "raise":
         return not all(len(a) == 1 and is_i(a[0], "None") for a in args[2:4])
     if name == "new":
-        return any(is_i(t, "set_hint") or is_i(t, "set_detail") for t in fn.body)
+        # ErrorReport's set_hint/set_detail, or a Refusal's .hint()/.detail()
+        return any(is_i(t, "set_hint") or is_i(t, "set_detail") or is_i(t, "hint")
+                   or is_i(t, "detail") for t in fn.body)
     return name not in ("error!", "ereport!")
 
 
