@@ -199,7 +199,8 @@ impl Store {
                 format!(
                     "lease request of node {node} refused: this session is another node already"
                 ),
-            )),
+            )
+            .hint("A lease worker introduces one node per session; max_blocks_per_node bounds each node.")),
             _ => {
                 s.node = Some(node.to_string());
                 Ok(true)
