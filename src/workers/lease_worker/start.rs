@@ -12,7 +12,6 @@ use super::{Target, Worker};
 use crate::shmem::{Header, MODE_CITUS};
 use crate::{clock, settings};
 use snowflake_core::holder::{self, Holder, Identity};
-use snowflake_core::layout::{format_unix_ms, Layout};
 use snowflake_core::lease;
 use snowflake_core::node::{self, SavedLeases, StartFacts};
 use std::ffi::CStr;
