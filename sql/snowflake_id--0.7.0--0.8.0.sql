@@ -50,7 +50,7 @@ DROP FUNCTION snowflake_id_internal.snowflake_lease_reply(text, timestamptz, jso
 DROP FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int);
 
 -- The rules (src/sql/leases.rs).
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_decide(call text, request jsonb, server jsonb, rows jsonb)
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_decide(call text, request text, server jsonb, rows jsonb)
 RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_decide_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(facts jsonb)
@@ -62,7 +62,7 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_decide_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn, grants bigint)
 RETURNS text IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, jsonb, jsonb, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
@@ -229,7 +229,9 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) IS
 
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() RETURNS void
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT pg_catalog.pg_advisory_xact_lock(1936613750, 0)
+    -- A table lock, not an advisory one: the lease role has no right on the
+    -- table, so it cannot take this lock itself and hold the fleet up.
+    LOCK TABLE @extschema@.snowflake_lease_registry IN SHARE ROW EXCLUSIVE MODE
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() IS
   'Used by the lease functions: the transaction lock under which lease calls are decided one at a time.';
@@ -252,7 +254,8 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jso
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_call(call text, req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    size int := pg_catalog.pg_column_size(req);
+    -- Its text's size: pg_column_size() would count a compressed value.
+    size int := pg_catalog.octet_length(req::text);
     facts jsonb;
     decided jsonb;
     w jsonb;
@@ -267,7 +270,7 @@ BEGIN
     END IF;
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
-    decided := snowflake_id_internal.snowflake_lease_decide(call, req, facts->'server', facts->'rows');
+    decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
     w := decided->'writes';
     IF jsonb_typeof(w->'registry') = 'object' THEN
         DELETE FROM @extschema@.snowflake_lease_registry;

@@ -28,8 +28,11 @@ const RENEW_KEYS: &str =
     "node (a string), blocks (an array), lease_ms, grace_ms and high_ms (numbers) are required.";
 const RELEASE_KEYS: &str = "node (a string), block and high_ms (numbers) are required.";
 
-fn request<T: DeserializeOwned>(value: Value, keys: &str) -> T {
-    serde_json::from_value(value)
+/// A request, from its text: parsed here rather than converted by pgrx,
+/// so that a request nested deeper than serde's limit is refused as
+/// invalid (22023) like any other that does not parse.
+fn request<T: DeserializeOwned>(text: &str, keys: &str) -> T {
+    serde_json::from_str(text)
         .unwrap_or_else(|e| errors::invalid_lease_request(keys, &e.to_string()))
 }
 
@@ -56,12 +59,12 @@ fn to_jsonb<T: serde::Serialize>(value: &T) -> JsonB {
 /// `role` and `client`, for the log). Returns the outcome (`answer`,
 /// `writes`); a refusal is raised, its log line logged first.
 #[pg_extern(sql = r#"
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_decide(call text, request jsonb, server jsonb, rows jsonb)
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_decide(call text, request text, server jsonb, rows jsonb)
 RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_decide_wrapper';
 "#)]
-fn snowflake_lease_decide(call: &str, request: JsonB, server: JsonB, rows: JsonB) -> JsonB {
-    let req = request.0;
+fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB) -> JsonB {
+    let req = request;
     let call = match call {
         "acquire" => Call::Acquire(self::request::<AcquireRequest>(req, ACQUIRE_KEYS)),
         "renew" => Call::Renew(self::request::<RenewRequest>(req, RENEW_KEYS)),

@@ -652,7 +652,9 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) IS
 -- rows the last one wrote (held to the end of the transaction).
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() RETURNS void
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT pg_catalog.pg_advisory_xact_lock(1936613750, 0)
+    -- A table lock, not an advisory one: the lease role has no right on the
+    -- table, so it cannot take this lock itself and hold the fleet up.
+    LOCK TABLE @extschema@.snowflake_lease_registry IN SHARE ROW EXCLUSIVE MODE
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() IS
   'Used by the lease functions: the transaction lock under which lease calls are decided one at a time.';
@@ -684,7 +686,8 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jso
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_call(call text, req jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    size int := pg_catalog.pg_column_size(req);
+    -- Its text's size: pg_column_size() would count a compressed value.
+    size int := pg_catalog.octet_length(req::text);
     facts jsonb;
     decided jsonb;
     w jsonb;
@@ -699,7 +702,7 @@ BEGIN
     END IF;
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
-    decided := snowflake_id_internal.snowflake_lease_decide(call, req, facts->'server', facts->'rows');
+    decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
     w := decided->'writes';
     IF jsonb_typeof(w->'registry') = 'object' THEN
         DELETE FROM @extschema@.snowflake_lease_registry;
@@ -928,7 +931,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_release(jsonb) 
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) FROM PUBLIC;
 -- The rules (src/sql/leases.rs), called by the functions above only.
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, jsonb, jsonb, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
