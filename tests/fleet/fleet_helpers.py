@@ -148,3 +148,42 @@ def duplicates(made: dict[str, list[int]]) -> list[str]:
             if both:
                 problems.append(f"{both} IDs made by both {a} and {b}")
     return problems
+
+
+# ------------------------------------------- a registry with a synchronous standby
+def named_standby(make_cluster, primary, name: str, registry_name: str | None):
+    """A physical standby of `primary` streaming as application_name `name`,
+    its snowflake_id.registry_standby_name `registry_name` (None: unset)."""
+    s = make_cluster(basebackup_from=primary, tcp=True, start=False, settings={"fsync": True})
+    with open(os.path.join(s.datadir, "postgresql.auto.conf"), "a") as f:
+        f.write(f"primary_conninfo = 'host={primary.dir} port={primary.port} user=postgres"
+                f" application_name={name}'\n")
+        if registry_name is not None:
+            f.write(f"snowflake_id.registry_standby_name = '{registry_name}'\n")
+    s.start()
+    return s
+
+
+def require_sync(primary, names: str, *standbys: str) -> None:
+    """synchronous_standby_names = `names` on `primary` once `standbys`
+    stream, and until they are its sync (or quorum) standbys."""
+    from harness import wait_until
+    wait_until(lambda: primary.scalar(
+        "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+        " AND application_name = ANY (%s)", list(standbys)) == len(standbys),
+        timeout=60, what="standbys streaming")
+    primary.configure(synchronous_standby_names=names)
+    primary.reload()
+    state = "quorum" if names.lower().startswith("any") else "sync"
+    wait_until(lambda: primary.scalar(
+        "SELECT count(*) FROM pg_stat_replication WHERE sync_state = %s"
+        " AND application_name = ANY (%s)", state, list(standbys)) == len(standbys),
+        timeout=60, what="standbys synchronous")
+
+
+def hosts(*servers) -> str:
+    """A connection string naming `servers` in order (unix sockets), for a
+    read-write session: a holder follows a promotion."""
+    return (f"host={','.join(s.dir for s in servers)}"
+            f" port={','.join(str(s.port) for s in servers)} dbname=postgres user=postgres"
+            " target_session_attrs=read-write")
