@@ -188,6 +188,9 @@ MALFORMED = {
     "block_size_0": ("renew", lambda: renew_text(block_size=0, max_worker_id=1023,
                                                  layout="classic"), None),
     "other_node": ("renew", lambda: renew_text(node="someone-else"), {"42501"}),
+    # 0.8.0 in main: holders carry a signed count of grants; this branch has
+    # none, and ignores the key.
+    "grants_huge": ("renew", lambda: renew_text(grants=10**30, token="ab" * 16), None),
 }
 
 
@@ -332,3 +335,41 @@ def test_the_lease_role_taking_the_registry_lock_does_not_stop_the_fleet(make_cl
     print(f"[registry lock] A refused from {stopped_at} s after the lock;"
           f" {len(refusals)} refusals, first: {refusals[0].sqlstate + ' ' + str(refusals[0]) if refusals else None}")
     assert stopped_at is None, f"A stopped making IDs {stopped_at:.1f} s after the lease role took the lock"
+
+
+def test_the_lease_role_ending_the_holders_sessions_does_not_stop_the_fleet(make_cluster):
+    """Holders connect as the lease role (as docs/operations/fleet.md sets
+    them up); a role may end its own sessions (pg_terminate_backend, which
+    the lease worker itself uses on its earlier session). The intruder ends
+    every other session of the role every 0.3 s for 20 s. Wanted: A goes
+    on making IDs."""
+    r = registry_server(make_cluster)
+    lease_limits(r)
+    grant_lease_role(r)
+    a = holder(make_cluster, r, **{"snowflake_id.registry": r.conninfo(user="snowflake_lease")})
+    maker_a = Maker(a, statement_timeout="30s")
+    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
+    x = Intruder(r)
+    ended = [0]
+
+    def end_them():
+        ended[0] += x.conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE usename = current_user AND pid <> pg_backend_pid()").fetchone()[0]
+
+    t0 = time.monotonic()
+    attack = Repeat(end_them, every=0.3)
+    stopped_at = None
+    while time.monotonic() - t0 < 20:
+        if maker_a.refusals and stopped_at is None:
+            stopped_at = time.monotonic() - t0
+        time.sleep(0.2)
+    attack.stop()
+    x.close()
+    made = len(maker_a.made)
+    wait_until(lambda: len(maker_a.made) > made, timeout=60, what="A making IDs again")
+    refusals = maker_a.refusals[:]
+    no_duplicates(A=maker_a)
+    print(f"[terminate] {ended[0]} sessions ended; A refused from {stopped_at} s;"
+          f" first: {refusals[0].sqlstate + ' ' + str(refusals[0]) if refusals else None}")
+    assert stopped_at is None, f"A stopped making IDs {stopped_at:.1f} s into the attack"
