@@ -56,6 +56,7 @@ def test_the_extension_made_again_on_the_registry_repeats_no_id(make_cluster, ho
               " WHERE application_name = 'snowflake_id lease' AND pid IN ("
               "  SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2)")
     t0 = time.monotonic()
+    mark_b = b.log_mark()
     try:
         with r.connect() as conn:
             conn.execute(AGAIN)
@@ -71,4 +72,6 @@ def test_the_extension_made_again_on_the_registry_repeats_no_id(make_cluster, ho
           f" A made {len(made['A'])}, B {len(made['B'])};"
           f" B's first IDs {maker_b.first_at - t0 if maker_b.first_at else float('nan'):.1f} s after"
           f" the CREATE; {problems}")
+    print("B's lease worker meanwhile:\n" + "\n".join(
+        line[:300] for line in b.log(since=mark_b).splitlines() if "snowflake_id lease" in line))
     assert not problems, "; ".join(problems)

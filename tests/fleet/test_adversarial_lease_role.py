@@ -128,16 +128,19 @@ def test_a_forged_position_from_a_node_holding_a_block_does_not_fence(make_clust
     assert took is not None, "the new server B made no ID within 20 s of forged renewals"
 
 
-def test_an_incarnation_the_registry_never_issued_does_not_fence_a_new_registry(make_cluster):
+@pytest.mark.parametrize("token", ["none", "garbage"])
+def test_an_incarnation_the_registry_never_issued_does_not_fence_a_new_registry(make_cluster, token):
     """A new registry (CREATE EXTENSION, the default limits: a fence would
     last 12 min). The intruder, holding no block, asks for one naming an
-    incarnation the registry never issued, with no token. Wanted: no new
-    incarnation, no fence, and a new server B makes IDs."""
+    incarnation the registry never issued, with no token (none) or 32 hex
+    digits the registry never made (garbage). Wanted: no new incarnation,
+    no fence, and a new server B makes IDs."""
     r = registry_server(make_cluster)
     grant_lease_role(r)
     before = registry_state(r)
     x = Intruder(r)
-    reply = x.acquire(incarnation="never-issued-by-this-registry", token="", lsn="0/0",
+    reply = x.acquire(incarnation="never-issued-by-this-registry",
+                      token="" if token == "none" else "0123456789abcdef" * 2, lsn="0/0",
                       lease_ms=600_000, grace_ms=120_000, high_ms=now_ms() + 660_000)
     x.close()
     after = registry_state(r)
@@ -145,7 +148,7 @@ def test_an_incarnation_the_registry_never_issued_does_not_fence_a_new_registry(
     maker_b = Maker(b, statement_timeout="30s")
     took = first_ids_within(maker_b, 20.0)
     no_duplicates(B=maker_b)
-    print(f"[never-issued incarnation] reply {reply}; registry {after}; B's first IDs after {took} s")
+    print(f"[never-issued incarnation, token {token}] reply {reply}; registry {after}; B's first IDs after {took} s")
     assert after[0] == before[0] and not after[1], \
         f"a request naming a made-up incarnation started a new one: {after}"
     assert took is not None, "the new server B made no ID within 20 s"
@@ -183,7 +186,7 @@ MALFORMED = {
         "grace_ms": 1200, "high_ms": now_ms()}), {"54000", "22023"}),
     "not_an_object": ("renew", lambda: "[1, 2, 3]", {"22023"}),
     "node_not_text": ("renew", lambda: renew_text(node=["intruder"]), {"22023", "42501"}),
-    "lsn_garbage": ("renew", lambda: renew_text(lsn="not/an/lsn", incarnation="x", token="zz"),
+    "lsn_garbage": ("renew", lambda: renew_text(lsn="not/an/lsn", token="zz"),
                     None),   # served: an unparsable position is no evidence
     "block_size_0": ("renew", lambda: renew_text(block_size=0, max_worker_id=1023,
                                                  layout="classic"), None),

@@ -19,21 +19,32 @@ Safety: no ID made by both A and B."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 
 import pytest
 
 from harness import free_port, run_pg, wait_until
 from helpers import Maker
-from fleet_helpers import duplicates, holder, registry_server, registry_state
+from fleet_helpers import duplicates, holder, registry_server, registry_state, resume
 
 SETTINGS = {"snowflake_id.worker_ids": "0-15", "snowflake_id.max_drift": "1s",
             "snowflake_id.lease_time": "30s"}
 
 
 @pytest.mark.slow
-def test_a_snapshot_restored_in_place_whose_wal_passes_the_holders_repeats_no_id(make_cluster):
+@pytest.mark.parametrize("first", ["a_first", "b_first"])
+def test_a_snapshot_restored_in_place_whose_wal_passes_the_holders_repeats_no_id(make_cluster,
+                                                                                 first):
+    """a_first: A calls the restored registry as soon as it is back.
+    b_first: A's lease worker is stopped (SIGSTOP) from before the registry
+    stops until 15 s after it is back (A's sessions go on with block 0
+    until A's deadline), so that B, which saw none of the later grants,
+    calls first. Wanted: no ID made by both; the restored registry starts
+    a new, fenced incarnation once A calls (its positions and marks are
+    past the restored registry's)."""
     r = registry_server(make_cluster)
     r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 30000, max_grace_ms => 6000,"
           " max_ahead_ms => 100000)")
@@ -52,6 +63,10 @@ def test_a_snapshot_restored_in_place_whose_wal_passes_the_holders_repeats_no_id
     # lease plus grace, so the snapshot's grant of block 0 has run out.
     time.sleep(45)
     lsn_before = r.scalar("SELECT pg_current_wal_insert_lsn()::text")
+    worker = None
+    if first == "b_first":
+        worker = a.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowflake_id lease'")
+        os.kill(worker, signal.SIGSTOP)
     r.stop()
     run_pg(["rm", "-rf", r.datadir], cwd=r.dir)
     run_pg(["cp", "-a", aside, r.datadir], cwd=r.dir)
@@ -66,6 +81,9 @@ def test_a_snapshot_restored_in_place_whose_wal_passes_the_holders_repeats_no_id
     r.configure()
     t0 = time.monotonic()
     r.start()
+    if worker:
+        time.sleep(15)
+        resume([worker])
     time.sleep(40)
     after = registry_state(r)
     made = {"A": maker_a.stop(), "B": maker_b.stop()}
@@ -76,3 +94,5 @@ def test_a_snapshot_restored_in_place_whose_wal_passes_the_holders_repeats_no_id
           f" the restart; {problems}")
     shutil.rmtree(aside, ignore_errors=True)
     assert not problems, "; ".join(problems)
+    assert after[0] != before[0] and "back in time" in after[2], \
+        f"the restored registry did not notice it went back in time: {after}"
