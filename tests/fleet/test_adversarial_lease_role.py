@@ -314,28 +314,40 @@ def test_sessions_of_the_lease_role_within_its_connection_limit_leave_blocks_for
 
 
 # ----------------------------------------------------------------- locks
-def test_the_lease_role_taking_the_registry_lock_does_not_stop_the_fleet(make_cluster):
+@pytest.mark.parametrize("how", ["advisory_lock", "open_transaction_acquire",
+                                 "open_transaction_durable"])
+def test_the_lease_role_taking_the_registry_lock_does_not_stop_the_fleet(make_cluster, how):
     """The registry decides lease calls one at a time under an advisory
-    transaction lock whose key is in leases.sql (1936613750, 0); any role
-    that may connect may take it with pg_advisory_lock(). The intruder
-    holds it for 20 s (over three lease times). Wanted: A goes on making
-    IDs (its renewals are not held up by the lease role)."""
+    transaction lock whose key is in leases.sql (1936613750, 0), and
+    snowflake_lease_durable reads the candidates' row FOR UPDATE. The
+    intruder holds them for 20 s (over three lease times): advisory_lock,
+    with pg_advisory_lock() (any role that may connect may); or one lease
+    call in a transaction it leaves open (BEGIN; acquire or durable; no
+    COMMIT). Wanted: A goes on making IDs (its renewals are not held up by
+    the lease role)."""
     r, a, maker_a = fleet(make_cluster)
     x = Intruder(r)
-    x.conn.execute("SELECT pg_advisory_lock(1936613750, 0)")
+    if how == "advisory_lock":
+        x.conn.execute("SELECT pg_advisory_lock(1936613750, 0)")
+    else:
+        x.conn.execute("BEGIN")
+        if how == "open_transaction_acquire":
+            x.acquire()
+        else:
+            x.raw("durable", '{"wait_ms": 0}')
     t0 = time.monotonic()
     stopped_at = None
     while time.monotonic() - t0 < 20:
         if maker_a.refusals and stopped_at is None:
             stopped_at = time.monotonic() - t0
         time.sleep(0.2)
-    x.conn.execute("SELECT pg_advisory_unlock_all()")
+    x.conn.execute("ROLLBACK" if how != "advisory_lock" else "SELECT pg_advisory_unlock_all()")
     x.close()
     made = len(maker_a.made)
     wait_until(lambda: len(maker_a.made) > made, timeout=60, what="A making IDs again")
     refusals = maker_a.refusals[:]
     no_duplicates(A=maker_a)
-    print(f"[registry lock] A refused from {stopped_at} s after the lock;"
+    print(f"[registry lock, {how}] A refused from {stopped_at} s after the lock;"
           f" {len(refusals)} refusals, first: {refusals[0].sqlstate + ' ' + str(refusals[0]) if refusals else None}")
     assert stopped_at is None, f"A stopped making IDs {stopped_at:.1f} s after the lease role took the lock"
 
