@@ -8,8 +8,10 @@ tests/helpers.py."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import time
 
 import psycopg
 
@@ -63,3 +65,125 @@ def resume(pids) -> None:
     for p in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGCONT)
+
+
+# ------------------------------------------------------- a hostile lease role
+# (tests/fleet/test_adversarial_*.py; test_registry_limits.py has its own,
+# older copy.)
+def grant_lease_role(r, name: str = "snowflake_lease") -> None:
+    """The lease role with the rights docs/operations/fleet.md grants it,
+    and its documented CONNECTION LIMIT 20."""
+    schema = r.scalar(
+        "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE p.proname = 'snowflake_lease_begin'")
+    r.sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 20")
+    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO {name}")
+    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
+              "durable(jsonb)"):
+        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO {name}")
+
+
+class Intruder:
+    """One session of the lease role, introduced as a made-up node, sending
+    whatever that role may send (requests as jsonb text)."""
+
+    def __init__(self, r, node: str = "intruder", user: str = "snowflake_lease"):
+        self.r = r
+        self.node = node
+        self.schema = r.scalar(
+            "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE p.proname = 'snowflake_lease_begin'")
+        self.conn = r.connect(user=user)
+        got = self.conn.execute(f"SELECT {self.schema}.snowflake_lease_hello(%s)",
+                                (node,)).fetchone()[0]
+        assert got is True, f"node {node} is taken"
+        rows = r.sql("SELECT DISTINCT layout FROM snowflake_lease_blocks")
+        self.layout = rows[0][0] if rows else "classic"
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def raw(self, fn: str, text: str):
+        got = self.conn.execute(
+            f"SELECT {self.schema}.snowflake_lease_{fn}(%s::jsonb)::text", (text,)).fetchone()[0]
+        return json.loads(got)
+
+    def call(self, fn: str, **req):
+        return self.raw(fn, json.dumps({"node": self.node, "incarnation": "", "lsn": "0/0",
+                                        **req}))
+
+    def acquire(self, **req):
+        now = int(time.time() * 1000)
+        base = {"name": "intruder", "layout": self.layout, "block_size": 16,
+                "max_worker_id": 1023, "allowed": list(range(64)), "want": 1,
+                "lease_ms": 6000, "grace_ms": 1200, "high_ms": now + 66_000}
+        return self.call("acquire", **{**base, **req})
+
+    def renew(self, blocks: list[int], **req):
+        now = int(time.time() * 1000)
+        base = {"layout": self.layout, "block_size": 16, "max_worker_id": 1023,
+                "blocks": [{"block": b, "high_ms": now} for b in blocks],
+                "lease_ms": 6000, "grace_ms": 1200, "high_ms": now + 66_000}
+        return self.call("renew", **{**base, **req})
+
+
+def registry_state(r) -> tuple:
+    """(incarnation, fenced: whether the registry is fenced now, cause)."""
+    return r.sql("SELECT incarnation, coalesce(fenced_until > now(), false), cause"
+                 " FROM snowflake_lease_registry")[0]
+
+
+def duplicates(made: dict[str, list[int]]) -> list[str]:
+    """IDs made twice, within one server or by two: one line per server or
+    pair of servers, with the count."""
+    problems = []
+    sets = {name: set(got) for name, got in made.items()}
+    for name, got in made.items():
+        if len(sets[name]) != len(got):
+            problems.append(f"{len(got) - len(sets[name])} IDs made twice by {name}")
+    names = list(made)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            both = len(sets[a] & sets[b])
+            if both:
+                problems.append(f"{both} IDs made by both {a} and {b}")
+    return problems
+
+
+# ------------------------------------------- a registry with a synchronous standby
+def named_standby(make_cluster, primary, name: str, registry_name: str | None):
+    """A physical standby of `primary` streaming as application_name `name`,
+    its snowflake_id.registry_standby_name `registry_name` (None: unset)."""
+    s = make_cluster(basebackup_from=primary, tcp=True, start=False, settings={"fsync": True})
+    with open(os.path.join(s.datadir, "postgresql.auto.conf"), "a") as f:
+        f.write(f"primary_conninfo = 'host={primary.dir} port={primary.port} user=postgres"
+                f" application_name={name}'\n")
+        if registry_name is not None:
+            f.write(f"snowflake_id.registry_standby_name = '{registry_name}'\n")
+    s.start()
+    return s
+
+
+def require_sync(primary, names: str, *standbys: str) -> None:
+    """synchronous_standby_names = `names` on `primary` once `standbys`
+    stream, and until they are its sync (or quorum) standbys."""
+    from harness import wait_until
+    wait_until(lambda: primary.scalar(
+        "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+        " AND application_name = ANY (%s)", list(standbys)) == len(standbys),
+        timeout=60, what="standbys streaming")
+    primary.configure(synchronous_standby_names=names)
+    primary.reload()
+    state = "quorum" if names.lower().startswith("any") else "sync"
+    wait_until(lambda: primary.scalar(
+        "SELECT count(*) FROM pg_stat_replication WHERE sync_state = %s"
+        " AND application_name = ANY (%s)", state, list(standbys)) == len(standbys),
+        timeout=60, what="standbys synchronous")
+
+
+def hosts(*servers) -> str:
+    """A connection string naming `servers` in order (unix sockets), for a
+    read-write session: a holder follows a promotion."""
+    return (f"host={','.join(s.dir for s in servers)}"
+            f" port={','.join(str(s.port) for s in servers)} dbname=postgres user=postgres"
+            " target_session_attrs=read-write")
