@@ -35,10 +35,6 @@ SETTINGS = {"snowflake_id.worker_ids": "0-15", "snowflake_id.max_drift": "1s",
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "documented as not covered (docs/operations/fleet.md, 'When the registry forgets'); on this"
-    " branch the restored registry never notices it went back in time (no grants counter):"
-    " a_first 8,810 and b_first 697,360 IDs made by both A and B on PostgreSQL 15"))
 @pytest.mark.parametrize("first", ["a_first", "b_first"])
 def test_a_snapshot_restored_in_place_whose_wal_passes_the_holders_repeats_no_id(make_cluster,
                                                                                  first):
