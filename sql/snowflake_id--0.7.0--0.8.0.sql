@@ -66,6 +66,14 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, te
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
+  'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) IS
+  'Used by snowflake_lease_durable while it waits: the synchronous standbys that flushed, and the failover candidates behind.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) IS
+  'Used by snowflake_lease_durable: whether a grant is durable, and the failover candidates'' row after it.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) IS
+  'Used by the lease functions: the registry''s token for an incarnation, WAL position and grant count.';
 
 -- What they read, and the calls (as src/sql/leases.sql has them).
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_block_class() RETURNS int
