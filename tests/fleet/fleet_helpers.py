@@ -83,6 +83,12 @@ def grant_lease_role(r, name: str = "snowflake_lease") -> None:
         r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO {name}")
 
 
+# The default layout as holders send it (and as a registry with the default
+# settings takes as the fleet's until the DBA fixes one).
+DEFAULT_LAYOUT = ("63 total bits, 10 worker bits, 12 sequence bits, 1 ms per tick,"
+                  " epoch 2024-01-01 00:00:00.000Z")
+
+
 class Intruder:
     """One session of the lease role, introduced as a made-up node, sending
     whatever that role may send (requests as jsonb text)."""
@@ -98,7 +104,7 @@ class Intruder:
                                 (node,)).fetchone()[0]
         assert got is True, f"node {node} is taken"
         rows = r.sql("SELECT DISTINCT layout FROM snowflake_lease_blocks")
-        self.layout = rows[0][0] if rows else "classic"
+        self.layout = rows[0][0] if rows else DEFAULT_LAYOUT
 
     def close(self) -> None:
         self.conn.close()

@@ -35,7 +35,7 @@ import pytest
 
 from harness import wait_until
 from helpers import can_make_id, config, ids, lease_schema, old_release, run_client
-from fleet_helpers import holder, registry_server
+from fleet_helpers import DEFAULT_LAYOUT, holder, registry_server
 
 OLD = os.environ.get("SNOWFLAKE_LIMITS_REGISTRY")   # e.g. "0.6.0": the registry's version
 
@@ -84,11 +84,6 @@ def lease_role(r) -> None:
     for f in functions:
         if r.scalar("SELECT to_regprocedure(%s) IS NOT NULL", f):
             r.sql(f"GRANT EXECUTE ON FUNCTION {f} TO snowflake_lease")
-
-
-# The default layout as holders send it (and as a registry with the default
-# settings takes as the fleet's).
-DEFAULT_LAYOUT = "63 total bits, 10 worker bits, 12 sequence bits, 1 ms per tick, epoch 2024-01-01 00:00:00.000Z"
 
 
 class Intruder:
