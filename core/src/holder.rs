@@ -102,14 +102,10 @@ pub trait Registry {
 
 /// This server's side: the slots of each block, and the lease file.
 pub trait Host {
-    /// Sessions may use `block` above `floor_ms`, up to `until_ms`: the
-    /// block's mark less `max_drift`, its deadline in the wall clock's
-    /// terms, so that sessions stop there also while the lease worker sits
-    /// in a call ([`Holder::until_ms`]).
-    fn activate(&mut self, block: u32, floor_ms: i64, until_ms: i64);
-    /// A confirmed renewal raised the mark of an active block: sessions may
-    /// use it up to `until_ms`.
-    fn raise(&mut self, block: u32, until_ms: i64);
+    /// Sessions may use `block` above `floor_ms`, up to `high_ms`.
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64);
+    /// A confirmed renewal raised the mark of an active block.
+    fn raise(&mut self, block: u32, high_ms: i64);
     /// No session may use `block` any more.
     fn revoke(&mut self, block: u32);
     /// Stops `block` if none of its ids has a session: the start of its
@@ -225,9 +221,6 @@ pub struct Holder {
     /// the glue when it reconnects; '' for none, as after a restart): a
     /// copy of this data directory cannot name it.
     pub previous_session: String,
-    /// `snowflake_id.max_drift` of the last step: sessions stop that much
-    /// before a block's mark.
-    pub max_drift_ms: i64,
     pub events: Vec<Event>,
 }
 
@@ -262,7 +255,6 @@ impl Holder {
             not_durable: false,
             durability_mode: None,
             previous_session: String::new(),
-            max_drift_ms: 0,
             events: Vec::new(),
         }
     }
@@ -362,7 +354,6 @@ impl Holder {
         host: &mut dyn Host,
     ) -> Result<(), CallError> {
         self.track_idle(usage, now.mono_ms);
-        self.max_drift_ms = now.max_drift_ms;
         if self.trust_saved && registry.is_none() {
             for h in self.held.iter_mut().filter(|h| !h.confirmed) {
                 h.confirmed = true;
@@ -419,7 +410,7 @@ impl Holder {
     fn activate(&mut self, block: u32, host: &mut dyn Host) {
         if let Some(h) = self.held.iter_mut().find(|h| h.block == block) {
             h.active = true;
-            host.activate(block, h.floor_ms, until_ms(h.high_ms, self.max_drift_ms));
+            host.activate(block, h.floor_ms, h.high_ms);
         }
     }
 
@@ -618,7 +609,7 @@ impl Holder {
             h.high_ms = h.high_ms.max(grant.high_ms);
             h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
             if h.active {
-                host.raise(h.block, until_ms(h.high_ms, self.max_drift_ms));
+                host.raise(h.block, h.high_ms);
             }
         }
         Ok(())
@@ -713,7 +704,7 @@ impl Holder {
                 h.floor_ms = h.floor_ms.max(b.floor_ms);
                 h.confirmed = true;
                 if h.active {
-                    host.activate(h.block, h.floor_ms, until_ms(h.high_ms, self.max_drift_ms));
+                    host.activate(h.block, h.floor_ms, h.high_ms);
                 }
                 continue;
             }
@@ -778,15 +769,6 @@ impl Holder {
         }
         Err(e)
     }
-}
-
-/// How far sessions may use a block whose mark is `high_ms`: its
-/// deadline in wall-clock terms (the mark is the renewal's clock reading
-/// plus the lease time plus `max_drift`). The mark alone let sessions go
-/// on `max_drift` past the deadline while the lease worker was blocked in
-/// a call.
-pub fn until_ms(high_ms: i64, max_drift_ms: i64) -> i64 {
-    high_ms.saturating_sub(max_drift_ms)
 }
 
 /// The longest a durability check waits for the registry's standbys.
