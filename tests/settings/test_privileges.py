@@ -163,6 +163,25 @@ SAMPLE = {"jsonb": "'{}'::jsonb", "text": "'x'::text",
           "pg_lsn": "'0/0'::pg_lsn"}
 
 
+# Every function in snowflake_id_internal: the registry's SQL that gathers
+# facts and applies decisions, the Rust decisions it calls, the checks the
+# decoders call by OID and the trigger functions.
+INTERNAL_FUNCTIONS = sorted([
+    "snowflake_backfill_merge", "snowflake_backfill_restored", "snowflake_layout_id",
+    "snowflake_layout_shift", "snowflake_layout_ticks", "snowflake_lease_acquire",
+    "snowflake_lease_begin", "snowflake_lease_block_class", "snowflake_lease_call",
+    "snowflake_lease_candidates_json", "snowflake_lease_decide", "snowflake_lease_durable",
+    "snowflake_lease_durable_decide", "snowflake_lease_durable_progress",
+    "snowflake_lease_facts", "snowflake_lease_forget", "snowflake_lease_hello",
+    "snowflake_lease_history", "snowflake_lease_limits_changed",
+    "snowflake_lease_limits_in_force", "snowflake_lease_lock_registry", "snowflake_lease_ms",
+    "snowflake_lease_release", "snowflake_lease_renew", "snowflake_lease_reply",
+    "snowflake_lease_session", "snowflake_lease_sign", "snowflake_lease_standby_name",
+    "snowflake_lease_standbys_now", "snowflake_lease_time", "snowflake_lease_timeline",
+    "snowflake_registry_high_water", "snowflake_registry_merge",
+])
+
+
 def internal_calls(c) -> list[str]:
     """A call of every function in snowflake_id_internal."""
     rows = c.sql(f"""
@@ -194,16 +213,7 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
             base = name.lstrip("_") if array_type else name
             facing = base in USER_FACING["function" if kind == "function" else "relation"]
             assert schema == (home if facing else INTERNAL), (kind, name, schema)
-        assert internal == sorted([
-            "snowflake_backfill_merge", "snowflake_backfill_restored",
-            "snowflake_layout_id", "snowflake_layout_shift", "snowflake_layout_ticks",
-            "snowflake_lease_acquire", "snowflake_lease_begin", "snowflake_lease_check",
-            "snowflake_lease_durable", "snowflake_lease_forget", "snowflake_lease_hello",
-            "snowflake_lease_limits_changed", "snowflake_lease_limits_in_force",
-            "snowflake_lease_promotion_proven", "snowflake_lease_release",
-            "snowflake_lease_renew", "snowflake_lease_session", "snowflake_lease_standbys_behind",
-            "snowflake_lease_reply", "snowflake_registry_high_water",
-            "snowflake_registry_merge"]), internal
+        assert internal == INTERNAL_FUNCTIONS, internal
         usage, create, owner = c.sql(
             f"SELECT has_schema_privilege('public', '{INTERNAL}', 'USAGE'),"
             f" has_schema_privilege('public', '{INTERNAL}', 'CREATE'),"
@@ -216,7 +226,7 @@ def test_every_object_but_the_user_facing_ones_is_in_the_internal_schema(make_cl
                     dbname="other") == 0
     c.sql("CREATE EXTENSION snowflake_id", dbname="other")
     assert c.scalar(f"SELECT count(*) FROM pg_proc WHERE pronamespace = '{INTERNAL}'::regnamespace",
-                    dbname="other") == 21
+                    dbname="other") == len(INTERNAL_FUNCTIONS)
 
 
 def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(app_cluster):
@@ -229,7 +239,7 @@ def test_an_ordinary_role_cannot_call_internal_functions_but_uses_the_decoders(a
     column, an index and partition bounds, with the checks' errors."""
     c = app_cluster
     calls = internal_calls(c)
-    assert len(calls) == 21, calls
+    assert len(calls) == len(INTERNAL_FUNCTIONS), calls
     c.sql("GRANT CREATE ON SCHEMA public TO app")
     explicit = "'2024-01-01+00', 1, 10, 12, 63"
     with c.connect(user="app") as app:
