@@ -68,11 +68,14 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
     .unwrap_or_else(|e| errors::backfill_time(&e.to_string()));
     // A time ahead of the reservation (up to max_drift ahead of the clock)
     // extends it, as a live ID would: a layout accepted later starts above
-    // this ID too.
+    // this ID too. Past times extend it to the clock, as a live ID would:
+    // a server that made no live ID yet (a migration's target) then
+    // writes its state file once per `RESERVE_MS`, not once per tick
+    // an import climbs past the last reservation.
     let tick_end_ms = layout
         .tick_start_unix_ms(tick)
         .saturating_add(layout.unit_ms - 1);
-    reservation::reserve(header, tick_end_ms, layout);
+    reservation::reserve(header, tick_end_ms.max(crate::clock::unix_ms()), layout);
     let (grant, index) = loop {
         match OPEN.with_borrow_mut(|open| open.take(space, tick)) {
             Take::Id { grant, index } => break (grant, index),

@@ -109,6 +109,26 @@ def test_a_time_ordered_import_uses_few_grants(make_cluster):
             (crossed, buckets, grants)
 
 
+def test_an_import_on_a_server_with_no_live_id_writes_no_reservation_per_tick(make_cluster):
+    """A migration's target has made no live ID yet, so its reservation
+    is behind the import's times. An ordered import one row per second
+    then climbed past it at every row, and each row wrote the state file
+    and a WAL record (7,200 of each here; 0.9 ms a row). Extended to the
+    clock, as a live ID would, it writes about once a second."""
+    c = make_cluster(settings=SET_ASIDE, create_extension=True)
+    with c.connect() as conn:
+        conn.execute("SELECT snowflake_at('2024-01-10')")
+        before = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        assert conn.execute("""SELECT count(DISTINCT snowflake_at(t)) FROM generate_series(
+            '2024-01-10 03:00:01'::timestamptz, '2024-01-10 05:00', interval '1 second') t
+            """).fetchone()[0] == 7200
+        wal = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)",
+                           (before,)).fetchone()[0]
+        # A reservation record is tens of bytes; 7,200 of them are
+        # hundreds of kB.
+        assert wal < 16384, f"{wal} bytes of WAL for 7,200 backfill IDs"
+
+
 def test_js53_backfill_ids_stay_below_2_to_the_53(make_cluster):
     c = make_cluster(settings={"snowflake_id.layout": "js53",
                                "snowflake_id.backfill_worker_ids": "60-63"},
