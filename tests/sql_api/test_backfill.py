@@ -573,6 +573,20 @@ def test_a_dump_carries_grants_the_registry_worker_has_not_copied(make_cluster):
     assert sum(int(line.split("\t")[1]) for line in copied) == used, proc.stdout
 
 
+def test_a_dump_on_a_server_without_the_library_preloaded_carries_the_table(make_cluster):
+    """Without shared memory, snowflake_backfill_dump() (pg_dump's filter
+    of the table) returns the table's rows: the dump works and carries
+    them."""
+    c = make_cluster(preload=False, create_extension=True)
+    c.sql("INSERT INTO snowflake_backfill_grants (starts_at, grants, worker_ids) "
+          "VALUES ('2024-03-01 04:18:18.24+00', 7, '1020-1023')")
+    proc = run_pg([os.path.join(PG_BINDIR, "pg_dump"), "-h", c.dir, "-p", str(c.port),
+                   "-U", "postgres", "--data-only", "-t", "snowflake_backfill_grants",
+                   "-d", "postgres"], cwd=c.dir)
+    copied = proc.stdout.split("FROM stdin;\n", 1)[1].split("\\.", 1)[0].splitlines()
+    assert [line.split("\t")[1:3] for line in copied] == [["7", "1020-1023"]], proc.stdout
+
+
 def test_a_restore_without_triggers_counts_before_the_next_grant(make_cluster):
     """Rows of snowflake_backfill_grants inserted with the triggers off (as
     pg_restore --disable-triggers does) in a database the registry worker
