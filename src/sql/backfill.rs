@@ -348,7 +348,8 @@ fn snowflake_backfill_dump() -> TableIterator<
     );
     let query = if live {
         format!(
-            "SELECT starts_at, max(grants), (array_agg(worker_ids ORDER BY src))[1], max(updated_at) \
+            "SELECT starts_at, pg_catalog.max(grants), \
+                    (pg_catalog.array_agg(worker_ids ORDER BY src))[1], pg_catalog.max(updated_at) \
                FROM ({table} UNION ALL \
                      SELECT starts_at, grants, worker_ids, pg_catalog.now(), 0 \
                        FROM {schema}.snowflake_backfill()) g \
