@@ -975,3 +975,52 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'snowflake_backfill_wrapper';
 COMMENT ON FUNCTION snowflake_backfill() IS
   'Backfill grants of each stretch of time: its first and last time, grants handed out, grants it holds, grants left, grants this session holds.';
+
+-- A dump carries the grants of every row it carries, a restore by the
+-- database's owner raises them, and snowflake_at() reads a stretch's
+-- restored rows before it takes a grant there (src/sql/backfill.sql).
+GRANT SELECT ON snowflake_backfill_grants TO PUBLIC;
+GRANT INSERT ON snowflake_backfill_grants TO pg_database_owner;
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_backfill_restored() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT starts_at, max(grants) AS grants, max(worker_ids) AS worker_ids
+               FROM new_rows GROUP BY starts_at LOOP
+        BEGIN
+            PERFORM @extschema@.snowflake_backfill_raise(r.starts_at, r.grants, r.worker_ids);
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'snowflake_id: restored backfill grants of the time from % were not raised: %', r.starts_at, SQLERRM
+                USING HINT = 'Restore into a server that preloads snowflake_id, or run snowflake_backfill_raise() for the rows of snowflake_backfill_grants as a superuser.';
+        END;
+    END LOOP;
+    RETURN NULL;
+END
+$fn$;
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_backfill_merge() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    n bigint;
+BEGIN
+    DELETE FROM @extschema@.snowflake_backfill_grants WHERE starts_at = NEW.starts_at
+    RETURNING grants INTO n;
+    IF FOUND THEN
+        NEW.grants := greatest(NEW.grants, n);
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+CREATE FUNCTION snowflake_backfill_dump() RETURNS TABLE (
+	"starts_at" timestamp with time zone,
+	"grants" bigint,
+	"worker_ids" TEXT,
+	"updated_at" timestamp with time zone
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_backfill_dump_wrapper';
+COMMENT ON FUNCTION snowflake_backfill_dump() IS
+  'The rows a dump of snowflake_backfill_grants carries: the table''s rows and, in snowflake_id.registry_database, this server''s backfill grants now.';
+SELECT pg_catalog.pg_extension_config_dump('snowflake_backfill_grants',
+  'WHERE false UNION ALL SELECT * FROM @extschema@.snowflake_backfill_dump()');

@@ -45,13 +45,20 @@
 //! grants across statements and transactions, so a repeated statement in
 //! the same session takes none for its stretches.
 //!
+//! Refusals take nothing. A session's further grants of a stretch (IDs
+//! sharing a tick) stop [`Space::reserve`] short of the stretch's grants,
+//! which stay for first grants ([`Space::grant_limit`]): rows on one time
+//! that a stretch cannot hold are refused while other sessions can still
+//! import into it. A refused stretch takes nothing, not even the nearby
+//! stretches of its batch ([`to_hand_out`]).
+//!
 //! What a failure costs, and why grants are never given back. A statement
 //! that fails or is cancelled leaves the grants it took with its backend,
 //! whose table still counts the IDs the statement made: the next statement
 //! of the session goes on with them. Only when the backend exits are they
 //! lost: per failed statement (in a session that then ends) at most the
 //! grants it took, one per stretch (reached or taken in a batch) plus one
-//! per `per_tick` IDs at one tick. They are not given back to the server
+//! per `per_tick` IDs at one tick (never the stretch's reserve). They are not given back to the server
 //! for other backends, because a grant's IDs may be visible although the
 //! statement failed: the rows of a rolled-back INSERT are not, but an ID
 //! can leave the backend before the failure (the rows a `SELECT
@@ -148,6 +155,28 @@ impl Space {
             .saturating_sub(1)
             .min(layout.end_unix_ms());
         (start, end)
+    }
+
+    /// Grants of a stretch a session's further grants never take: a
+    /// grant beyond a session's first of a stretch (for IDs sharing a
+    /// tick) stops this many short of [`Space::grants_per_bucket`], which
+    /// stay for first grants. One sixteenth of a stretch, at least one:
+    /// rows at one time that a stretch cannot hold are refused while
+    /// other sessions can still import into it.
+    pub fn reserve(&self) -> u32 {
+        (self.grants_per_bucket() / 16).max(1)
+    }
+
+    /// How far a stretch's counter may go for a new grant of a session
+    /// holding `held` of the stretch's grants: to
+    /// [`Space::grants_per_bucket`] for a first grant, [`Space::reserve`]
+    /// short of it for a further one.
+    pub fn grant_limit(&self, held: usize) -> u32 {
+        if held == 0 {
+            self.grants_per_bucket()
+        } else {
+            self.grants_per_bucket().saturating_sub(self.reserve())
+        }
     }
 
     /// The worker id and sequence of the `index`th ID (below
@@ -248,6 +277,20 @@ pub fn tick_for(
         return Err(TimeError::NotAfter { from_ms: after_ms });
     }
     Ok(layout.tick_at(unix_ms))
+}
+
+/// Which stretches of one durable write get a grant, from their counters
+/// now (`counts`) and how far each may go (`limits`, [`Space::grant_limit`]);
+/// the first is the stretch asked for. None when the first is at its
+/// limit: a refusal takes nothing, not even the nearby stretches of its
+/// batch. Otherwise each one below its limit.
+pub fn to_hand_out(counts: &[u32], limits: &[u32]) -> Vec<bool> {
+    let below: Vec<bool> = counts.iter().zip(limits).map(|(c, l)| c < l).collect();
+    if below.first().copied().unwrap_or(false) {
+        below
+    } else {
+        vec![false; below.len()]
+    }
 }
 
 /// Distinct ticks a backend remembers IDs at, over every stretch it holds
@@ -381,6 +424,11 @@ impl Open {
         self.grants == 0
     }
 
+    /// IDs made at `tick` since the grants were last given up.
+    pub fn made_at(&self, tick: i64) -> u32 {
+        self.counts.get(&tick).copied().unwrap_or(0)
+    }
+
     /// Grants held of the stretch `bucket`.
     pub fn held(&self, bucket: u32) -> usize {
         self.stretches.get(&bucket).map_or(0, Vec::len)
@@ -480,7 +528,7 @@ mod tests {
                     return Some(l.compose(tick, worker, seq).unwrap());
                 }
                 Take::NeedGrant { bucket } => {
-                    let grant = g.next(bucket, space.grants_per_bucket())?;
+                    let grant = g.next(bucket, space.grant_limit(open.held(bucket)))?;
                     open.add(bucket, grant);
                 }
             }
@@ -624,11 +672,23 @@ mod tests {
                 }
                 Take::NeedGrant { bucket } => {
                     wrote = true;
-                    for b in open.to_take(bucket, usable) {
-                        match g.next(b, space.grants_per_bucket()) {
-                            Some(grant) => open.add(b, grant),
-                            None if b == bucket => return None,
-                            None => {}
+                    let batch = open.to_take(bucket, usable);
+                    let counts: Vec<u32> = batch
+                        .iter()
+                        .map(|b| g.0.get(b).copied().unwrap_or(0))
+                        .collect();
+                    let limits: Vec<u32> = batch
+                        .iter()
+                        .map(|&b| space.grant_limit(open.held(b)))
+                        .collect();
+                    let give = to_hand_out(&counts, &limits);
+                    if !give[0] {
+                        return None;
+                    }
+                    for (b, give) in batch.into_iter().zip(give) {
+                        if give {
+                            let grant = g.next(b, space.grants_per_bucket())?;
+                            open.add(b, grant);
                         }
                     }
                 }
@@ -695,29 +755,58 @@ mod tests {
     }
 
     #[test]
-    fn rows_sharing_a_tick_fill_a_grant_first_and_a_full_bucket_refuses() {
+    fn rows_sharing_a_tick_fill_a_grant_first_and_stop_short_of_the_reserve() {
         let l = preset("js53");
         let space = Space::new(&l, WorkerRanges::parse("63", 63).unwrap());
+        assert_eq!((space.grants_per_bucket(), space.reserve()), (8, 1));
+        let b = space.bucket_of(777);
         let mut g = Grants(Default::default());
         let mut open = Open::new();
         let mut ids = HashSet::new();
         for i in 0..8 {
             assert!(ids.insert(make(&space, &l, &mut open, &mut g, 777).unwrap()));
-            assert_eq!(g.0[&space.bucket_of(777)], 1, "row {i}");
+            assert_eq!(g.0[&b], 1, "row {i}");
         }
-        for _ in 8..64 {
+        for _ in 8..56 {
             assert!(ids.insert(make(&space, &l, &mut open, &mut g, 777).unwrap()));
         }
-        assert_eq!(g.0[&space.bucket_of(777)], 8);
-        assert_eq!(open.held(space.bucket_of(777)), 8);
+        assert_eq!((g.0[&b], open.held(b), open.made_at(777)), (7, 7, 56));
+        // The 57th ID at that tick would take the stretch's last grant, kept
+        // for first grants: refused, nothing taken, nothing counted.
+        assert_eq!(make(&space, &l, &mut open, &mut g, 777), None);
+        assert_eq!((g.0[&b], open.made_at(777)), (7, 56));
         // Other ticks of the stretch use the first grant again.
         for t in [700, 900, 1] {
             assert!(ids.insert(make(&space, &l, &mut open, &mut g, t).unwrap()));
         }
-        assert_eq!(g.0[&space.bucket_of(777)], 8);
-        assert_eq!(make(&space, &l, &mut open, &mut g, 777), None);
+        // Another session's first grant takes the last one; then the
+        // stretch is full for everyone.
+        let mut other = Open::new();
+        assert!(ids.insert(make(&space, &l, &mut other, &mut g, 777).unwrap()));
+        assert_eq!(g.0[&b], 8);
+        assert_eq!(make(&space, &l, &mut Open::new(), &mut g, 778), None);
         // Another bucket still has room.
         assert!(make(&space, &l, &mut open, &mut g, 777 + space.bucket_ticks()).is_some());
+        let classic = Space::new(
+            &preset("classic"),
+            WorkerRanges::parse("1020-1023", 1023).unwrap(),
+        );
+        assert_eq!(
+            (
+                classic.reserve(),
+                classic.grant_limit(0),
+                classic.grant_limit(3)
+            ),
+            (16, 256, 240)
+        );
+    }
+
+    #[test]
+    fn a_refused_stretch_takes_nothing_of_its_batch() {
+        assert_eq!(to_hand_out(&[8, 0, 3], &[8, 8, 8]), vec![false; 3]);
+        assert_eq!(to_hand_out(&[7, 8, 3], &[8, 8, 8]), vec![true, false, true]);
+        assert_eq!(to_hand_out(&[7], &[7]), vec![false]);
+        assert!(to_hand_out(&[], &[]).is_empty());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::clock;
 use crate::durability::{reservation, wal};
 use crate::settings;
 use crate::shmem::{self, Header};
-use snowflake_core::backfill::Space;
+use snowflake_core::backfill::{to_hand_out, Space};
 use snowflake_core::backfill_ids;
 use std::sync::atomic::Ordering::*;
 
@@ -17,25 +17,31 @@ pub fn init() {
     wal::init_backfill(replay);
 }
 
-/// Hands out the next grant of each of `buckets`, durably, in one write of
-/// the state file and one WAL flush; `None` for a bucket whose `capacity`
-/// grants are all handed out (checked before: a full bucket takes
-/// nothing). Like the reservation, it takes the lock without waiting and
-/// otherwise sleeps on the latch for 1 ms, so a cancel is served while
-/// another backend fsyncs.
-pub fn grant(header: &Header, buckets: &[u32], capacity: u32) -> Vec<Option<u32>> {
+/// Hands out the next grant of each of `buckets` whose counter is below
+/// its limit (`limits`, `Space::grant_limit`), durably, in one write of the
+/// state file and one WAL flush; `None` for the others. When the first
+/// (the stretch asked for) is at its limit, none is handed out
+/// (`snowflake_core::backfill::to_hand_out`): a refusal takes nothing.
+/// Like the reservation, it takes the lock without waiting and otherwise
+/// sleeps on the latch for 1 ms, so a cancel is served while another
+/// backend fsyncs.
+pub fn grant(header: &Header, buckets: &[u32], limits: &[u32]) -> Vec<Option<u32>> {
     let grants = &header.backfill().grants;
     loop {
         if let Some(_guard) = header.try_reserve_lock() {
+            let cells: Vec<_> = buckets.iter().map(|&b| grants.get(b as usize)).collect();
+            let now: Vec<u32> = cells
+                .iter()
+                .map(|c| c.map_or(u32::MAX, |c| c.load(Acquire)))
+                .collect();
+            let hand_out = to_hand_out(&now, limits);
             let mut counts = Vec::with_capacity(buckets.len());
             let taken = buckets
                 .iter()
-                .map(|&bucket| {
-                    let cell = grants.get(bucket as usize)?;
-                    let grant = cell.load(Acquire);
-                    if grant >= capacity {
-                        return None;
-                    }
+                .zip(cells)
+                .zip(now.iter().zip(hand_out))
+                .map(|((&bucket, cell), (&grant, give))| {
+                    let cell = cell.filter(|_| give)?;
                     cell.fetch_max(grant + 1, AcqRel);
                     counts.push((bucket, grant + 1));
                     Some(grant)

@@ -96,6 +96,25 @@ pub fn backfill_bucket_full(start: &str, end: &str, grants: u32, held: usize, pe
     )
 }
 
+/// 54000: a further grant of a stretch (IDs sharing a time) would take
+/// the grants kept for other sessions' first grants; none was taken.
+#[track_caller]
+pub fn backfill_time_full(
+    time: &str,
+    made: u32,
+    left: u32,
+    capacity: u32,
+    reserve: u32,
+    per_tick: u32,
+) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("this session needed more than {made} backfill IDs at {time}, more than its stretch of time lets one session make"),
+        Some(format!("Each {per_tick} IDs of one time take another grant of its stretch; {left} of the stretch's {capacity} grants are left, and a further grant of a session never takes the last {reserve} of them (other sessions' first grants). No grant was taken for this ID.")),
+        Some(format!("Spread the rows over more times (one session makes at most {} IDs of one time), or add worker ids that no server ever used for live IDs at the end of snowflake_id.backfill_worker_ids and restart the server.", capacity.saturating_sub(reserve).saturating_mul(per_tick))),
+    )
+}
+
 /// 55000: backfill without the registry tables read.
 #[track_caller]
 pub fn backfill_needs_registry(database: Option<&str>) -> ! {

@@ -13,7 +13,7 @@ use crate::settings;
 use crate::shmem::{self, LeaseMode};
 use pgrx::prelude::*;
 use snowflake_core::backfill::{tick_for, Open, Space, Take};
-use snowflake_core::layout::format_unix_ms;
+use snowflake_core::layout::{format_unix_ms, Layout};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
@@ -82,7 +82,22 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
             Take::NeedGrant { bucket } => {
                 let usable = usable_buckets(layout, backfill.after_ms.load(Acquire));
                 let buckets = OPEN.with_borrow(|open| open.to_take(bucket, usable));
-                let taken = grant(header, &buckets, space.grants_per_bucket());
+                // Grants a restore just brought into this database's table
+                // (its triggers off, say) count before any is taken.
+                raise_from_table(header, layout, &buckets);
+                if backfill.ids_changed.load(Acquire) {
+                    errors::backfill_ids_changed(
+                        &backfill.recorded_ids.get(),
+                        &settings::backfill_ids_text(),
+                    );
+                }
+                let limits: Vec<u32> = OPEN.with_borrow(|open| {
+                    buckets
+                        .iter()
+                        .map(|&b| space.grant_limit(open.held(b)))
+                        .collect()
+                });
+                let taken = grant(header, &buckets, &limits);
                 OPEN.with_borrow_mut(|open| {
                     for (&b, g) in buckets.iter().zip(&taken) {
                         if let Some(g) = g {
@@ -90,16 +105,9 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
                         }
                     }
                 });
-                // Checked before it is taken: a full stretch takes nothing.
+                // Checked before it is taken: a refusal takes nothing.
                 if taken.first().copied().flatten().is_none() {
-                    let (start, end) = Space::bucket_span_ms(layout, bucket);
-                    errors::backfill_bucket_full(
-                        &format_unix_ms(start),
-                        &format_unix_ms(end),
-                        space.grants_per_bucket(),
-                        OPEN.with_borrow(|open| open.held(bucket)),
-                        space.per_tick(),
-                    )
+                    refuse(header, space, layout, bucket, tick);
                 }
             }
         }
@@ -112,9 +120,94 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         .unwrap_or_else(|e| errors::part_out_of_range(e))
 }
 
+/// Raises 54000 for an ID at `tick` whose stretch `bucket` gave no grant:
+/// every grant handed out (a first grant), or all but the reserve (a
+/// further one, for IDs sharing a time).
+#[cold]
+fn refuse(header: &shmem::Header, space: &Space, layout: &Layout, bucket: u32, tick: i64) -> ! {
+    let (held, made) = OPEN.with_borrow(|open| (open.held(bucket), open.made_at(tick)));
+    let capacity = space.grants_per_bucket();
+    if held == 0 {
+        let (start, end) = Space::bucket_span_ms(layout, bucket);
+        errors::backfill_bucket_full(
+            &format_unix_ms(start),
+            &format_unix_ms(end),
+            capacity,
+            held,
+            space.per_tick(),
+        )
+    }
+    let handed_out = header
+        .backfill()
+        .grants
+        .get(bucket as usize)
+        .map_or(capacity, |n| n.load(Acquire));
+    errors::backfill_time_full(
+        &format_unix_ms(layout.tick_start_unix_ms(tick)),
+        made,
+        capacity.saturating_sub(handed_out),
+        capacity,
+        space.reserve(),
+        space.per_tick(),
+    )
+}
+
+/// Raises this server's grants from the rows of this database's
+/// `snowflake_backfill_grants` for the times of `buckets` (the statement's
+/// snapshot: rows a restore committed before it), as the registry worker
+/// does at its passes: a restore whose triggers did not run (a
+/// `--disable-triggers` data-only restore) counts before the next grant
+/// of its stretches, not a pass later. Skipped where the table is missing
+/// or unreadable to the calling role (an extension not yet updated).
+fn raise_from_table(header: &shmem::Header, layout: &Layout, buckets: &[u32]) {
+    let (Some(&lo), Some(&hi)) = (buckets.iter().min(), buckets.iter().max()) else {
+        return;
+    };
+    let Some(schema) = super::extension_schema() else {
+        return;
+    };
+    let table = format!("{schema}.snowflake_backfill_grants");
+    let readable = Spi::get_one::<bool>(&format!(
+        "SELECT coalesce(pg_catalog.has_table_privilege(pg_catalog.to_regclass('{}'), 'SELECT'), false)",
+        table.replace('\'', "''")
+    ));
+    if !matches!(readable, Ok(Some(true))) {
+        return;
+    }
+    let (from_ms, _) = Space::bucket_span_ms(layout, lo);
+    let (_, to_ms) = Space::bucket_span_ms(layout, hi);
+    let rows = Spi::connect(|client| {
+        let table = client.select(
+            &format!(
+                "SELECT (extract(epoch FROM starts_at) * 1000)::int8, grants, worker_ids \
+                   FROM {table} \
+                  WHERE starts_at BETWEEN timestamptz 'epoch' + {from_ms} * interval '1 ms' \
+                                      AND timestamptz 'epoch' + {to_ms} * interval '1 ms'"
+            ),
+            None,
+            &[],
+        )?;
+        let mut rows = Vec::new();
+        for row in table {
+            if let (Some(start), Some(n)) = (row.get::<i64>(1)?, row.get::<i64>(2)?) {
+                rows.push((start, n, row.get::<String>(3)?.unwrap_or_default()));
+            }
+        }
+        Ok::<_, pgrx::spi::Error>(rows)
+    });
+    // A row that does not convert: the registry worker's pass reads the
+    // table too, and logs it.
+    let Ok(rows) = rows else {
+        return;
+    };
+    for (start_ms, n, ids) in rows {
+        crate::durability::backfill::raise_from_record(header, start_ms, n, &ids);
+    }
+}
+
 /// The stretches a backfill ID can be made in now: from the epoch or after
 /// `after_ms` up to `snowflake_id.max_drift` ahead of the clock.
-fn usable_buckets(layout: &snowflake_core::layout::Layout, after_ms: i64) -> (u32, u32) {
+fn usable_buckets(layout: &Layout, after_ms: i64) -> (u32, u32) {
     let first = layout.tick_at(after_ms.max(layout.epoch_ms)).max(0);
     let last = layout
         .tick_at(crate::clock::unix_ms().saturating_add(settings::max_drift_ms()))
@@ -227,8 +320,73 @@ fn snowflake_backfill_raise(
     crate::durability::backfill::raise_from_record(header, start_ms, grants, worker_ids.trim());
 }
 
+/// The rows a dump of `snowflake_backfill_grants` carries (its
+/// `pg_extension_config_dump` filter calls this): the table's rows as the
+/// dump's snapshot sees them and, in `snowflake_id.registry_database` on a
+/// server that preloads the extension, this server's grants now, one row
+/// per stretch with the higher count. Grants are counted in shared memory
+/// before their first ID is made, so a dump carries the grants of every
+/// row it carries, however recent, without waiting for the registry
+/// worker's copy.
+#[pg_extern(volatile, parallel_restricted)]
+#[allow(clippy::type_complexity)]
+fn snowflake_backfill_dump() -> TableIterator<
+    'static,
+    (
+        name!(starts_at, TimestampWithTimeZone),
+        name!(grants, i64),
+        name!(worker_ids, String),
+        name!(updated_at, TimestampWithTimeZone),
+    ),
+> {
+    let Some(schema) = super::extension_schema() else {
+        return TableIterator::new(Vec::new());
+    };
+    let here = Spi::get_one::<String>("SELECT pg_catalog.current_database()::text")
+        .ok()
+        .flatten();
+    let live = shmem::header().is_some() && here.is_some() && here == settings::registry_database();
+    let table = format!(
+        "SELECT starts_at, grants, worker_ids, updated_at, 1 AS src FROM {schema}.snowflake_backfill_grants"
+    );
+    let query = if live {
+        format!(
+            "SELECT starts_at, pg_catalog.max(grants), \
+                    (pg_catalog.array_agg(worker_ids ORDER BY src))[1], pg_catalog.max(updated_at) \
+               FROM ({table} UNION ALL \
+                     SELECT starts_at, grants, worker_ids, pg_catalog.now(), 0 \
+                       FROM {schema}.snowflake_backfill()) g \
+              GROUP BY starts_at ORDER BY starts_at"
+        )
+    } else {
+        format!(
+            "SELECT starts_at, grants, worker_ids, updated_at FROM ({table}) g ORDER BY starts_at"
+        )
+    };
+    let rows = Spi::connect(|client| {
+        let mut rows = Vec::new();
+        for row in client.select(&query, None, &[])? {
+            if let (Some(start), Some(n), Some(at)) = (
+                row.get::<TimestampWithTimeZone>(1)?,
+                row.get::<i64>(2)?,
+                row.get::<TimestampWithTimeZone>(4)?,
+            ) {
+                rows.push((start, n, row.get::<String>(3)?.unwrap_or_default(), at));
+            }
+        }
+        Ok::<_, pgrx::spi::Error>(rows)
+    })
+    .unwrap_or_else(|e| errors::internal(&format!("snowflake_backfill_dump: {e}")));
+    TableIterator::new(rows)
+}
+
 pgrx::extension_sql_file!(
     "backfill.sql",
     name = "backfill",
-    requires = [snowflake_at, snowflake_backfill, snowflake_backfill_raise]
+    requires = [
+        snowflake_at,
+        snowflake_backfill,
+        snowflake_backfill_raise,
+        snowflake_backfill_dump
+    ]
 );

@@ -9,10 +9,14 @@ REVOKE EXECUTE ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) F
 -- snowflake_backfill_grants: the grants of each stretch of time, copied from
 -- shared memory by the registry worker (src/workers/registry_worker.rs) in
 -- snowflake_id.registry_database, like snowflake_worker_registry, so that
--- pg_upgrade and a dump carry them: the worker reads the table when the
--- server starts, and rows a restore inserts raise this server's grants.
--- Keyed by the stretch's first time, which does not depend on the layout's
--- bits.
+-- pg_upgrade carries them: the worker reads the table when the server
+-- starts. A dump carries the table's rows and, in the registry database,
+-- this server's grants at the time of the dump (snowflake_backfill_dump(),
+-- the filter below), so that it never lacks the grants of a row it
+-- carries. Rows a restore inserts raise this server's grants (the triggers
+-- below), and snowflake_at() reads this database's rows of a stretch before
+-- it takes a grant there (a restore without triggers). Keyed by the
+-- stretch's first time, which does not depend on the layout's bits.
 CREATE TABLE snowflake_backfill_grants (
     starts_at  timestamptz PRIMARY KEY,
     grants     bigint NOT NULL,
@@ -21,14 +25,28 @@ CREATE TABLE snowflake_backfill_grants (
 );
 COMMENT ON TABLE snowflake_backfill_grants IS
   'Backfill grants handed out per stretch of time (snowflake_backfill()); kept by the snowflake_id registry worker in the database named by snowflake_id.registry_database.';
+-- Readable by all (snowflake_backfill() shows the same; snowflake_at() of
+-- any role reads it). Rows may be inserted by the database's owner, whose
+-- pg_restore of the database must carry them (no superuser needed): they
+-- only raise the server's grants, never lower them. The registry worker
+-- alone updates them.
 REVOKE ALL ON snowflake_backfill_grants FROM PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('snowflake_backfill_grants', '');
+GRANT SELECT ON snowflake_backfill_grants TO PUBLIC;
+GRANT INSERT ON snowflake_backfill_grants TO pg_database_owner;
+-- pg_dump reads the table's data with this filter appended to its SELECT
+-- of the table's columns: the table's own rows are replaced by those of
+-- snowflake_backfill_dump() (the same columns).
+SELECT pg_catalog.pg_extension_config_dump('snowflake_backfill_grants',
+  'WHERE false UNION ALL SELECT * FROM @extschema@.snowflake_backfill_dump()');
 
 -- Rows a restore brings back raise this server's grants of their stretch:
 -- grants the old server handed out are not handed out again. The registry
--- worker's own upserts skip the triggers.
+-- worker's own upserts skip the triggers. Both trigger functions run as
+-- the extension's owner (a superuser), so that the database owner's
+-- restore raises the grants too (only INSERT is granted: a trigger function
+-- cannot be called but as a trigger).
 CREATE FUNCTION snowflake_id_internal.snowflake_backfill_restored() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     r record;
 BEGIN
@@ -38,7 +56,7 @@ BEGIN
             PERFORM @extschema@.snowflake_backfill_raise(r.starts_at, r.grants, r.worker_ids);
         EXCEPTION WHEN others THEN
             RAISE WARNING 'snowflake_id: restored backfill grants of the time from % were not raised: %', r.starts_at, SQLERRM
-                USING HINT = 'Restore as a superuser, into a server that preloads snowflake_id, or run snowflake_backfill_raise() for the rows of snowflake_backfill_grants.';
+                USING HINT = 'Restore into a server that preloads snowflake_id, or run snowflake_backfill_raise() for the rows of snowflake_backfill_grants as a superuser.';
         END;
     END LOOP;
     RETURN NULL;
@@ -54,7 +72,7 @@ CREATE TRIGGER snowflake_backfill_restored
 -- A restored row for a stretch already recorded replaces it, keeping the
 -- higher count, instead of failing the restore's COPY on the primary key.
 CREATE FUNCTION snowflake_id_internal.snowflake_backfill_merge() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     n bigint;
 BEGIN
@@ -79,3 +97,5 @@ COMMENT ON FUNCTION snowflake_backfill() IS
   'Backfill grants of each stretch of time: its first and last time, grants handed out, grants it holds, grants left, grants this session holds.';
 COMMENT ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) IS
   'Raises this server''s backfill grants of the stretch of time containing the given time (restored snowflake_backfill_grants rows); superusers only.';
+COMMENT ON FUNCTION snowflake_backfill_dump() IS
+  'The rows a dump of snowflake_backfill_grants carries: the table''s rows and, in snowflake_id.registry_database, this server''s backfill grants now.';

@@ -2,11 +2,13 @@
 //! in the registry worker's transaction (search_path: pg_catalog, then the
 //! extension's schema),
 //! - copies the grants of shared memory into `snowflake_backfill_grants`,
-//!   so that pg_upgrade and a dump carry them;
+//!   so that pg_upgrade carries them (a dump reads shared memory itself:
+//!   `snowflake_backfill_dump()`);
 //! - raises shared memory from the table's rows: at start after pg_upgrade,
-//!   and after a restore whose triggers did not run (a non-superuser's, or
-//!   `--disable-triggers`); rows numbered across set-aside ids that the
-//!   setting does not continue stop backfill (55000);
+//!   and after a restore whose triggers did not run (`--disable-triggers`;
+//!   `snowflake_at()` reads its own database's rows before a grant too);
+//!   rows numbered across set-aside ids that the setting does not continue
+//!   stop backfill (55000);
 //! - refuses backfill times at or before the live IDs the set-aside ids
 //!   made before they were set aside, as `snowflake_worker_registry` shows
 //!   them (and before this start, for ids set aside since the last).

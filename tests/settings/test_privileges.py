@@ -127,6 +127,7 @@ USER_FACING = {
         "snowflake_health",
         "snowflake_accept_layout", "snowflake_advance_past",
         "snowflake_at", "snowflake_backfill", "snowflake_backfill_raise",
+        "snowflake_backfill_dump",
         "snowflake_lease_set_limits",
     },
     # views and tables, and their row types (members on PostgreSQL 18)

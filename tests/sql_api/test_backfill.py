@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import os
 import threading
 
 import pytest
 
-from harness import ClusterError, wait_until
+from harness import PG_BINDIR, ClusterError, run_pg, wait_until
 from helpers import sql_error
 
 UTC = dt.timezone.utc
@@ -447,27 +448,42 @@ def test_a_retry_after_failed_unordered_attempts_succeeds(make_cluster):
 
 def test_a_full_stretch_refuses_before_taking_and_names_what_it_needed(make_cluster):
     """js53 with one set-aside id: a stretch holds 8 grants of 8 IDs per
-    time. The 65th ID of one millisecond needs a ninth: refused, naming
-    the grants, with nothing taken; other times of the stretch still work
-    with the grants the session holds."""
+    time, one of them kept from a session's further grants. The 57th ID of
+    one millisecond needs an eighth grant of the session: refused, naming
+    the IDs it made there, with nothing taken; other times of the stretch
+    still work with the grants the session holds, and another session's
+    first grant takes the last one. Then a session that holds grants of
+    120 other stretches (so that its next first grant comes in a batch of
+    nearby ones) is refused the full stretch and takes no grant at all."""
     c = make_cluster(settings={"snowflake_id.layout": "js53",
                                "snowflake_id.backfill_worker_ids": "63"},
                      create_extension=True)
+    stretch = "SELECT grants, capacity, grants_left, this_session FROM snowflake_backfill() " \
+              "WHERE %s BETWEEN starts_at AND ends_at"
     with c.connect() as conn:
-        ids = _backfill(conn, [TIMES[0]] * 64)
-        assert len(set(ids)) == 64
+        ids = _backfill(conn, [TIMES[0]] * 56)
+        assert len(set(ids)) == 56
         e = sql_error(conn, "SELECT snowflake_at(%s)", (TIMES[0],))
         assert e.sqlstate == "54000", str(e)
-        assert "is used up" in e.diag.message_primary
-        assert "all 8 are handed out, 8 of them to this session" in e.diag.message_detail, \
+        assert e.diag.message_primary.startswith(
+            "this session needed more than 56 backfill IDs at 2024-03-01"), e.diag.message_primary
+        assert "1 of the stretch's 8 grants are left" in e.diag.message_detail, \
             e.diag.message_detail
-        assert conn.execute("SELECT grants, capacity, grants_left, this_session "
-                            "FROM snowflake_backfill()").fetchall() == [(8, 8, 0, 8)]
-        more = _backfill(conn, [TIMES[0] + dt.timedelta(milliseconds=1)] * 64)
+        assert "at most 56 IDs of one time" in e.diag.message_hint, e.diag.message_hint
+        assert conn.execute(stretch, (TIMES[0],)).fetchone() == (7, 8, 1, 7)
+        more = _backfill(conn, [TIMES[0] + dt.timedelta(milliseconds=1)] * 56)
         assert not set(more) & set(ids)
+        with c.connect() as other:
+            last = _backfill(other, [TIMES[0]] * 8)
+            assert not set(last) & set(ids)
+        assert conn.execute(stretch, (TIMES[0],)).fetchone() == (8, 8, 0, 7)
     with c.connect() as conn:
+        _backfill(conn, [dt.datetime(2025, 1, 1, tzinfo=UTC) + dt.timedelta(hours=36 * i)
+                         for i in range(120)])
+        before = conn.execute("SELECT bucket, grants FROM snowflake_backfill()").fetchall()
         e = sql_error(conn, "SELECT snowflake_at(%s)", (TIMES[0] + dt.timedelta(seconds=1),))
         assert "all 8 are handed out, 0 of them to this session" in e.diag.message_detail
+        assert conn.execute("SELECT bucket, grants FROM snowflake_backfill()").fetchall() == before
 
 
 def test_ids_sent_to_a_client_before_a_crash_are_not_made_again(make_cluster):
@@ -499,9 +515,11 @@ def test_ids_sent_to_a_client_before_a_crash_are_not_made_again(make_cluster):
 
 def test_sessions_at_once_on_one_millisecond_fill_its_stretch_exactly(make_cluster):
     """js53 with four set-aside ids: 8 IDs per grant and tick, 32 grants a
-    stretch. Four sessions at once make 64 IDs each at one millisecond:
-    8 grants each, the whole stretch, 256 distinct IDs; the next ID of that
-    millisecond is refused, other stretches still work."""
+    stretch, 2 of them kept from further grants. Four sessions at once make
+    56 IDs each at one millisecond: 7 grants each, 224 distinct IDs; four
+    more sessions take the last four grants as first grants, the whole
+    stretch; the next ID of that millisecond is refused, other stretches
+    still work."""
     c = make_cluster(settings={"snowflake_id.layout": "js53",
                                "snowflake_id.backfill_worker_ids": "60-63"},
                      create_extension=True)
@@ -514,7 +532,7 @@ def test_sessions_at_once_on_one_millisecond_fill_its_stretch_exactly(make_clust
             with c.connect() as conn:
                 conn.execute("SELECT 1")
                 barrier.wait(timeout=60)
-                outs[n] += _backfill(conn, [TIMES[0]] * 64)
+                outs[n] += _backfill(conn, [TIMES[0]] * 56)
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
     threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
@@ -524,6 +542,10 @@ def test_sessions_at_once_on_one_millisecond_fill_its_stretch_exactly(make_clust
         t.join()
     assert not errors, errors
     made = [i for out in outs for i in out]
+    assert len(made) == len(set(made)) == 224
+    for _ in range(4):
+        with c.connect() as conn:
+            made += _backfill(conn, [TIMES[0]] * 8)
     assert len(made) == len(set(made)) == 256
     with c.connect() as conn:
         assert conn.execute("SELECT grants, grants_left FROM snowflake_backfill() "
@@ -532,3 +554,102 @@ def test_sessions_at_once_on_one_millisecond_fill_its_stretch_exactly(make_clust
         assert e.sqlstate == "54000", str(e)
         assert conn.execute("SELECT snowflake_at(%s)",
                             (TIMES[0] + dt.timedelta(days=30),)).fetchone()[0] not in made
+
+
+# ------------------------------------------------ dumps and restores
+def _wait_for_a_copy(c, dbname="postgres"):
+    """Waits until the registry worker copied the server's grants into
+    snowflake_backfill_grants."""
+    shm = c.scalar("SELECT coalesce(sum(grants), 0) FROM snowflake_backfill()", dbname=dbname)
+    wait_until(lambda: c.scalar("SELECT coalesce(sum(grants), 0) FROM snowflake_backfill_grants",
+                                dbname=dbname) == shm, timeout=30, what="the registry worker's copy")
+
+
+def test_a_dump_carries_grants_the_registry_worker_has_not_copied(make_cluster):
+    """The registry worker cannot copy (a session holds a lock its upsert
+    waits for): an import, then pg_dump of the table's data carries every
+    grant the server handed out, as snowflake_backfill_dump() shows them;
+    the table itself holds fewer."""
+    c = make_cluster(settings=AT_SCALE, create_extension=True)
+    with c.connect() as conn:
+        conn.execute("SELECT snowflake_at('2022-01-01')")
+    _wait_for_a_copy(c)
+    with c.connect() as lock:
+        lock.execute("BEGIN")
+        lock.execute("LOCK TABLE snowflake_backfill_grants IN SHARE ROW EXCLUSIVE MODE")
+        with c.connect() as conn:
+            conn.execute("SELECT snowflake_at(t) FROM generate_series("
+                         "'2024-01-01'::timestamptz, '2024-03-01', interval '1 hour') t")
+            used = conn.execute("SELECT sum(grants) FROM snowflake_backfill()").fetchone()[0]
+            in_table = conn.execute("SELECT sum(grants) FROM snowflake_backfill_grants").fetchone()[0]
+            assert in_table < used
+            assert conn.execute("SELECT sum(grants) FROM snowflake_backfill_dump()"
+                                ).fetchone()[0] == used
+        proc = run_pg([os.path.join(PG_BINDIR, "pg_dump"), "-h", c.dir, "-p", str(c.port),
+                       "-U", "postgres", "--data-only", "-t", "snowflake_backfill_grants",
+                       "-d", "postgres"], cwd=c.dir)
+        lock.execute("COMMIT")
+    copied = proc.stdout.split("FROM stdin;\n", 1)[1].split("\\.", 1)[0].splitlines()
+    assert sum(int(line.split("\t")[1]) for line in copied) == used, proc.stdout
+
+
+def test_a_dump_on_a_server_without_the_library_preloaded_carries_the_table(make_cluster):
+    """Without shared memory, snowflake_backfill_dump() (pg_dump's filter
+    of the table) returns the table's rows: the dump works and carries
+    them."""
+    c = make_cluster(preload=False, create_extension=True)
+    c.sql("INSERT INTO snowflake_backfill_grants (starts_at, grants, worker_ids) "
+          "VALUES ('2024-03-01 04:18:18.24+00', 7, '1020-1023')")
+    proc = run_pg([os.path.join(PG_BINDIR, "pg_dump"), "-h", c.dir, "-p", str(c.port),
+                   "-U", "postgres", "--data-only", "-t", "snowflake_backfill_grants",
+                   "-d", "postgres"], cwd=c.dir)
+    copied = proc.stdout.split("FROM stdin;\n", 1)[1].split("\\.", 1)[0].splitlines()
+    assert [line.split("\t")[1:3] for line in copied] == [["7", "1020-1023"]], proc.stdout
+
+
+def test_a_restore_without_triggers_counts_before_the_next_grant(make_cluster):
+    """Rows of snowflake_backfill_grants inserted with the triggers off (as
+    pg_restore --disable-triggers does) in a database the registry worker
+    does not keep: a backfill there reads them before it takes a grant of
+    their stretch, and its grants start above them."""
+    c = make_cluster(settings=AT_SCALE, create_extension=True)
+    c.create_db("other")
+    c.create_extension(dbname="other")
+    stretch = "SELECT starts_at, grants FROM snowflake_backfill() WHERE %s BETWEEN starts_at AND ends_at"
+    with c.connect() as conn:
+        conn.execute("SELECT snowflake_at(%s)", (TIMES[0],))
+        starts_at, grants = conn.execute(stretch, (TIMES[0],)).fetchone()
+        assert grants == 1
+    with c.connect(dbname="other") as conn:
+        conn.execute("SET session_replication_role = replica")
+        conn.execute("INSERT INTO snowflake_backfill_grants (starts_at, grants, worker_ids) "
+                     "VALUES (%s, 200, '1020-1023')", (starts_at,))
+    with c.connect(dbname="other") as conn:
+        conn.execute("SELECT snowflake_at(%s)", (TIMES[0],))
+        assert conn.execute(stretch, (TIMES[0],)).fetchone() == (starts_at, 201)
+
+
+def test_the_database_owner_may_restore_the_grants(make_cluster):
+    """The database's owner (not a superuser) inserts rows into
+    snowflake_backfill_grants, as its pg_restore does: they raise the
+    server's grants. Another role may read them, not insert."""
+    c = make_cluster(settings={**AT_SCALE, "snowflake_id.registry_database": "app"})
+    c.sql("CREATE ROLE app_owner LOGIN")
+    c.sql("CREATE ROLE someone LOGIN")
+    c.sql("CREATE DATABASE app OWNER app_owner")
+    c.create_extension(dbname="app")
+    with c.connect(dbname="app", user="someone") as conn:
+        assert conn.execute("SELECT count(*) FROM snowflake_backfill_grants").fetchone()[0] == 0
+        e = sql_error(conn, "INSERT INTO snowflake_backfill_grants (starts_at, grants) "
+                            "VALUES ('2024-03-01', 5)")
+        assert e.sqlstate == "42501", str(e)
+    with c.connect(dbname="app") as conn:
+        conn.execute("SELECT snowflake_at('2024-03-01')")
+        starts_at = conn.execute("SELECT starts_at FROM snowflake_backfill()").fetchone()[0]
+    with c.connect(dbname="app", user="app_owner") as conn:
+        conn.execute("INSERT INTO snowflake_backfill_grants (starts_at, grants, worker_ids) "
+                     "VALUES (%s, 50, '1020-1023')", (starts_at,))
+        conn.execute("INSERT INTO snowflake_backfill_grants (starts_at, grants, worker_ids) "
+                     "VALUES (%s, 40, '1020-1023')", (starts_at,))
+        assert conn.execute("SELECT grants FROM snowflake_backfill_grants").fetchall() == [(50,)]
+        assert conn.execute("SELECT grants FROM snowflake_backfill()").fetchall() == [(50,)]

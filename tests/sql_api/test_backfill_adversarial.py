@@ -416,16 +416,15 @@ def _wait_for_a_registry_pass(c):
                    timeout=30, interval=0.005, what="a registry pass")
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 44): a dump carries grants only once the registry worker copied them (up to 1 s, 10 s idle) into snowflake_backfill_grants")
 def test_a_dump_started_right_after_an_import_carries_its_grants(make_cluster):
     """An import commits; a pg_dump of the registry database starts right
     after (a script doing `import; pg_dump`, or a nightly dump while an
     import runs in batches). The dump carries the imported rows, so it must
     carry their grants: restored into a new server, the same times
     backfilled again must get other IDs. The registry worker copies grants
-    into snowflake_backfill_grants about once a second, so a dump whose
-    snapshot comes within that second may miss them: up to five attempts
-    (each a new week, so new grants) to catch that, then the dump is
+    into snowflake_backfill_grants about once a second, and the dump must
+    not wait for that copy: up to five attempts (each a new week, so new
+    grants) until a dump's snapshot comes before the copy, then the dump is
     restored and the times backfilled again."""
     old = make_cluster(settings=AT_SCALE, create_extension=True)
     old.sql("CREATE TABLE posts (id bigint PRIMARY KEY, created_at timestamptz)")
@@ -461,14 +460,13 @@ def test_a_dump_started_right_after_an_import_carries_its_grants(make_cluster):
                       f"carried {dumped})")
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 44): the registry worker raises restored grants only at its next pass (up to about 1 s)")
 def test_a_data_only_restore_without_triggers_raises_the_grants_before_backfill(make_cluster):
     """A data-only restore with --disable-triggers (as a superuser) into a
     new server that has the extension: the registry worker raises the
     grants from the restored rows (src/workers/registry_backfill.rs,
-    docs/reference/functions.md), but only at its next pass; a backfill
-    right after the restore must not hand out the restored rows' grants
-    again. Up to three new servers, in case a pass comes in between. (A
+    docs/reference/functions.md) only at its next pass; a backfill right
+    after the restore, before that pass, must not hand out the restored
+    rows' grants again. Up to three new servers, in case a pass comes in between. (A
     first backfill since the server started waits for a pass: the new
     server made a live ID and its worker passed before the restore.)"""
     old = make_cluster(settings=AT_SCALE, create_extension=True)
@@ -508,11 +506,11 @@ def test_a_data_only_restore_without_triggers_raises_the_grants_before_backfill(
                       f"equal restored rows' (the restored table holds {in_table} grants)")
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 44): a restore by the database's owner cannot write snowflake_backfill_grants (a superuser must restore that table's data)")
 def test_a_restore_by_the_databases_owner_carries_the_grants(make_cluster):
     """docs/operations/backup-restore.md's restore by a database owner who
     is not a superuser (a superuser creates the extension first; the
-    owner's pg_restore reports errors for the extension's tables' rows).
+    owner's pg_restore reports errors for the rows of the registry's
+    tables, which need a superuser).
     The registry database is the application's; its dump holds imported
     rows and their grants. After the owner's restore, a backfill of the
     same times (by the importer, a superuser) must get other IDs."""
@@ -615,19 +613,24 @@ def test_memory_of_a_backend_stays_bounded_over_millions_of_distinct_times(make_
         assert conn.execute("SELECT count(*) FROM posts JOIN live USING (id)").fetchone()[0] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 44): a session takes its batch of nearby stretches before it finds the asked stretch full")
 def test_a_refused_call_on_a_full_stretch_takes_no_grant(make_cluster):
-    """js53, one set-aside id: a stretch holds 8 grants. One session fills
-    a stretch; another, which took grants of 120 other stretches (so its
-    next first grant comes in a batch of nearby stretches), asks for a time
-    of the full stretch: refused with 54000 and, as the guide says
-    ("before any grant is taken"), no grant taken anywhere."""
+    """js53, one set-aside id: a stretch holds 8 grants. Two sessions fill
+    a stretch (one takes 7 grants with 56 IDs of one time, as far as a
+    session's further grants go; the other the last one, its first);
+    another, which took grants of 120 other stretches (so its next first
+    grant comes in a batch of nearby stretches), asks for a time of the
+    full stretch: refused with 54000 and, as the guide says ("before any
+    grant is taken"), no grant taken anywhere."""
     c = make_cluster(settings={"snowflake_id.layout": "js53",
                                "snowflake_id.backfill_worker_ids": "63"},
                      create_extension=True)
     full_time = dt.datetime(2024, 3, 1, 12, tzinfo=UTC)
     with c.connect() as conn:
-        conn.execute("SELECT snowflake_at(%s) FROM generate_series(1, 64)", (full_time,))
+        conn.execute("SELECT snowflake_at(%s) FROM generate_series(1, 56)", (full_time,))
+        with c.connect() as other:
+            other.execute("SELECT snowflake_at(%s)", (full_time,))
+        assert conn.execute("SELECT grants_left FROM snowflake_backfill() WHERE %s "
+                            "BETWEEN starts_at AND ends_at", (full_time,)).fetchone()[0] == 0
     with c.connect() as conn:
         conn.execute("SELECT snowflake_at(t) FROM generate_series('2025-01-01'::timestamptz, "
                      "'2025-07-30', interval '36 hours') t")
@@ -728,7 +731,6 @@ def test_sessions_past_their_memory_bound_at_once_make_no_id_twice(make_cluster)
         assert most >= 6, most  # each session gave up its grants once at least
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 44): a statement is refused only once the stretch's grants are taken, not before")
 def test_a_statement_that_exceeds_a_stretch_fails_before_taking_it(make_cluster):
     """Issue 44: a statement that would exceed the space fails before it
     takes it. A legacy table with 16,500 rows on one millisecond (a

@@ -2,11 +2,12 @@
 //! from several backends with times in any order, repeated, near stretch
 //! boundaries, grants taken in batches of nearby stretches, and backends
 //! that exit (giving up their grants) between calls, every ID made is unique, decodes to its own tick and carries a
-//! set-aside worker id; a refusal comes only from a stretch whose grants
-//! are all handed out.
+//! set-aside worker id; a refusal comes only from a stretch whose counter
+//! is at the backend's limit (all its grants for a first grant, all but
+//! the reserve for a further one) and takes nothing.
 
 use super::*;
-use crate::backfill::{Open, Space, Take};
+use crate::backfill::{to_hand_out, Open, Space, Take};
 use crate::ranges::WorkerRanges;
 use std::collections::{HashMap, HashSet};
 
@@ -40,18 +41,28 @@ proptest! {
                     Take::NeedGrant { bucket: nb } => {
                         prop_assert_eq!(nb, bucket);
                         let usable = (bucket.saturating_sub(2), bucket + 2);
-                        let mut full = false;
-                        for tb in backends[b].to_take(nb, usable) {
-                            let n = counters.entry(tb).or_insert(0);
-                            if *n >= space.grants_per_bucket() {
-                                full |= tb == nb;
-                                continue;
-                            }
-                            *n += 1;
-                            backends[b].add(tb, *n - 1);
-                        }
-                        if full {
+                        let batch = backends[b].to_take(nb, usable);
+                        let counts: Vec<u32> =
+                            batch.iter().map(|tb| counters.get(tb).copied().unwrap_or(0)).collect();
+                        let limits: Vec<u32> = batch
+                            .iter()
+                            .map(|&tb| space.grant_limit(backends[b].held(tb)))
+                            .collect();
+                        let hand_out = to_hand_out(&counts, &limits);
+                        if !hand_out[0] {
+                            // Refused: nothing taken, the asked stretch at
+                            // its limit for this backend.
+                            let before: Vec<u32> = batch.iter().map(|tb| counters.get(tb).copied().unwrap_or(0)).collect();
+                            prop_assert_eq!(&counts, &before);
+                            prop_assert!(counts[0] >= limits[0]);
                             break None;
+                        }
+                        for (tb, give) in batch.into_iter().zip(hand_out) {
+                            if give {
+                                let n = counters.entry(tb).or_insert(0);
+                                *n += 1;
+                                backends[b].add(tb, *n - 1);
+                            }
                         }
                     }
                 }
@@ -63,7 +74,12 @@ proptest! {
                     prop_assert_eq!(p.ticks, tick);
                     prop_assert!(ids.contains(p.worker_id));
                 }
-                None => prop_assert_eq!(counters[&bucket], space.grants_per_bucket()),
+                None => {
+                    let limit = space.grant_limit(backends[b].held(bucket));
+                    prop_assert!(counters.get(&bucket).copied().unwrap_or(0) >= limit);
+                    prop_assert!(limit == space.grants_per_bucket()
+                        || limit + space.reserve() == space.grants_per_bucket());
+                }
             }
         }
     }
