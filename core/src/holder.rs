@@ -102,10 +102,14 @@ pub trait Registry {
 
 /// This server's side: the slots of each block, and the lease file.
 pub trait Host {
-    /// Sessions may use `block` above `floor_ms`, up to `high_ms`.
-    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64);
-    /// A confirmed renewal raised the mark of an active block.
-    fn raise(&mut self, block: u32, high_ms: i64);
+    /// Sessions may use `block` for IDs above `floor_ms`, up to `high_ms`
+    /// (its mark), while this server's clock reads before `stop_ms` (its
+    /// deadline, [`lease::stop_ms`]): the mark bounds the IDs' times, the
+    /// stop when sessions make them, so that they stop at the deadline
+    /// also while the lease worker cannot revoke the block.
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64, stop_ms: i64);
+    /// A confirmed renewal raised the mark and the stop of an active block.
+    fn raise(&mut self, block: u32, high_ms: i64, stop_ms: i64);
     /// No session may use `block` any more.
     fn revoke(&mut self, block: u32);
     /// Stops `block` if none of its ids has a session: the start of its
@@ -235,6 +239,13 @@ pub struct Now {
     pub max_blocks: u32,
     /// `snowflake_id.lease_replication`.
     pub replication: Replication,
+}
+
+impl Now {
+    /// When sessions stop using `h`: its deadline on this server's clock.
+    fn stop_ms(&self, h: &Held) -> i64 {
+        lease::stop_ms(h.deadline_mono_ms, self.mono_ms, self.wall_ms)
+    }
 }
 
 impl Holder {
@@ -369,7 +380,7 @@ impl Holder {
             self.id.block_size,
             now.max_blocks,
         );
-        self.apply_local(&plan, host);
+        self.apply_local(&plan, &now, host);
         // Pending blocks were never used: past their deadline they are
         // simply dropped (the registry frees them after their expiry).
         self.pending.retain(|h| now.mono_ms < h.deadline_mono_ms);
@@ -396,21 +407,21 @@ impl Holder {
         Ok(())
     }
 
-    fn apply_local(&mut self, plan: &Plan, host: &mut dyn Host) {
+    fn apply_local(&mut self, plan: &Plan, now: &Now, host: &mut dyn Host) {
         for &block in &plan.expire {
             self.events.push(Event::Expired { block });
             host.revoke(block);
         }
         self.held.retain(|h| !plan.expire.contains(&h.block));
         for &block in &plan.activate {
-            self.activate(block, host);
+            self.activate(block, now, host);
         }
     }
 
-    fn activate(&mut self, block: u32, host: &mut dyn Host) {
+    fn activate(&mut self, block: u32, now: &Now, host: &mut dyn Host) {
         if let Some(h) = self.held.iter_mut().find(|h| h.block == block) {
             h.active = true;
-            host.activate(block, h.floor_ms, h.high_ms);
+            host.activate(block, h.floor_ms, h.high_ms, now.stop_ms(h));
         }
     }
 
@@ -593,7 +604,7 @@ impl Holder {
             h.confirmed = true;
             self.held.push(h);
             if h.floor_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
-                self.activate(h.block, host);
+                self.activate(h.block, &now, host);
             }
         }
         for k in kept {
@@ -609,7 +620,7 @@ impl Holder {
             h.high_ms = h.high_ms.max(grant.high_ms);
             h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
             if h.active {
-                host.raise(h.block, h.high_ms);
+                host.raise(h.block, h.high_ms, now.stop_ms(h));
             }
         }
         Ok(())
@@ -704,7 +715,7 @@ impl Holder {
                 h.floor_ms = h.floor_ms.max(b.floor_ms);
                 h.confirmed = true;
                 if h.active {
-                    host.activate(h.block, h.floor_ms, h.high_ms);
+                    host.activate(h.block, h.floor_ms, h.high_ms, now.stop_ms(h));
                 }
                 continue;
             }
@@ -718,7 +729,7 @@ impl Holder {
                 idle_since_mono_ms: None,
             });
             if b.floor_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
-                self.activate(b.block, host);
+                self.activate(b.block, &now, host);
             }
         }
         checked.map(|_| ())

@@ -90,19 +90,22 @@ impl Reg {
 /// The slots of one holder's server: which blocks its sessions may use.
 #[derive(Default)]
 struct SimHost {
-    active: BTreeMap<u32, (i64, i64)>,
+    /// block → (floor, mark, stop): IDs above the floor up to the mark,
+    /// while the server's clock reads before the stop.
+    active: BTreeMap<u32, (i64, i64, i64)>,
     newest: HashMap<u32, i64>,
     busy: BTreeMap<u32, u32>,
     saved: Vec<Held>,
 }
 
 impl Host for SimHost {
-    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64) {
-        self.active.insert(block, (floor_ms, high_ms));
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64, stop_ms: i64) {
+        self.active.insert(block, (floor_ms, high_ms, stop_ms));
     }
-    fn raise(&mut self, block: u32, high_ms: i64) {
+    fn raise(&mut self, block: u32, high_ms: i64, stop_ms: i64) {
         if let Some(a) = self.active.get_mut(&block) {
             a.1 = a.1.max(high_ms);
+            a.2 = a.2.max(stop_ms);
         }
     }
     fn revoke(&mut self, block: u32) {
@@ -700,14 +703,14 @@ impl World {
         }
         let wall = n.clock.wall(t);
         let now_tick = self.layout.tick_at(wall);
-        let blocks: Vec<(u32, i64, i64)> = n
+        let blocks: Vec<(u32, i64, i64, i64)> = n
             .host
             .active
             .iter()
-            .map(|(&b, &(f, h))| (b, f, h))
+            .map(|(&b, &(f, h, s))| (b, f, h, s))
             .collect();
-        for (block, floor, high) in blocks {
-            if n.host.busy.get(&block).copied().unwrap_or(1) == 0 {
+        for (block, floor, high, stop) in blocks {
+            if n.host.busy.get(&block).copied().unwrap_or(1) == 0 || wall >= stop {
                 continue;
             }
             let floor_tick = self.layout.tick_at(floor);

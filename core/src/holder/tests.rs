@@ -356,6 +356,8 @@ struct FakeHost {
     name: &'static str,
     /// block → (floor, high) while usable.
     active: BTreeMap<u32, (i64, i64)>,
+    /// block → the wall-clock ms its sessions stop at.
+    stops: BTreeMap<u32, i64>,
     /// Every (block, floor, high) this server could ever issue in.
     used: Vec<(u32, i64, i64)>,
     busy: Vec<u32>,
@@ -363,14 +365,17 @@ struct FakeHost {
 }
 
 impl Host for FakeHost {
-    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64) {
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64, stop_ms: i64) {
         self.active.insert(block, (floor_ms, high_ms));
+        self.stops.insert(block, stop_ms);
         self.used.push((block, floor_ms, high_ms));
     }
-    fn raise(&mut self, block: u32, high_ms: i64) {
+    fn raise(&mut self, block: u32, high_ms: i64, stop_ms: i64) {
         if let Some(r) = self.active.get_mut(&block) {
             r.1 = r.1.max(high_ms);
             self.used.push((block, r.0, r.1));
+            let stop = self.stops.entry(block).or_insert(stop_ms);
+            *stop = (*stop).max(stop_ms);
         }
     }
     fn revoke(&mut self, block: u32) {
@@ -398,6 +403,8 @@ struct Server {
     /// `snowflake_id.lease_time` (ms) and `lease_replication`.
     lease_ms: i64,
     replication: Replication,
+    /// `snowflake_id.max_drift` (ms).
+    max_drift_ms: i64,
 }
 
 impl Server {
@@ -418,6 +425,7 @@ impl Server {
             connected: true,
             lease_ms: LEASE,
             replication: Replication::Auto,
+            max_drift_ms: DRIFT,
         }
     }
 
@@ -442,7 +450,7 @@ impl Server {
             mono_ms: t - T0,
             wall_ms: t + self.skew,
             timing: Timing::new(self.lease_ms),
-            max_drift_ms: DRIFT,
+            max_drift_ms: self.max_drift_ms,
             max_blocks: 64,
             replication: self.replication,
         };
@@ -515,6 +523,49 @@ fn two_servers_get_disjoint_blocks_and_hand_over_safely() {
     );
     assert!(!a.host.active.contains_key(&0), "a stops at its deadline");
     assert!(b.host.active.contains_key(&0));
+    assert_disjoint(&[&a, &b]);
+}
+
+/// A block handed over from a holder with a longer lease and `max_drift`
+/// above the new holder's lease: its floor (the earlier mark) is up to
+/// `max_drift` ahead of the new holder's clock when the block becomes
+/// usable. Sessions bound by the mark and stopping at the deadline on
+/// their clock can use it at once; bounded by the deadline in ID time
+/// (the mark less `max_drift`) they could not until the clock caught up
+/// with the floor (`max_drift` less the lease later).
+#[test]
+fn a_block_whose_floor_is_ahead_is_usable_at_once_until_its_deadline() {
+    let drift = 60_000;
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    let mut b = Server::new("b", 0);
+    for s in [&mut a, &mut b] {
+        s.max_drift_ms = drift;
+    }
+    a.lease_ms = 60_000;
+    a.host.busy.push(0);
+    run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
+    assert!(a.host.active.contains_key(&0));
+    a.connected = false;
+    let mut t = T0 + 1_000;
+    while !b.host.active.contains_key(&0) {
+        assert!(t < T0 + 200_000, "b never used block 0");
+        for s in [&mut a, &mut b] {
+            s.step(t, &mut reg, &[0]);
+        }
+        t += 100;
+    }
+    let wall = t - 100;
+    let (floor, high) = b.host.active[&0];
+    let stop = b.host.stops[&0];
+    assert!(floor > wall + LEASE, "the floor is ahead of b's deadline");
+    assert!(floor <= wall + drift);
+    assert!(high > floor, "IDs above the floor are under the mark");
+    assert!(stop > wall, "b's sessions may make them now");
+    assert!(
+        stop <= wall + LEASE,
+        "and stop at b's deadline, not at its mark"
+    );
     assert_disjoint(&[&a, &b]);
 }
 
