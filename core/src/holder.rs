@@ -44,7 +44,7 @@
 //!   bounded by the deadline of its own grant too, so that a late answer
 //!   never hands sessions a block already past its deadline.
 
-use crate::lease::{self, Held, Plan, Timing, Usage};
+use crate::lease::{self, CallEnd, Held, Plan, Timing, Usage};
 pub use crate::protocol::{
     format_lsn, parse_lsn, AcquireRequest, BlockFloor, BlockMark, Durability, DurabilityMode,
     ReleaseReply, ReleaseRequest, RenewRequest, Reply, ReplyHead, Seen,
@@ -63,22 +63,120 @@ pub enum Replication {
     Synchronous,
 }
 
-/// Why a call failed.
+/// How a call ended without a reply the holder can use: what happened,
+/// so that the glue decides by kind (the texts are for the log).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CallError {
-    /// No answer (connection lost, timeout): the glue reconnects.
-    Unreachable(String),
-    /// The registry answered with an error (for example another layout).
-    Refused(String),
+    /// No answer before the holder's own limit (`end`: the call timeout,
+    /// or the deadline of a block in use, [`lease::CallLimit`]); an answer
+    /// that came at or after it counts as none. The session is dropped.
+    NoAnswer { end: CallEnd, text: String },
+    /// The registry gave the call up at its own `lock_timeout` or
+    /// `statement_timeout` (SQLSTATE 55P03 or 57014; a lock held there):
+    /// nothing of it was done and it is no answer, but the session is
+    /// sound and stays.
+    RegistryTimeout { sqlstate: String, message: String },
+    /// The registry refused the call with an error of its own, or
+    /// answered what this server cannot use.
+    Refused(Refusal),
+    /// The connection broke during the call, or none could be used.
+    Lost(String),
+}
+
+/// An error the registry raised (or this server found in its answer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The registry's SQLSTATE; `None` for what this server refused of
+    /// an answer (or of its own request).
+    pub sqlstate: Option<String>,
+    /// The message, with its detail and hint.
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+/// SQLSTATEs of the registry's own timeouts (`lock_timeout`,
+/// `statement_timeout`): a wait there, not an answer.
+pub const LOCK_NOT_AVAILABLE: &str = "55P03";
+pub const QUERY_CANCELED: &str = "57014";
+/// SQLSTATEs of a call whose function or schema does not exist (the
+/// registry's extension was updated or made again since the session
+/// found them).
+pub const UNDEFINED_FUNCTION: &str = "42883";
+pub const INVALID_SCHEMA_NAME: &str = "3F000";
+
+impl Refusal {
+    /// The lease functions are no longer where this session found them: a
+    /// new session looks them up again.
+    pub fn functions_gone(&self) -> bool {
+        matches!(
+            self.sqlstate.as_deref(),
+            Some(UNDEFINED_FUNCTION | INVALID_SCHEMA_NAME)
+        )
+    }
 }
 
 impl CallError {
+    /// An error the registry raised: its own timeouts are no answer,
+    /// anything else a refusal.
+    pub fn from_registry(sqlstate: Option<String>, message: String, hint: Option<String>) -> Self {
+        match sqlstate {
+            Some(code) if code == LOCK_NOT_AVAILABLE || code == QUERY_CANCELED => {
+                CallError::RegistryTimeout {
+                    sqlstate: code,
+                    message,
+                }
+            }
+            sqlstate => CallError::Refused(Refusal {
+                sqlstate,
+                message,
+                hint,
+            }),
+        }
+    }
+
+    /// What this server refused of an answer (no SQLSTATE).
+    pub fn unusable(message: impl Into<String>) -> Self {
+        CallError::Refused(Refusal {
+            sqlstate: None,
+            message: message.into(),
+            hint: None,
+        })
+    }
+
+    /// Whether the registry answered the call (with an error of its own):
+    /// the registry answers again.
+    pub fn answered(&self) -> bool {
+        matches!(self, CallError::Refused(r) if !r.functions_gone())
+    }
+
+    /// Whether the session is of no more use: the glue drops it and
+    /// connects again.
+    pub fn drops_session(&self) -> bool {
+        match self {
+            CallError::NoAnswer { .. } | CallError::Lost(_) => true,
+            CallError::Refused(r) => r.functions_gone(),
+            CallError::RegistryTimeout { .. } => false,
+        }
+    }
+
     /// What went wrong, as text.
     pub fn text(&self) -> &str {
         match self {
-            CallError::Unreachable(text) | CallError::Refused(text) => text,
+            CallError::NoAnswer { text, .. } | CallError::Lost(text) => text,
+            CallError::RegistryTimeout { message, .. } => message,
+            CallError::Refused(r) => &r.message,
         }
     }
+}
+
+/// What one round's calls came to ([`Holder::step`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    /// The registry answered a call of this round (a reply, or an error
+    /// of its own), also when a later call failed.
+    pub answered: bool,
+    /// The call error that ended the round.
+    pub error: Option<CallError>,
 }
 
 /// The registry, as the holder calls it (one connected session that took
@@ -182,50 +280,51 @@ pub struct Identity {
     pub max_worker_id: u32,
 }
 
-/// The holder's state.
+/// The holder's state: private; the glue reads it through accessors and
+/// changes it through named operations.
 #[derive(Clone, Debug)]
 pub struct Holder {
-    pub id: Identity,
-    pub held: Vec<Held>,
+    id: Identity,
+    held: Vec<Held>,
     /// The registry incarnation last seen ('' for none).
-    pub incarnation: String,
+    incarnation: String,
     /// The highest registry WAL position seen from that incarnation.
-    pub lsn: u64,
+    lsn: u64,
     /// The registry's token for that incarnation and position ('' from a
     /// registry before 0.8.0): presented with every request, so that the
     /// registry believes what the holder says it saw (`registry::token`).
-    pub token: String,
+    token: String,
     /// The registry's grant count seen with them (0.8.0).
-    pub grants: i64,
+    grants: i64,
     /// Monotonic ms when the last confirmed renewal was sent.
-    pub last_renew_mono: Option<i64>,
+    last_renew_mono: Option<i64>,
     /// Saved blocks may be used before a renewal confirms them (set by the
     /// glue while the registry is unreachable and this data directory
     /// provably saved them).
-    pub trust_saved: bool,
+    trust_saved: bool,
     /// This server started from a backup: a saved block, once confirmed,
     /// is used only above the registry's mark for it.
-    pub from_backup: bool,
+    from_backup: bool,
     /// Registry-clock Unix ms of the last fence reported.
-    pub fenced_until_ms: Option<i64>,
+    fenced_until_ms: Option<i64>,
     /// An older incarnation first seen replaced in an acquire's reply: the
     /// next renewal presents it, so that the registry takes it as a
     /// re-assertion of the blocks held.
-    pub reassert_from: Option<Seen>,
+    reassert_from: Option<Seen>,
     /// Blocks leased by a grant that is not durable yet: never used nor
     /// saved; renewed with the blocks held, and moved to `held` by the
     /// first durable renewal that keeps them (dropped at a new incarnation
     /// or their deadline).
-    pub pending: Vec<Held>,
+    pending: Vec<Held>,
     /// The last grant was not durable (a `NotDurable` was reported).
-    pub not_durable: bool,
+    not_durable: bool,
     /// The durability mode last reported.
-    pub durability_mode: Option<DurabilityMode>,
+    durability_mode: Option<DurabilityMode>,
     /// The registry session before the current one (`pid:start`; set by
     /// the glue when it reconnects; '' for none, as after a restart): a
     /// copy of this data directory cannot name it.
-    pub previous_session: String,
-    pub events: Vec<Event>,
+    previous_session: String,
+    events: Vec<Event>,
 }
 
 /// Clock readings and settings for one step.
@@ -268,6 +367,65 @@ impl Holder {
             previous_session: String::new(),
             events: Vec::new(),
         }
+    }
+
+    /// The static facts of its requests.
+    pub fn id(&self) -> &Identity {
+        &self.id
+    }
+
+    /// The blocks held (in use, or saved and waiting for confirmation).
+    pub fn held(&self) -> &[Held] {
+        &self.held
+    }
+
+    /// The earliest deadline of the blocks in use ([`lease::in_use_deadline`]).
+    pub fn in_use_deadline(&self) -> Option<i64> {
+        lease::in_use_deadline(&self.held)
+    }
+
+    /// Whether this server started from a backup and a saved block is still
+    /// unconfirmed (the lease file says so, so that the next start knows).
+    pub fn from_backup_unconfirmed(&self) -> bool {
+        self.from_backup && self.held.iter().any(|h| !h.confirmed)
+    }
+
+    /// Takes the holder's events, for the log.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Resumes from what a lease file saved: the registry seen (its
+    /// incarnation, WAL position, token and grant count) and whether this
+    /// server started from a backup (then a saved block, once confirmed,
+    /// is used only above the registry's mark for it). An unreadable WAL
+    /// position is taken as none seen.
+    pub fn resume(&mut self, seen: &Seen, from_backup: bool) {
+        self.incarnation.clone_from(&seen.incarnation);
+        self.lsn = parse_lsn(&seen.lsn).unwrap_or(0);
+        self.token.clone_from(&seen.token);
+        self.grants = seen.grants;
+        self.from_backup = from_backup;
+    }
+
+    /// Whether saved blocks may be used before a renewal confirms them:
+    /// set by the glue each round (the registry is unreachable and this
+    /// data directory provably saved them).
+    pub fn trust_saved(&mut self, trusted: bool) {
+        self.trust_saved = trusted;
+    }
+
+    /// The registry session before the current one (`pid:start`, '' for
+    /// none), named in renewals and releases: set when reconnecting.
+    pub fn set_previous_session(&mut self, session: String) {
+        self.previous_session = session;
+    }
+
+    /// Takes another node id (a copy of this data directory holds the old
+    /// one): returns the old one. The blocks of the old id are dropped
+    /// with [`Holder::forget_all`].
+    pub fn rename(&mut self, node: String) -> String {
+        std::mem::replace(&mut self.id.node, node)
     }
 
     /// A block saved before a restart: used once confirmed (or trusted).
@@ -354,14 +512,34 @@ impl Holder {
     }
 
     /// One round: expire, activate, renew, release, acquire. `registry` is
-    /// `None` while there is no session. Returns the call error that ended
-    /// the round, if any (the glue drops the session on `Unreachable`).
+    /// `None` while there is no session. Returns whether the registry
+    /// answered and the call error that ended the round, if any (the glue
+    /// drops the session when [`CallError::drops_session`]).
     pub fn step(
         &mut self,
         now: Now,
         usage: &[Usage],
         allowed: &[u32],
         registry: Option<&mut dyn Registry>,
+        host: &mut dyn Host,
+    ) -> Round {
+        let mut registry = registry.map(|inner| Answers {
+            inner,
+            answered: false,
+        });
+        let result = self.round(now, usage, allowed, registry.as_mut(), host);
+        Round {
+            answered: registry.is_some_and(|r| r.answered),
+            error: result.err(),
+        }
+    }
+
+    fn round(
+        &mut self,
+        now: Now,
+        usage: &[Usage],
+        allowed: &[u32],
+        registry: Option<&mut Answers<'_>>,
         host: &mut dyn Host,
     ) -> Result<(), CallError> {
         self.track_idle(usage, now.mono_ms);
@@ -387,6 +565,7 @@ impl Holder {
         let Some(registry) = registry else {
             return Ok(());
         };
+        let registry: &mut dyn Registry = registry;
         let due = self
             .last_renew_mono
             .is_none_or(|t| now.mono_ms.saturating_sub(t) >= now.timing.renew_every_ms);
@@ -774,11 +953,52 @@ impl Holder {
         }
     }
 
+    /// A refusal is reported as an event; a call that drops the session
+    /// is the glue's to report.
     fn failed(&mut self, e: CallError) -> Result<(), CallError> {
-        if let CallError::Refused(text) = &e {
-            self.events.push(Event::Refused(text.clone()));
+        if let CallError::Refused(r) = &e {
+            if !e.drops_session() {
+                self.events.push(Event::Refused(r.message.clone()));
+            }
         }
         Err(e)
+    }
+}
+
+/// The registry of one round, noting whether it answered a call.
+struct Answers<'a> {
+    inner: &'a mut dyn Registry,
+    answered: bool,
+}
+
+impl Answers<'_> {
+    fn note<T>(&mut self, result: Result<T, CallError>) -> Result<T, CallError> {
+        if result.as_ref().is_ok() || result.as_ref().is_err_and(CallError::answered) {
+            self.answered = true;
+        }
+        result
+    }
+}
+
+impl Registry for Answers<'_> {
+    fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
+        let r = self.inner.acquire(req);
+        self.note(r)
+    }
+    fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
+        let r = self.inner.renew(req);
+        self.note(r)
+    }
+    fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
+        let r = self.inner.release(req);
+        self.note(r)
+    }
+    fn durable(&mut self, wait_ms: i64) -> Result<Durability, CallError> {
+        let r = self.inner.durable(wait_ms);
+        self.note(r)
+    }
+    fn answer_by(&mut self, deadline_mono_ms: Option<i64>) {
+        self.inner.answer_by(deadline_mono_ms);
     }
 }
 

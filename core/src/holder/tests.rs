@@ -11,6 +11,14 @@ const T0: i64 = 1_795_305_600_000;
 const LEASE: i64 = 6_000;
 const DRIFT: i64 = 1_000;
 
+/// A call the registry did not answer within the call timeout.
+fn timeout() -> CallError {
+    CallError::NoAnswer {
+        end: crate::lease::CallEnd::Timeout,
+        text: "timeout".into(),
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct Row {
     holder: Option<String>,
@@ -154,7 +162,7 @@ impl FakeRegistry {
         grace_ms: i64,
     ) -> Result<(), CallError> {
         if self.stalled {
-            return Err(CallError::Unreachable("timeout".into()));
+            return Err(timeout());
         }
         let seen = parse_lsn(lsn).unwrap_or(0);
         let rollback = !self.no_fencing && seen > self.lsn;
@@ -329,10 +337,14 @@ impl Registry for FakeRegistry {
     /// have flushed everything (`commit`), the stalled ones nothing since.
     fn durable(&mut self, _wait_ms: i64) -> Result<Durability, CallError> {
         if self.stalled {
-            return Err(CallError::Unreachable("timeout".into()));
+            return Err(timeout());
         }
         if self.durable_refused {
-            return Err(CallError::Refused("permission denied".into()));
+            return Err(CallError::from_registry(
+                Some("42501".into()),
+                "permission denied".into(),
+                None,
+            ));
         }
         let flushed = self.standbys.iter().filter(|s| !s.stalled).count() as u32;
         let (mode, needed) = match self.sync {
@@ -457,9 +469,8 @@ impl Server {
         let usage = self.usage();
         registry.now = t;
         let reg: Option<&mut dyn Registry> = if self.connected { Some(registry) } else { None };
-        if let Err(CallError::Unreachable(_)) =
-            self.holder.step(now, &usage, allowed, reg, &mut self.host)
-        {
+        let round = self.holder.step(now, &usage, allowed, reg, &mut self.host);
+        if round.error.as_ref().is_some_and(CallError::drops_session) {
             self.holder.reconnected();
         }
     }
@@ -800,7 +811,7 @@ fn every_call_is_bounded_by_the_deadline_of_the_blocks_in_use() {
         Some(&mut reg),
         &mut a.host,
     );
-    assert!(matches!(stuck, Err(CallError::Unreachable(_))));
+    assert!(matches!(stuck.error, Some(CallError::NoAnswer { .. })));
     assert_eq!(reg.bounds, vec![Some(deadline)]);
     a.holder.expire_due(deadline - 1, &mut a.host);
     assert!(a.host.active.contains_key(&0));
@@ -1136,4 +1147,105 @@ fn a_failed_durability_check_keeps_the_leased_blocks_pending() {
     run(&mut [&mut a], &mut reg, T0 + 1_000, T0 + 2_000, &[0, 1]);
     assert!(a.holder.pending.is_empty());
     assert_eq!(a.host.active.len(), 1);
+}
+
+/// What each failed call means to the glue: whether the registry
+/// answered, and whether the session is dropped.
+#[test]
+fn call_errors_say_what_happened() {
+    let refused =
+        |code: &str| CallError::from_registry(Some(code.into()), format!("error {code}"), None);
+    let no_answer = |end| CallError::NoAnswer {
+        end,
+        text: String::new(),
+    };
+    // (error, is a registry timeout, answered, drops the session)
+    let table = [
+        (refused("57014"), true, false, false),
+        (refused("55P03"), true, false, false),
+        (refused("54000"), false, true, false),
+        (refused("22023"), false, true, false),
+        (refused("42501"), false, true, false),
+        (refused("42883"), false, false, true),
+        (refused("3F000"), false, false, true),
+        (CallError::unusable("answered nothing"), false, true, false),
+        (
+            no_answer(crate::lease::CallEnd::Timeout),
+            false,
+            false,
+            true,
+        ),
+        (
+            no_answer(crate::lease::CallEnd::LeaseDeadline),
+            false,
+            false,
+            true,
+        ),
+        (
+            CallError::Lost("connection lost".into()),
+            false,
+            false,
+            true,
+        ),
+    ];
+    for (e, timeout, answered, drops) in table {
+        assert_eq!(
+            matches!(e, CallError::RegistryTimeout { .. }),
+            timeout,
+            "{e:?}"
+        );
+        assert_eq!(e.answered(), answered, "{e:?}");
+        assert_eq!(e.drops_session(), drops, "{e:?}");
+    }
+    let CallError::Refused(r) = CallError::from_registry(
+        Some("54000".into()),
+        "beyond the limits".into(),
+        Some("lower lease_time".into()),
+    ) else {
+        panic!("a refusal");
+    };
+    assert_eq!(r.sqlstate.as_deref(), Some("54000"));
+    assert_eq!(r.hint.as_deref(), Some("lower lease_time"));
+}
+
+/// A round reports whether the registry answered any call, also when a
+/// later call of the round failed, and not when its only call timed out
+/// at the registry.
+#[test]
+fn a_round_says_whether_the_registry_answered() {
+    let mut reg = FakeRegistry::default();
+    let mut a = Server::new("a", 0);
+    a.host.busy.push(0);
+    let now = |t: i64| Now {
+        mono_ms: t - T0,
+        wall_ms: t,
+        timing: Timing::new(LEASE),
+        max_drift_ms: DRIFT,
+        max_blocks: 64,
+        replication: Replication::Auto,
+    };
+    reg.now = T0;
+    let usage = a.usage();
+    let round = a
+        .holder
+        .step(now(T0), &usage, &[0], Some(&mut reg), &mut a.host);
+    assert_eq!(
+        round,
+        Round {
+            answered: true,
+            error: None
+        }
+    );
+    reg.stalled = true;
+    reg.now = T0 + 5_000;
+    let usage = a.usage();
+    let round = a
+        .holder
+        .step(now(T0 + 5_000), &usage, &[0], Some(&mut reg), &mut a.host);
+    assert!(!round.answered);
+    assert!(round.error.is_some_and(|e| e.drops_session()));
+    let round = a
+        .holder
+        .step(now(T0 + 5_100), &usage, &[0], None, &mut a.host);
+    assert_eq!(round, Round::default());
 }

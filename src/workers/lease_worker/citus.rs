@@ -13,7 +13,6 @@ use crate::workers::{caught_message, caught_report};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
-use snowflake_core::lease;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 
 /// How often a Citus node looks at the cluster's metadata.
@@ -39,7 +38,9 @@ impl Worker {
         // have left (a LOCK or VACUUM FULL of pg_dist_node must not keep
         // the worker from revoking them at their deadline), and at most a
         // second; a read given up is retried at the next poll.
-        let left_ms = lease::in_use_deadline(&self.holder.held)
+        let left_ms = self
+            .holder
+            .in_use_deadline()
             .map_or(CITUS_READ_TIMEOUT_MS, |d| d.saturating_sub(self.mono_ms()))
             .clamp(10, CITUS_READ_TIMEOUT_MS);
         let found = match citus_target(left_ms) {

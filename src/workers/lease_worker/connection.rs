@@ -14,7 +14,6 @@ use super::{Target, Worker};
 
 use crate::clock;
 use crate::workers::registry_client::{AnswerBy, Connection};
-use snowflake_core::lease;
 use snowflake_core::node::{Ending, NodeClaim, Refused, Rename};
 use std::sync::atomic::Ordering::{Relaxed, Release};
 
@@ -71,7 +70,7 @@ impl Worker {
         };
         match self.open_session(&target) {
             Ok(registry) => self.connected(registry),
-            Err(problem) => self.unreachable(Problem::Other(problem)),
+            Err(problem) => self.unreachable(Problem::Other(problem), false),
         }
     }
 
@@ -92,8 +91,6 @@ impl Worker {
             client,
             schema: found.schema,
             durable_check: found.durable_check,
-            answered: 0,
-            timed_out: false,
         })
     }
 
@@ -102,7 +99,7 @@ impl Worker {
     pub(super) fn answer_by(&self) -> AnswerBy {
         AnswerBy {
             origin: self.file.started,
-            deadline_mono_ms: lease::in_use_deadline(&self.holder.held),
+            deadline_mono_ms: self.holder.in_use_deadline(),
         }
     }
 
@@ -143,14 +140,16 @@ impl Worker {
         // Blocks leased in that session stay this server's in the next one
         // (the registry lets a session it cannot tie to the node's earlier
         // one take them only after their lease and grace ran out).
-        self.holder.previous_session = lingering
-            .map(|(pid, start)| format!("{pid}:{start}"))
-            .unwrap_or_default();
+        self.holder.set_previous_session(
+            lingering
+                .map(|(pid, start)| format!("{pid}:{start}"))
+                .unwrap_or_default(),
+        );
         let mut claim = NodeClaim::new(lingering.is_some());
         // Why this worker's earlier session did not end, for the log.
         let mut not_ended = String::new();
         loop {
-            let node = self.holder.id.node.clone();
+            let node = self.holder.id().node.clone();
             let hello = client.value(
                 &format!("SELECT {schema}.snowflake_lease_hello($1)"),
                 &[&node],
@@ -185,8 +184,8 @@ impl Worker {
     /// one; logs why, as [`Rename`] says it is known (`own`: this worker's
     /// earlier session, its pid and why it did not end).
     fn rename_node(&mut self, why: Rename, own: Option<(i32, &str)>) {
-        let old = std::mem::replace(&mut self.holder.id.node, new_node_id());
-        let new = &self.holder.id.node;
+        let old = self.holder.rename(new_node_id());
+        let new = &self.holder.id().node;
         match (why, own) {
             (Rename::OwnSessionNotEnded, Some((pid, reason))) => pgrx::log!(
                 "snowflake_id lease: node id {old} is still held on the registry by this server's own earlier session (pid {pid}), which could not be ended ({reason}); no other server is known to use it: this server is now node {new} and leases its own worker ids, and the old node id's blocks go back to the registry when their lease and grace run out"
@@ -195,7 +194,7 @@ impl Worker {
                 "snowflake_id lease: node id {old} is in use by another running server: a registry session this server does not know holds it (this data directory is a copy of that server's, or it of this one): this server is now node {new} and leases its own worker ids"
             ),
         }
-        self.header.lease.node_id.set(&self.holder.id.node);
+        self.header.lease.node_id.set(&self.holder.id().node);
         let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
         self.holder.forget_all(&mut host);
         self.saved_provable = false;
@@ -239,14 +238,14 @@ impl Worker {
 
     /// The registry did not answer or the connection broke: drops the
     /// session, picks the host to try first and the pause before the next
-    /// attempt, and reports `problem`.
-    pub(super) fn unreachable(&mut self, problem: Problem) {
+    /// attempt, and reports `problem`. `stalled`: the session's host gave
+    /// no answer within the call's limit.
+    pub(super) fn unreachable(&mut self, problem: Problem, stalled: bool) {
         self.not_answering();
         // With several hosts in the connection string: the next attempt
         // begins with the host of the session that ended, unless that host
-        // stalled (no answer within the call timeout: a frozen VM), then
+        // stalled (no answer within the call's limit: a frozen VM), then
         // with the one after it (Connection::connect tries them all).
-        let stalled = self.client.as_ref().is_some_and(|c| c.client.stalled());
         self.client = None;
         if let Some(host) = self.host_index.take() {
             self.next_host = if stalled { host + 1 } else { host };
@@ -280,7 +279,7 @@ impl Worker {
                     "snowflake_id lease: ended this server's earlier session on {} (pid {}), left behind by a broken connection, to take back node id {}",
                     self.display(),
                     old.0,
-                    self.holder.id.node
+                    self.holder.id().node
                 );
                 (Ending::Ended, String::new())
             }

@@ -118,10 +118,10 @@ impl Worker {
         let (ranges, _) = crate::settings::worker_ranges();
         let slots = self.header.slots();
         let max = self.layout.max_worker_id();
-        let size = self.holder.id.block_size;
-        let mut out = Vec::with_capacity(self.holder.held.len());
+        let size = self.holder.id().block_size;
+        let mut out = Vec::with_capacity(self.holder.held().len());
         let _guard = self.header.lock(false);
-        for h in &self.holder.held {
+        for h in self.holder.held() {
             let (first, last) = lease::block_ids(h.block, size, max);
             let mut u = Usage {
                 block: h.block,
@@ -142,7 +142,7 @@ impl Worker {
     /// Publishes what backends and `snowflake_config()` report.
     pub(super) fn publish(&self) {
         let lease = &self.header.lease;
-        let active: Vec<_> = self.holder.held.iter().filter(|h| h.active).collect();
+        let active: Vec<_> = self.holder.held().iter().filter(|h| h.active).collect();
         lease.blocks_held.store(active.len() as u32, Release);
         let now_mono = self.mono_ms();
         // With nothing held, the last deadline stays: messages say when

@@ -18,7 +18,9 @@
 //!   (`registry_client`), so the worker revokes a block at its deadline
 //!   also while the registry stalls.
 //! - Each slot's `limit_tick` is the confirmed mark of its block (or
-//!   `NO_LEASE`); activating or revoking a block happens under the slot
+//!   `NO_LEASE`), its `stop_ms` the block's deadline on this server's
+//!   clock, which sessions check themselves (they stop there also while
+//!   this worker is stopped); activating or revoking a block happens under the slot
 //!   table's lock and bumps the slots' `lease_epoch`, so a backend whose
 //!   block changed hands moves to another id (see `claims`).
 //! - Identity: a random node id in the file `snowflake_id.leases`, with
@@ -196,7 +198,7 @@ impl Worker {
     fn wait_ms(&self) -> i64 {
         let now = self.mono_ms();
         let mut wait = self.timing().renew_every_ms.min(citus::CITUS_POLL_MS);
-        for h in &self.holder.held {
+        for h in self.holder.held() {
             wait = wait.min(h.deadline_mono_ms - now);
         }
         wait.clamp(10, 5_000)
@@ -226,7 +228,8 @@ impl Worker {
         if self.client.is_none() && self.mono_ms() >= self.next_connect_mono {
             self.connect();
         }
-        self.holder.trust_saved = self.saved_provable && self.unreachable;
+        self.holder
+            .trust_saved(self.saved_provable && self.unreachable);
         let usage = self.usage();
         let now = Now {
             mono_ms: self.mono_ms(),
@@ -237,9 +240,8 @@ impl Worker {
             replication: settings::lease_replication(),
         };
         let (ranges, _) = settings::worker_ranges();
-        let allowed = lease::allowed_blocks(&ranges, self.holder.id.block_size);
-        let answered = self.client.as_ref().map_or(0, |c| c.answered);
-        let result = {
+        let allowed = lease::allowed_blocks(&ranges, self.holder.id().block_size);
+        let round = {
             let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
             let registry = self.client.as_mut().map(|c| c as &mut dyn Registry);
             self.holder.step(now, &usage, &allowed, registry, &mut host)
@@ -249,11 +251,11 @@ impl Worker {
         self.report_events();
         // A lease call answered in this step (also when a later one was
         // refused): the registry answers again.
-        if self.client.as_ref().is_some_and(|c| c.answered > answered) {
+        if round.answered {
             self.answering();
         }
-        match result {
-            Ok(()) => {
+        match round.error {
+            None => {
                 if matches!(
                     self.problem,
                     Some(Problem::Refused(_) | Problem::NoAnswer(_))
@@ -261,29 +263,29 @@ impl Worker {
                     self.clear_problem();
                 }
             }
-            Err(CallError::Unreachable(problem)) => {
+            Some(e) if e.drops_session() => {
                 let display = self.display();
-                let text = format!("the registry {display} did not answer: {problem}");
+                let text = format!("the registry {display} did not answer: {}", e.text());
                 self.unanswered = Some(text.clone());
-                self.unreachable(Problem::NoAnswer(text));
+                let stalled = matches!(e, CallError::NoAnswer { .. });
+                self.unreachable(Problem::NoAnswer(text), stalled);
             }
             // Given up by the registry at its lock_timeout or
             // statement_timeout (a lock held there): no answer,
             // as a call given up here at a deadline, but the session
             // stays (nothing is wrong with it).
-            Err(CallError::Refused(problem))
-                if self.client.as_ref().is_some_and(|c| c.timed_out) =>
-            {
+            Some(CallError::RegistryTimeout { message, .. }) => {
                 let display = self.display();
-                let text = format!("the registry {display} did not answer in time: {problem}");
+                let text = format!("the registry {display} did not answer in time: {message}");
                 self.unanswered = Some(text.clone());
                 self.not_answering();
                 self.set_problem(Problem::NoAnswer(text));
             }
-            Err(CallError::Refused(problem)) => {
+            Some(e) => {
                 let display = self.display();
                 self.set_problem(Problem::Refused(format!(
-                    "the registry {display} refused a call: {problem}"
+                    "the registry {display} refused a call: {}",
+                    e.text()
                 )));
             }
         }

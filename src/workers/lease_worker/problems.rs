@@ -74,7 +74,7 @@ impl Worker {
     /// Logs what the holder did.
     pub(super) fn report_events(&mut self) {
         let display = self.display();
-        for event in std::mem::take(&mut self.holder.events) {
+        for event in self.holder.take_events() {
             match event {
                 Event::Leased { block, floor_ms } => {
                     let floor = if floor_ms > 0 {
@@ -104,9 +104,6 @@ impl Worker {
                     "the registry {display} is fenced until {} (a new incarnation after it may have forgotten grants): it leases no block anew until then",
                     format_unix_ms(until_ms)
                 ))),
-                // A call the registry gave up at its own timeout is not
-                // answered: `Worker::step` reports it (as NoAnswer), once.
-                Event::Refused(_) if self.client.as_ref().is_some_and(|c| c.timed_out) => {}
                 Event::Refused(text) => self.set_problem(Problem::Refused(format!(
                     "the registry {display} refused a call: {text}"
                 ))),
