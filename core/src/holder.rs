@@ -1005,5 +1005,7 @@ impl Registry for Answers<'_> {
 /// The longest a durability check waits for the registry's standbys.
 pub const DURABLE_WAIT_MAX_MS: i64 = 2_000;
 
+pub mod problems;
+
 #[cfg(test)]
 mod tests;

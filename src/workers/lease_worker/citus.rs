@@ -3,9 +3,9 @@
 //! following it (a poll every second).
 
 use super::host::set_all_limits;
-use super::problems::Problem;
 use super::target::conninfo_quote;
 use super::{Target, Worker};
+use snowflake_core::holder::problems::Cause;
 
 use crate::settings;
 use crate::shmem::{LeaseMode, MODE_CITUS, NO_LEASE};
@@ -48,9 +48,9 @@ impl Worker {
             // Not known now, but nothing says it changed: the mode and
             // the coordinator stay as they are until the next poll.
             CitusRead::GaveUp(why) => {
-                self.set_problem(Problem::Citus(format!(
+                self.set_problem(Cause::Citus, format!(
                     "Citus metadata could not be read within {left_ms} ms ({why}): retried every second; this server goes on as before meanwhile"
-                )));
+                ));
                 return;
             }
         };
@@ -63,9 +63,8 @@ impl Worker {
         };
         match found {
             Ok(target) => {
-                if matches!(self.problem, Some(Problem::Citus(_))) {
-                    self.clear_problem();
-                }
+                let logs = self.problems.citus_read(&self.display());
+                self.report(logs);
                 self.set_target(target)
             }
             Err(problem) => {
@@ -76,7 +75,7 @@ impl Worker {
                     set_all_limits(self.header, NO_LEASE);
                     self.header.lease.set_mode(LeaseMode::Undecided, Release);
                 }
-                self.set_problem(Problem::Citus(problem))
+                self.set_problem(Cause::Citus, problem)
             }
         }
     }

@@ -8,14 +8,11 @@
 
 use super::file::new_node_id;
 use super::host::ShmHost;
-use super::problems::Problem;
 use super::registry::PgRegistry;
 use super::{Target, Worker};
 
-use crate::clock;
 use crate::workers::registry_client::{AnswerBy, Connection};
 use snowflake_core::node::{Ending, NodeClaim, Refused, Rename};
-use std::sync::atomic::Ordering::{Relaxed, Release};
 
 /// Session settings of the registry connection. Names resolve in
 /// pg_catalog only: the session may be a superuser's, and other roles may
@@ -70,7 +67,11 @@ impl Worker {
         };
         match self.open_session(&target) {
             Ok(registry) => self.connected(registry),
-            Err(problem) => self.unreachable(Problem::Other(problem), false),
+            Err(problem) => {
+                self.drop_session(false);
+                let logs = self.problems.connect_failed(problem, self.at());
+                self.report(logs);
+            }
         }
     }
 
@@ -204,44 +205,17 @@ impl Worker {
     /// A session is open and introduced: the registry is reachable again.
     fn connected(&mut self, registry: PgRegistry) {
         self.client = Some(registry);
-        self.connect_backoff_ms = 0;
-        self.unreachable = false;
-        // While the lease call given up before this session is unanswered
-        // (a lock or a synchronous standby at the registry, which accepts
-        // new sessions), the registry still "does not answer": that ends
-        // when a lease call is answered (`Worker::step`).
-        if self.unanswered.is_none() {
-            self.header.lease.unreachable_since_ms.store(0, Release);
-        }
-        self.clear_problem();
+        let logs = self.problems.connected(&self.display());
+        self.report(logs);
         // Renew at once: confirms the leases held before a restart or an
         // outage, and drops those handed to another server since.
         self.holder.reconnected();
     }
 
-    /// The registry does not answer (from now, unless already so): shown
-    /// as `registry_unreachable_since` until a lease call is answered.
-    pub(super) fn not_answering(&self) {
-        let lease = &self.header.lease;
-        if lease.unreachable_since_ms.load(Relaxed) == 0 {
-            lease.unreachable_since_ms.store(clock::unix_ms(), Release);
-        }
-    }
-
-    /// The registry answers (a lease call was answered), or another one
-    /// is used: no call is unanswered, and `registry_unreachable_since`
-    /// is cleared.
-    pub(super) fn answering(&mut self) {
-        self.unanswered = None;
-        self.header.lease.unreachable_since_ms.store(0, Release);
-    }
-
-    /// The registry did not answer or the connection broke: drops the
-    /// session, picks the host to try first and the pause before the next
-    /// attempt, and reports `problem`. `stalled`: the session's host gave
-    /// no answer within the call's limit.
-    pub(super) fn unreachable(&mut self, problem: Problem, stalled: bool) {
-        self.not_answering();
+    /// The session is gone (or none could be made): drops it and picks
+    /// the host to try first next. `stalled`: its host gave no answer
+    /// within the call's limit.
+    pub(super) fn drop_session(&mut self, stalled: bool) {
         // With several hosts in the connection string: the next attempt
         // begins with the host of the session that ended, unless that host
         // stalled (no answer within the call's limit: a frozen VM), then
@@ -250,11 +224,6 @@ impl Worker {
         if let Some(host) = self.host_index.take() {
             self.next_host = if stalled { host + 1 } else { host };
         }
-        self.unreachable = true;
-        let most = self.timing().renew_every_ms.max(1_000);
-        self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
-        self.next_connect_mono = self.mono_ms() + self.connect_backoff_ms;
-        self.set_problem(problem);
     }
 
     /// Ends `old`, this worker's earlier registry session, if it is still

@@ -58,7 +58,6 @@ mod target;
 
 use file::FileContext;
 use host::ShmHost;
-use problems::Problem;
 use registry::PgRegistry;
 
 use crate::clock;
@@ -69,6 +68,7 @@ use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
+use snowflake_core::holder::problems::{Cause, Problems};
 use snowflake_core::holder::{CallError, Holder, Now, Registry};
 use snowflake_core::layout::Layout;
 use snowflake_core::lease::{self, Timing};
@@ -109,21 +109,13 @@ struct Worker {
     holder: Holder,
     file: FileContext,
     client: Option<PgRegistry>,
-    next_connect_mono: i64,
-    /// The pause before the next connection attempt: 250 ms after a
-    /// working connection broke, doubling up to the renewal interval.
-    connect_backoff_ms: i64,
-    /// A connection attempt failed since the last success.
-    unreachable: bool,
     /// The saved blocks may be used while the registry is unreachable:
     /// same data directory, same registry, not started from a backup.
     saved_provable: bool,
     next_citus_mono: i64,
-    problem: Option<Problem>,
-    /// The last lease call the registry did not answer in time, until one
-    /// is answered: a new session does not answer it (a lock held there
-    /// holds the next call too), nor does another problem's end.
-    unanswered: Option<String>,
+    /// What keeps it from leasing, since when the registry has not
+    /// answered, the pause before the next connection attempt.
+    problems: Problems,
     /// This worker's last session on the registry: its backend pid and
     /// start (microseconds since 1970). After a network break that session
     /// can linger there (a half-open connection), still holding the node
@@ -164,9 +156,10 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
         .store(unsafe { pg_sys::MyLatch }, Release);
     let mut worker = Worker::new(header);
     if citus && database.is_none() {
-        worker.set_problem(Problem::Citus(
+        worker.set_problem(
+            Cause::Citus,
             "Citus is preloaded but snowflake_id.registry_database is empty, so its metadata cannot be read: set snowflake_id.registry_database to the database where CREATE EXTENSION citus ran, or set snowflake_id.registry".into(),
-        ));
+        );
     }
     loop {
         if BackgroundWorker::sighup_received() {
@@ -225,11 +218,11 @@ impl Worker {
         // registry (a connection attempt is bounded by the deadlines of
         // the blocks still in use, see registry_client).
         self.expire_due();
-        if self.client.is_none() && self.mono_ms() >= self.next_connect_mono {
+        if self.client.is_none() && self.problems.may_connect(self.mono_ms()) {
             self.connect();
         }
         self.holder
-            .trust_saved(self.saved_provable && self.unreachable);
+            .trust_saved(self.saved_provable && self.problems.unreachable());
         let usage = self.usage();
         let now = Now {
             mono_ms: self.mono_ms(),
@@ -249,46 +242,11 @@ impl Worker {
         // A call given up at a block's deadline: revoke it now.
         self.expire_due();
         self.report_events();
-        // A lease call answered in this step (also when a later one was
-        // refused): the registry answers again.
-        if round.answered {
-            self.answering();
+        let logs = self.problems.round(&round, &self.display(), self.at());
+        if let Some(e) = round.error.as_ref().filter(|e| e.drops_session()) {
+            self.drop_session(matches!(e, CallError::NoAnswer { .. }));
         }
-        match round.error {
-            None => {
-                if matches!(
-                    self.problem,
-                    Some(Problem::Refused(_) | Problem::NoAnswer(_))
-                ) {
-                    self.clear_problem();
-                }
-            }
-            Some(e) if e.drops_session() => {
-                let display = self.display();
-                let text = format!("the registry {display} did not answer: {}", e.text());
-                self.unanswered = Some(text.clone());
-                let stalled = matches!(e, CallError::NoAnswer { .. });
-                self.unreachable(Problem::NoAnswer(text), stalled);
-            }
-            // Given up by the registry at its lock_timeout or
-            // statement_timeout (a lock held there): no answer,
-            // as a call given up here at a deadline, but the session
-            // stays (nothing is wrong with it).
-            Some(CallError::RegistryTimeout { message, .. }) => {
-                let display = self.display();
-                let text = format!("the registry {display} did not answer in time: {message}");
-                self.unanswered = Some(text.clone());
-                self.not_answering();
-                self.set_problem(Problem::NoAnswer(text));
-            }
-            Some(e) => {
-                let display = self.display();
-                self.set_problem(Problem::Refused(format!(
-                    "the registry {display} refused a call: {}",
-                    e.text()
-                )));
-            }
-        }
+        self.report(logs);
         self.publish();
         self.persist();
     }

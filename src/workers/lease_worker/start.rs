@@ -11,6 +11,7 @@ use super::{Target, Worker};
 
 use crate::shmem::{Header, MODE_CITUS};
 use crate::{clock, settings};
+use snowflake_core::holder::problems::Problems;
 use snowflake_core::holder::{Holder, Identity, Seen};
 use snowflake_core::lease;
 use snowflake_core::node::{self, SavedLeases, StartFacts};
@@ -114,13 +115,9 @@ impl Worker {
                 saved: String::new(),
             },
             client: None,
-            next_connect_mono: 0,
-            connect_backoff_ms: 0,
-            unreachable: false,
             saved_provable: false,
             next_citus_mono: 0,
-            problem: None,
-            unanswered: None,
+            problems: Problems::default(),
             registry_session: None,
             host_index: None,
             next_host: 0,
