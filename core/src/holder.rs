@@ -169,6 +169,27 @@ impl CallError {
     }
 }
 
+/// What a call complete at `answered_mono_ms` under `limit` comes to:
+/// `answer` (rows, or the registry's error), unless it came at or after a
+/// lease deadline: then it is no answer ([`lease::CallLimit::answer_usable`]),
+/// whatever it said.
+pub fn settle<T>(
+    limit: &lease::CallLimit,
+    answered_mono_ms: i64,
+    answer: Result<T, CallError>,
+) -> Result<T, CallError> {
+    if limit.answer_usable(answered_mono_ms) {
+        return answer;
+    }
+    Err(CallError::NoAnswer {
+        end: limit.end,
+        text: format!(
+            "the answer came {} ms after the lease deadline of this server's blocks: not used",
+            answered_mono_ms.saturating_sub(limit.until_mono_ms)
+        ),
+    })
+}
+
 /// What one round's calls came to ([`Holder::step`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Round {
@@ -698,12 +719,37 @@ impl Holder {
         Ok(usable)
     }
 
+    /// A renewal: request, call, then the pure steps that apply its
+    /// reply (before and after the durability check).
     fn renew(
         &mut self,
         now: Now,
         registry: &mut dyn Registry,
         host: &mut dyn Host,
     ) -> Result<(), CallError> {
+        let (req, grant) = self.renew_request(&now);
+        self.bound(registry, Some(grant.deadline_mono_ms));
+        let reply = match registry.renew(&req) {
+            Ok(reply) => reply,
+            Err(e) => return self.failed(e),
+        };
+        let Some(kept) = self.apply_renewal_reply(&reply, host) else {
+            return Ok(());
+        };
+        // Nothing else is used before it is durable: the deadlines and
+        // marks stay those of the last durable renewal, and the renewal is
+        // sent again at the next round.
+        if !self.durable("renewal", &now, grant.deadline_mono_ms, registry)? {
+            return Ok(());
+        }
+        self.apply_durable_renewal(&kept, grant, &now, host);
+        Ok(())
+    }
+
+    /// The renewal of the blocks held and pending, and what it grants once
+    /// confirmed. A re-assertion ([`Holder::reassert_from`]) names the
+    /// older incarnation (with its token) at the position seen since.
+    fn renew_request(&mut self, now: &Now) -> (RenewRequest, lease::Grant) {
         let grant = lease::grant(now.mono_ms, now.wall_ms, &now.timing, now.max_drift_ms);
         let req = RenewRequest {
             node: self.id.node.clone(),
@@ -722,8 +768,6 @@ impl Holder {
             lease_ms: now.timing.lease_ms,
             grace_ms: now.timing.grace_ms,
             high_ms: grant.high_ms,
-            // A re-assertion names the older incarnation (with its token)
-            // at the position seen since.
             seen: match self.reassert_from.take() {
                 Some(old) => Seen {
                     lsn: format_lsn(self.lsn),
@@ -733,13 +777,19 @@ impl Holder {
             },
             previous_session: self.previous_session.clone(),
         };
-        self.bound(registry, Some(grant.deadline_mono_ms));
-        let reply = match registry.renew(&req) {
-            Ok(reply) => reply,
-            Err(e) => return self.failed(e),
-        };
+        (req, grant)
+    }
+
+    /// A renewal's reply, before its durability is known: `None` when the
+    /// reply is not usable; else the blocks it keeps. Blocks it does not
+    /// keep are given up at once (safe whether or not it is durable).
+    fn apply_renewal_reply(
+        &mut self,
+        reply: &Reply,
+        host: &mut dyn Host,
+    ) -> Option<Vec<BlockFloor>> {
         if !self.accept(&reply.head) {
-            return Ok(());
+            return None;
         }
         self.note_fence(reply.head.fenced_until_ms);
         let asked: Vec<u32> = self
@@ -759,7 +809,6 @@ impl Holder {
             .copied()
             .filter(|b| !kept.iter().any(|k| k.block == *b))
             .collect();
-        // Giving blocks up is safe whether or not the reply is durable.
         for &block in &lost {
             if self.held.iter().any(|h| h.block == block) {
                 self.events.push(Event::Lost { block });
@@ -768,14 +817,21 @@ impl Holder {
         }
         self.held.retain(|h| !lost.contains(&h.block));
         self.pending.retain(|h| !lost.contains(&h.block));
-        // Nothing else is used before it is durable: the deadlines and
-        // marks stay those of the last durable renewal, and the renewal is
-        // sent again at the next round.
-        if !self.durable("renewal", &now, grant.deadline_mono_ms, registry)? {
-            return Ok(());
-        }
+        Some(kept)
+    }
+
+    /// A durable renewal: pending blocks it keeps are held (and used once
+    /// their floor is within `max_drift`), the kept blocks' marks and
+    /// deadlines rise to the grant's.
+    fn apply_durable_renewal(
+        &mut self,
+        kept: &[BlockFloor],
+        grant: lease::Grant,
+        now: &Now,
+        host: &mut dyn Host,
+    ) {
         self.last_renew_mono = Some(now.mono_ms);
-        for k in &kept {
+        for k in kept {
             let Some(i) = self.pending.iter().position(|p| p.block == k.block) else {
                 continue;
             };
@@ -783,7 +839,7 @@ impl Holder {
             h.confirmed = true;
             self.held.push(h);
             if h.floor_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
-                self.activate(h.block, &now, host);
+                self.activate(h.block, now, host);
             }
         }
         for k in kept {
@@ -802,9 +858,10 @@ impl Holder {
                 host.raise(h.block, h.high_ms, now.stop_ms(h));
             }
         }
-        Ok(())
     }
 
+    /// A lease of `want` more blocks: request, call, then the pure steps
+    /// that apply its reply (before and after the durability check).
     fn acquire(
         &mut self,
         want: u32,
@@ -813,6 +870,33 @@ impl Holder {
         registry: &mut dyn Registry,
         host: &mut dyn Host,
     ) -> Result<(), CallError> {
+        let (req, grant) = self.acquire_request(want, allowed, &now);
+        self.bound(registry, Some(grant.deadline_mono_ms));
+        let reply = match registry.acquire(&req) {
+            Ok(reply) => reply,
+            Err(e) => return self.failed(e),
+        };
+        if !self.apply_lease_reply(&reply) {
+            return Ok(());
+        }
+        // A failed check leaves the blocks leased here as pending, so that
+        // they are renewed (or given up) rather than stranded until expiry.
+        let checked = if reply.blocks.is_empty() {
+            Ok(true)
+        } else {
+            self.durable("lease", &now, grant.deadline_mono_ms, registry)
+        };
+        let durable = matches!(checked, Ok(true));
+        self.apply_lease(&reply.blocks, allowed, durable, grant, &now, host);
+        checked.map(|_| ())
+    }
+
+    fn acquire_request(
+        &self,
+        want: u32,
+        allowed: &[u32],
+        now: &Now,
+    ) -> (AcquireRequest, lease::Grant) {
         let grant = lease::grant(now.mono_ms, now.wall_ms, &now.timing, now.max_drift_ms);
         let req = AcquireRequest {
             node: self.id.node.clone(),
@@ -827,16 +911,16 @@ impl Holder {
             high_ms: grant.high_ms,
             seen: self.seen(),
         };
-        self.bound(registry, Some(grant.deadline_mono_ms));
-        let reply = match registry.acquire(&req) {
-            Ok(reply) => reply,
-            Err(e) => return self.failed(e),
-        };
-        // A new incarnation seen here: the blocks held were not re-asserted
-        // by this call; the next renewal does that (at once).
+        (req, grant)
+    }
+
+    /// A lease's reply, before its durability is known: false when it is
+    /// not usable. A new incarnation seen here: the blocks held were not
+    /// re-asserted by this call; the next renewal does that (at once).
+    fn apply_lease_reply(&mut self, reply: &Reply) -> bool {
         let known = self.seen();
         if !self.accept(&reply.head) {
-            return Ok(());
+            return false;
         }
         if known.incarnation != self.incarnation && !self.held.is_empty() {
             self.last_renew_mono = None;
@@ -848,15 +932,21 @@ impl Holder {
         if reply.blocks.is_empty() && self.held.is_empty() && reply.head.fenced_until_ms.is_none() {
             self.events.push(Event::NoFreeBlock);
         }
-        // A failed check leaves the blocks leased here as pending, so that
-        // they are renewed (or given up) rather than stranded until expiry.
-        let checked = if reply.blocks.is_empty() {
-            Ok(true)
-        } else {
-            self.durable("lease", &now, grant.deadline_mono_ms, registry)
-        };
-        let durable = matches!(checked, Ok(true));
-        for b in reply.blocks {
+        true
+    }
+
+    /// The blocks a lease granted: used (once their floor is within
+    /// `max_drift`) when the grant is `durable`, else pending.
+    fn apply_lease(
+        &mut self,
+        blocks: &[BlockFloor],
+        allowed: &[u32],
+        durable: bool,
+        grant: lease::Grant,
+        now: &Now,
+        host: &mut dyn Host,
+    ) {
+        for b in blocks {
             if !allowed.contains(&b.block) {
                 continue;
             }
@@ -908,10 +998,9 @@ impl Holder {
                 idle_since_mono_ms: None,
             });
             if b.floor_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
-                self.activate(b.block, &now, host);
+                self.activate(b.block, now, host);
             }
         }
-        checked.map(|_| ())
     }
 
     /// Gives an idle block back (if still idle when stopped).

@@ -1249,3 +1249,99 @@ fn a_round_says_whether_the_registry_answered() {
         .step(now(T0 + 5_100), &usage, &[0], None, &mut a.host);
     assert_eq!(round, Round::default());
 }
+
+fn test_now(t: i64) -> Now {
+    Now {
+        mono_ms: t - T0,
+        wall_ms: t,
+        timing: Timing::new(LEASE),
+        max_drift_ms: DRIFT,
+        max_blocks: 64,
+        replication: Replication::Auto,
+    }
+}
+
+fn reply(incarnation: &str, lsn: &str, blocks: &[(u32, i64)]) -> Reply {
+    Reply {
+        head: ReplyHead {
+            incarnation: incarnation.into(),
+            lsn: lsn.into(),
+            ..ReplyHead::default()
+        },
+        blocks: blocks
+            .iter()
+            .map(|&(block, floor_ms)| BlockFloor { block, floor_ms })
+            .collect(),
+    }
+}
+
+/// The pure steps of a lease and a renewal, without a registry: a lease
+/// that is not durable leaves its blocks pending and unused; a durable one
+/// uses them; a renewal's reply gives up what it does not keep at once,
+/// and its durable step raises the marks of what it keeps.
+#[test]
+fn a_lease_and_a_renewal_apply_their_replies_in_steps() {
+    let mut a = Server::new("a", 0);
+    let now = test_now(T0);
+    let (req, grant) = a.holder.acquire_request(2, &[0, 1], &now);
+    assert_eq!((req.want, req.allowed.len()), (2, 2));
+    let lease = reply("i1", "0/10", &[(0, T0 - 10), (1, T0 - 10), (5, T0)]);
+    assert!(a.holder.apply_lease_reply(&lease));
+    a.holder
+        .apply_lease(&lease.blocks, &[0, 1], false, grant, &now, &mut a.host);
+    assert!(a.holder.held.is_empty() && a.host.active.is_empty());
+    assert_eq!(a.holder.pending.len(), 2, "block 5 was not asked for");
+    a.holder
+        .apply_lease(&lease.blocks, &[0, 1], true, grant, &now, &mut a.host);
+    assert_eq!(a.host.active.keys().copied().collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(a.host.stops[&0], T0 + LEASE);
+    // A renewal a second later that keeps block 0 only.
+    a.holder.pending.clear();
+    let later = test_now(T0 + 1_000);
+    let (req, grant) = a.holder.renew_request(&later);
+    assert_eq!(req.blocks.len(), 2);
+    let renewal = reply("i1", "0/20", &[(0, T0 - 10)]);
+    let kept = a
+        .holder
+        .apply_renewal_reply(&renewal, &mut a.host)
+        .expect("usable");
+    assert!(!a.host.active.contains_key(&1), "lost before durability");
+    a.holder
+        .apply_durable_renewal(&kept, grant, &later, &mut a.host);
+    assert_eq!(a.host.active[&0].1, grant.high_ms);
+    assert_eq!(a.host.stops[&0], T0 + 1_000 + LEASE);
+    // A reply from below the position seen is not used.
+    assert!(a
+        .holder
+        .apply_renewal_reply(&reply("i1", "0/15", &[]), &mut a.host)
+        .is_none());
+    assert!(a.host.active.contains_key(&0));
+}
+
+/// An answer that came at or after a lease deadline is no answer, what
+/// ever it said; one within the call timeout alone is used.
+#[test]
+fn a_late_answer_settles_as_no_answer() {
+    use crate::lease::{CallEnd, CallLimit};
+    let by_deadline = CallLimit::new(0, 10_000, Some(3_000));
+    let by_timeout = CallLimit::new(0, 10_000, None);
+    let refused = || CallError::unusable("no");
+    let table: [(&CallLimit, i64, Result<u8, CallError>, Option<bool>); 5] = [
+        (&by_deadline, 2_999, Ok(1), None),
+        (&by_deadline, 3_000, Ok(1), Some(true)),
+        (&by_deadline, 3_500, Err(refused()), Some(true)),
+        (&by_deadline, 2_000, Err(refused()), Some(false)),
+        (&by_timeout, 12_000, Ok(1), None),
+    ];
+    for (limit, at, answer, error_is_no_answer) in table {
+        let settled = settle(limit, at, answer);
+        match (error_is_no_answer, &settled) {
+            (None, Ok(_)) => {}
+            (Some(true), Err(CallError::NoAnswer { end, .. })) => {
+                assert_eq!(*end, CallEnd::LeaseDeadline);
+            }
+            (Some(false), Err(CallError::Refused(_))) => {}
+            _ => panic!("{at}: {settled:?}"),
+        }
+    }
+}

@@ -31,7 +31,7 @@ use libpq::{
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 use snowflake_core::conninfo;
-use snowflake_core::holder::CallError;
+use snowflake_core::holder::{settle, CallError};
 use snowflake_core::lease::{CallEnd, CallLimit};
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
@@ -83,6 +83,33 @@ impl AnswerBy {
 /// The longest single wait, so that signals are seen promptly even if a
 /// latch wake-up were missed.
 const WAIT_SLICE_MS: i64 = 500;
+
+/// A call's statement and text parameters, as libpq takes them.
+struct Request {
+    sql: CString,
+    params: Vec<CString>,
+}
+
+impl Request {
+    fn new(sql: &str, params: &[&str]) -> Result<Request, CallError> {
+        let bad = |_| CallError::unusable("a query or parameter contains a NUL byte");
+        Ok(Request {
+            sql: CString::new(sql).map_err(bad)?,
+            params: params
+                .iter()
+                .map(|p| CString::new(*p))
+                .collect::<Result<_, _>>()
+                .map_err(bad)?,
+        })
+    }
+}
+
+/// What a complete call got: its rows or the registry's error, and when
+/// it was complete (the worker's monotonic ms).
+struct Answer {
+    result: Result<Vec<Vec<Option<String>>>, CallError>,
+    at_mono_ms: i64,
+}
 
 /// A registry session.
 pub struct Connection {
@@ -330,21 +357,14 @@ impl Connection {
 
     /// Runs `sql` with text parameters; returns the rows' text values
     /// (`None` for NULL). A server error is [`CallError::from_registry`]:
-    /// its SQLSTATE, message and hint.
+    /// its SQLSTATE, message and hint. The request, the call, then the
+    /// pure step that settles what came back ([`settle`]).
     pub fn query(
         &mut self,
         sql: &str,
         params: &[&str],
     ) -> Result<Vec<Vec<Option<String>>>, CallError> {
-        let (pq, conn) = (self.pq, self.conn);
-        let bad = |_| CallError::unusable("a query or parameter contains a NUL byte");
-        let sql = CString::new(sql).map_err(bad)?;
-        let params: Vec<CString> = params
-            .iter()
-            .map(|p| CString::new(*p))
-            .collect::<Result<_, _>>()
-            .map_err(bad)?;
-        let ptrs: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
+        let request = Request::new(sql, params)?;
         let clock = self.answer_by;
         let limit = clock.limit();
         // The deadline came before the call: nothing is sent (the host did
@@ -352,12 +372,21 @@ impl Connection {
         if limit.left_ms(clock.now_mono_ms()) == 0 {
             return Err(no_answer(&limit, &clock, "sending a call"));
         }
+        let answer = self.call(&request, &limit)?;
+        settle(&limit, answer.at_mono_ms, answer.result)
+    }
+
+    /// Sends `request` and reads its results until they are complete,
+    /// within `limit`.
+    fn call(&mut self, request: &Request, limit: &CallLimit) -> Result<Answer, CallError> {
+        let (pq, conn, clock) = (self.pq, self.conn, self.answer_by);
+        let ptrs: Vec<*const c_char> = request.params.iter().map(|p| p.as_ptr()).collect();
         // SAFETY: the statement and parameter strings outlive the call;
         // NULL types, lengths and formats mean text parameters.
         let sent = unsafe {
             (pq.PQsendQueryParams)(
                 conn,
-                sql.as_ptr(),
+                request.sql.as_ptr(),
                 ptrs.len() as i32,
                 std::ptr::null(),
                 ptrs.as_ptr(),
@@ -374,7 +403,7 @@ impl Connection {
             // SAFETY: flushing the connection we own.
             match unsafe { (pq.PQflush)(conn) } {
                 0 => break,
-                1 => wait_socket(pq, conn, Want::Write, &limit, &clock, "sending a call")?,
+                1 => wait_socket(pq, conn, Want::Write, limit, &clock, "sending a call")?,
                 _ => return Err(CallError::Lost(error_message(pq, conn))),
             }
         }
@@ -383,14 +412,7 @@ impl Connection {
         loop {
             // SAFETY: on the connection we own.
             while unsafe { (pq.PQisBusy)(conn) } != 0 {
-                wait_socket(
-                    pq,
-                    conn,
-                    Want::Read,
-                    &limit,
-                    &clock,
-                    "waiting for an answer",
-                )?;
+                wait_socket(pq, conn, Want::Read, limit, &clock, "waiting for an answer")?;
                 // SAFETY: as above.
                 if unsafe { (pq.PQconsumeInput)(conn) } == 0 {
                     return Err(CallError::Lost(error_message(pq, conn)));
@@ -419,23 +441,10 @@ impl Connection {
         if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
             return Err(CallError::Lost(error_message(pq, conn)));
         }
-        // An answer that came at or after the lease deadline is not used:
-        // the blocks are due to stop; the worker revokes them and asks
-        // again in a new session.
-        let answered = clock.now_mono_ms();
-        if !limit.answer_usable(answered) {
-            return Err(CallError::NoAnswer {
-                end: limit.end,
-                text: format!(
-                    "the answer came {} ms after the lease deadline of this server's blocks: not used",
-                    answered.saturating_sub(limit.until_mono_ms)
-                ),
-            });
-        }
-        match refused {
-            Some(e) => Err(e),
-            None => Ok(rows),
-        }
+        Ok(Answer {
+            result: refused.map_or(Ok(rows), Err),
+            at_mono_ms: clock.now_mono_ms(),
+        })
     }
 
     /// The one value of a one-row, one-column answer.
