@@ -1326,7 +1326,9 @@ fn a_late_answer_settles_as_no_answer() {
     let by_deadline = CallLimit::new(0, 10_000, Some(3_000));
     let by_timeout = CallLimit::new(0, 10_000, None);
     let refused = || CallError::unusable("no");
-    let table: [(&CallLimit, i64, Result<u8, CallError>, Option<bool>); 5] = [
+    // (limit, answered at, the answer, None: used; Some(no answer?))
+    type Row<'a> = (&'a CallLimit, i64, Result<u8, CallError>, Option<bool>);
+    let table: [Row; 5] = [
         (&by_deadline, 2_999, Ok(1), None),
         (&by_deadline, 3_000, Ok(1), Some(true)),
         (&by_deadline, 3_500, Err(refused()), Some(true)),
