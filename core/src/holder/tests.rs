@@ -5,6 +5,8 @@
 //! ranges of the same block that overlap.
 
 use super::*;
+use crate::registry::memory::Store;
+use crate::registry::Call;
 use std::collections::BTreeMap;
 
 const T0: i64 = 1_795_305_600_000;
@@ -457,7 +459,7 @@ impl Server {
             .collect()
     }
 
-    fn step(&mut self, t: i64, registry: &mut FakeRegistry, allowed: &[u32]) {
+    fn step(&mut self, t: i64, registry: &mut dyn Clocked, allowed: &[u32]) {
         let now = Now {
             mono_ms: t - T0,
             wall_ms: t + self.skew,
@@ -467,12 +469,157 @@ impl Server {
             replication: self.replication,
         };
         let usage = self.usage();
-        registry.now = t;
-        let reg: Option<&mut dyn Registry> = if self.connected { Some(registry) } else { None };
+        let node = self.holder.id.node.clone();
+        registry.at(t, &node, self.connected);
+        let reg: Option<&mut dyn Registry> = if self.connected {
+            Some(registry.as_registry())
+        } else {
+            None
+        };
         let round = self.holder.step(now, &usage, allowed, reg, &mut self.host);
         if round.error.as_ref().is_some_and(CallError::drops_session) {
             self.holder.reconnected();
         }
+    }
+}
+
+/// A registry the tests' servers call: its clock is the tests' time `t`,
+/// and calls come from the server of node `node` (`connected`: it has a
+/// session).
+trait Clocked {
+    fn at(&mut self, t: i64, node: &str, connected: bool);
+    fn as_registry(&mut self) -> &mut dyn Registry;
+}
+
+impl Clocked for FakeRegistry {
+    fn at(&mut self, t: i64, _node: &str, _connected: bool) {
+        self.now = t;
+    }
+    fn as_registry(&mut self) -> &mut dyn Registry {
+        self
+    }
+}
+
+/// The registry's real rules over rows in memory
+/// ([`crate::registry::memory::Store`]), one session per server, and what
+/// the network can do to its answers: stall, replay an older reply, add a
+/// block to a reply (a lie).
+struct MemRegistry {
+    store: Store,
+    now: i64,
+    /// Node → its session's pid.
+    sessions: BTreeMap<String, u64>,
+    pid: u64,
+    next_pid: u64,
+    /// Calls get no answer (a registry that stalls).
+    stalled: bool,
+    /// The next lease call's reply is this one (a reordered answer).
+    replay: Option<Reply>,
+    /// Replies name this extra block (a lie).
+    extra_block: Option<u32>,
+    /// The bound the holder set before each call (`Registry::answer_by`).
+    bounds: Vec<Option<i64>>,
+}
+
+impl MemRegistry {
+    fn new() -> MemRegistry {
+        MemRegistry {
+            store: Store::created(T0 - 60_000, 42),
+            now: T0,
+            sessions: BTreeMap::new(),
+            pid: 0,
+            next_pid: 100,
+            stalled: false,
+            replay: None,
+            extra_block: None,
+            bounds: Vec::new(),
+        }
+    }
+
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&mut Store, u64, i64) -> Result<T, crate::registry::Refusal>,
+    ) -> Result<T, CallError> {
+        if self.stalled {
+            return Err(timeout());
+        }
+        f(&mut self.store, self.pid, self.now).map_err(|r| {
+            CallError::from_registry(Some(r.code.code().into()), r.message, r.hint)
+        })
+    }
+
+    /// The id (`pid:start`) of node `node`'s session.
+    fn session_id(&self, node: &str) -> String {
+        self.sessions
+            .get(node)
+            .and_then(|pid| self.store.sessions.get(pid))
+            .map(|s| s.id.clone())
+            .unwrap_or_default()
+    }
+
+    /// Node `node`'s session ends (its server restarts): its locks go.
+    fn end_session(&mut self, node: &str) {
+        if let Some(pid) = self.sessions.remove(node) {
+            self.store.disconnect(pid);
+        }
+    }
+
+    fn lie(&self, mut reply: Reply) -> Reply {
+        if let Some(block) = self.extra_block {
+            reply.blocks.push(BlockFloor { block, floor_ms: 0 });
+        }
+        reply
+    }
+}
+
+impl Clocked for MemRegistry {
+    fn at(&mut self, t: i64, node: &str, connected: bool) {
+        self.now = t;
+        if !connected {
+            // Its session ended with the partition (its locks went).
+            if let Some(pid) = self.sessions.remove(node) {
+                self.store.disconnect(pid);
+            }
+            return;
+        }
+        let pid = match self.sessions.get(node) {
+            Some(&pid) => pid,
+            None => {
+                self.next_pid += 1;
+                let pid = self.store.connect(self.next_pid, t);
+                self.sessions.insert(node.to_string(), pid);
+                pid
+            }
+        };
+        self.pid = pid;
+        let _ = self.store.hello(pid, node);
+    }
+    fn as_registry(&mut self) -> &mut dyn Registry {
+        self
+    }
+}
+
+impl Registry for MemRegistry {
+    fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
+        let call = Call::Acquire(req.clone());
+        let reply = self.call(|s, pid, now| s.lease(pid, &call, now))?;
+        Ok(self.replay.take().unwrap_or_else(|| self.lie(reply)))
+    }
+    fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
+        let call = Call::Renew(req.clone());
+        let reply = self.call(|s, pid, now| s.lease(pid, &call, now))?;
+        Ok(self.replay.take().unwrap_or_else(|| self.lie(reply)))
+    }
+    fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
+        let call = Call::Release(req.clone());
+        self.call(|s, pid, now| s.release(pid, &call, now))
+    }
+    fn durable(&mut self, _wait_ms: i64) -> Result<Durability, CallError> {
+        let target = self.store.lsn;
+        self.call(|s, _, now| Ok(s.durable(now, target, &[])))
+    }
+    fn answer_by(&mut self, deadline_mono_ms: Option<i64>) {
+        self.bounds.push(deadline_mono_ms);
     }
 }
 
@@ -499,7 +646,7 @@ fn assert_disjoint(servers: &[&Server]) {
 /// Runs both servers every 100 ms of registry time from `from` to `to`.
 fn run(
     servers: &mut [&mut Server],
-    registry: &mut FakeRegistry,
+    registry: &mut dyn Clocked,
     from: i64,
     to: i64,
     allowed: &[u32],
@@ -515,7 +662,7 @@ fn run(
 
 #[test]
 fn two_servers_get_disjoint_blocks_and_hand_over_safely() {
-    let mut reg = FakeRegistry::default();
+    let mut reg = MemRegistry::new();
     let mut a = Server::new("a", 0);
     let mut b = Server::new("b", 0);
     // One block for both: b gets it only after a gives it back.
@@ -547,7 +694,7 @@ fn two_servers_get_disjoint_blocks_and_hand_over_safely() {
 #[test]
 fn a_block_whose_floor_is_ahead_is_usable_at_once_until_its_deadline() {
     let drift = 60_000;
-    let mut reg = FakeRegistry::default();
+    let mut reg = MemRegistry::new();
     let mut a = Server::new("a", 0);
     let mut b = Server::new("b", 0);
     for s in [&mut a, &mut b] {
@@ -725,7 +872,7 @@ fn without_fencing_the_same_fault_overlaps() {
 /// WAL position below one the holder saw: nothing in that reply is used.
 #[test]
 fn a_reply_from_the_past_is_not_used() {
-    let mut reg = FakeRegistry::default();
+    let mut reg = MemRegistry::new();
     let mut a = Server::new("a", 0);
     run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
     let high = a.host.active[&0].1;
@@ -755,7 +902,7 @@ fn a_reply_from_the_past_is_not_used() {
 /// mark it was not confirmed.
 #[test]
 fn a_stalled_registry_stops_the_holder_at_its_deadline() {
-    let mut reg = FakeRegistry::default();
+    let mut reg = MemRegistry::new();
     let mut a = Server::new("a", 0);
     run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
     let high = a.host.used.iter().map(|u| u.2).max().unwrap_or(0);
@@ -774,7 +921,7 @@ fn a_stalled_registry_stops_the_holder_at_its_deadline() {
 /// review: a lease answered 2.8 s after its own deadline was activated).
 #[test]
 fn every_call_is_bounded_by_the_deadline_of_the_blocks_in_use() {
-    let mut reg = FakeRegistry::default();
+    let mut reg = MemRegistry::new();
     let mut a = Server::new("a", 0);
     a.step(T0, &mut reg, &[0]);
     assert!(a.host.active.contains_key(&0));
@@ -830,10 +977,8 @@ fn every_call_is_bounded_by_the_deadline_of_the_blocks_in_use() {
 /// A reply that names a block not asked for is not used for it.
 #[test]
 fn a_lying_reply_gives_no_block_that_was_not_asked_for() {
-    let mut reg = FakeRegistry {
-        extra_block: Some(3),
-        ..FakeRegistry::default()
-    };
+    let mut reg = MemRegistry::new();
+    reg.extra_block = Some(3);
     let mut a = Server::new("a", 0);
     run(&mut [&mut a], &mut reg, T0, T0 + 3_000, &[0]);
     assert!(a.host.active.contains_key(&0));
@@ -845,18 +990,19 @@ fn a_lying_reply_gives_no_block_that_was_not_asked_for() {
 /// above the registry's mark.
 #[test]
 fn saved_blocks_wait_for_confirmation_unless_trusted() {
-    let mut reg = FakeRegistry::default();
+    let mut reg = MemRegistry::new();
     let mut a = Server::new("a", 0);
     run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
     let saved = a.holder.held[0];
-    let inc = a.holder.incarnation.clone();
+    // What the lease file saved of the registry seen.
+    let seen = a.holder.seen();
+    let leased_in = reg.session_id("node-a");
     let restarted = |trust: bool, backup: bool| {
         let mut s = Server::new("a", 0);
-        s.holder.incarnation = inc.clone();
+        s.holder.resume(&seen, backup);
         s.holder
             .add_saved(0, saved.floor_ms, saved.high_ms, saved.deadline_mono_ms);
         s.holder.trust_saved = trust;
-        s.holder.from_backup = backup;
         s
     };
     // Registry down, not trusted: nothing used.
@@ -869,17 +1015,34 @@ fn saved_blocks_wait_for_confirmation_unless_trusted() {
     r.connected = false;
     r.step(T0 + 1_100, &mut reg, &[0]);
     assert!(r.host.active.contains_key(&0));
-    // Registry up: the first step confirms, the next uses.
+    // Registry up, in a new session that names the one the block was
+    // leased in (the holder reconnected): the first step confirms, the
+    // next uses.
     let mut r = restarted(false, false);
+    r.holder.set_previous_session(leased_in);
     r.step(T0 + 1_100, &mut reg, &[0]);
     r.step(T0 + 1_200, &mut reg, &[0]);
     assert_eq!(r.host.active.get(&0).map(|a| a.0), Some(saved.floor_ms));
-    // From a backup: above the registry's mark, so not at once.
-    let mut r = restarted(false, true);
-    r.step(T0 + 1_100, &mut reg, &[0]);
-    r.step(T0 + 1_200, &mut reg, &[0]);
-    assert!(r.holder.held[0].floor_ms >= saved.high_ms);
+    // Restarted (a new session that names none): another session of the
+    // node gets the block only as a new lease once free, so the renewal
+    // drops it and nothing is used.
+    reg.end_session("node-a");
+    let mut r = restarted(false, false);
+    r.step(T0 + 1_300, &mut reg, &[0]);
+    r.step(T0 + 1_400, &mut reg, &[0]);
+    assert!(r.holder.events.contains(&Event::Lost { block: 0 }));
     assert!(r.host.active.is_empty());
+    // From a backup: the same, and a block it holds again is used only
+    // above the registry's mark.
+    reg.end_session("node-a");
+    let mut r = restarted(false, true);
+    run(&mut [&mut r], &mut reg, T0 + 1_500, T0 + 30_000, &[0]);
+    assert!(!r.host.used.is_empty(), "leased anew once free");
+    assert!(
+        r.host.used.iter().all(|u| u.1 >= saved.high_ms),
+        "{:?}",
+        r.host.used
+    );
 }
 
 /// A backup restored in place whose block was given back and leased to
@@ -887,7 +1050,7 @@ fn saved_blocks_wait_for_confirmation_unless_trusted() {
 /// the first renewal and never used it.
 #[test]
 fn a_restored_backup_never_uses_a_block_that_moved_on() {
-    let mut reg = FakeRegistry::default();
+    let mut reg = MemRegistry::new();
     let mut a = Server::new("a", 0);
     let mut c = Server::new("c", 0);
     run(&mut [&mut a], &mut reg, T0, T0 + 1_000, &[0]);
