@@ -3,9 +3,11 @@
 //! client and a [`Host`] (the slots in shared memory and the lease file).
 //! No PostgreSQL calls: `lease_worker` is the glue (connections, Citus
 //! discovery, the lease file's format), `leases.sql` the registry, and
-//! `lease` the rules of marks and the safety argument. The tests at the
-//! bottom drive it against a fake registry that forgets, stalls, reorders
-//! and lies.
+//! `lease` the rules of marks and the safety argument; [`problems`] is
+//! the lease worker's problem reporting. The tests (`holder/tests.rs`)
+//! drive it against the registry's real rules over rows in memory
+//! (`registry::memory`), which forget, and a network that stalls,
+//! reorders and lies.
 //!
 //! # What the holder trusts
 //!
