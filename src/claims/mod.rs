@@ -423,12 +423,17 @@ fn make_ids(
         let word = claim.slot.load();
         let now_ms = clock.now_ms();
         if now_ms >= lease.stop_ms || !current {
-            // The block's deadline came (or it changed hands): nothing
-            // more from this id.
-            claim = move_to_another_id(header, held);
+            // Read again: a renewal may have moved the stop since.
             lease = claim.slot.lease_view();
             current = lease.epoch == claim.epoch;
-            continue;
+            if now_ms >= lease.stop_ms || !current {
+                // The block's deadline came (or it changed hands): nothing
+                // more from this id.
+                claim = move_to_another_id(header, held);
+                lease = claim.slot.lease_view();
+                current = lease.epoch == claim.epoch;
+                continue;
+            }
         }
         if claim.state.last_tick <= lease.limit {
             if let Some(id) = claim.held_id(now_ms, max_drift_ms) {
