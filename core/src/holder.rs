@@ -3,9 +3,11 @@
 //! client and a [`Host`] (the slots in shared memory and the lease file).
 //! No PostgreSQL calls: `lease_worker` is the glue (connections, Citus
 //! discovery, the lease file's format), `leases.sql` the registry, and
-//! `lease` the rules of marks and the safety argument. The tests at the
-//! bottom drive it against a fake registry that forgets, stalls, reorders
-//! and lies.
+//! `lease` the rules of marks and the safety argument; [`problems`] is
+//! the lease worker's problem reporting. The tests (`holder/tests.rs`)
+//! drive it against the registry's real rules over rows in memory
+//! (`registry::memory`), which forget, and a network that stalls,
+//! reorders and lies.
 //!
 //! # What the holder trusts
 //!
@@ -44,7 +46,7 @@
 //!   bounded by the deadline of its own grant too, so that a late answer
 //!   never hands sessions a block already past its deadline.
 
-use crate::lease::{self, Held, Plan, Timing, Usage};
+use crate::lease::{self, CallEnd, Held, Plan, Timing, Usage};
 pub use crate::protocol::{
     format_lsn, parse_lsn, AcquireRequest, BlockFloor, BlockMark, Durability, DurabilityMode,
     ReleaseReply, ReleaseRequest, RenewRequest, Reply, ReplyHead, Seen,
@@ -63,22 +65,141 @@ pub enum Replication {
     Synchronous,
 }
 
-/// Why a call failed.
+/// How a call ended without a reply the holder can use: what happened,
+/// so that the glue decides by kind (the texts are for the log).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CallError {
-    /// No answer (connection lost, timeout): the glue reconnects.
-    Unreachable(String),
-    /// The registry answered with an error (for example another layout).
-    Refused(String),
+    /// No answer before the holder's own limit (`end`: the call timeout,
+    /// or the deadline of a block in use, [`lease::CallLimit`]); an answer
+    /// that came at or after it counts as none. The session is dropped.
+    NoAnswer { end: CallEnd, text: String },
+    /// The registry gave the call up at its own `lock_timeout` or
+    /// `statement_timeout` (SQLSTATE 55P03 or 57014; a lock held there):
+    /// nothing of it was done and it is no answer, but the session is
+    /// sound and stays.
+    RegistryTimeout { sqlstate: String, message: String },
+    /// The registry refused the call with an error of its own, or
+    /// answered what this server cannot use.
+    Refused(Refusal),
+    /// The connection broke during the call, or none could be used.
+    Lost(String),
+}
+
+/// An error the registry raised (or this server found in its answer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The registry's SQLSTATE; `None` for what this server refused of
+    /// an answer (or of its own request).
+    pub sqlstate: Option<String>,
+    /// The message, with its detail and hint.
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+/// SQLSTATEs of the registry's own timeouts (`lock_timeout`,
+/// `statement_timeout`): a wait there, not an answer.
+pub const LOCK_NOT_AVAILABLE: &str = "55P03";
+pub const QUERY_CANCELED: &str = "57014";
+/// SQLSTATEs of a call whose function or schema does not exist (the
+/// registry's extension was updated or made again since the session
+/// found them).
+pub const UNDEFINED_FUNCTION: &str = "42883";
+pub const INVALID_SCHEMA_NAME: &str = "3F000";
+
+impl Refusal {
+    /// The lease functions are no longer where this session found them: a
+    /// new session looks them up again.
+    pub fn functions_gone(&self) -> bool {
+        matches!(
+            self.sqlstate.as_deref(),
+            Some(UNDEFINED_FUNCTION | INVALID_SCHEMA_NAME)
+        )
+    }
 }
 
 impl CallError {
+    /// An error the registry raised: its own timeouts are no answer,
+    /// anything else a refusal.
+    pub fn from_registry(sqlstate: Option<String>, message: String, hint: Option<String>) -> Self {
+        match sqlstate {
+            Some(code) if code == LOCK_NOT_AVAILABLE || code == QUERY_CANCELED => {
+                CallError::RegistryTimeout {
+                    sqlstate: code,
+                    message,
+                }
+            }
+            sqlstate => CallError::Refused(Refusal {
+                sqlstate,
+                message,
+                hint,
+            }),
+        }
+    }
+
+    /// What this server refused of an answer (no SQLSTATE).
+    pub fn unusable(message: impl Into<String>) -> Self {
+        CallError::Refused(Refusal {
+            sqlstate: None,
+            message: message.into(),
+            hint: None,
+        })
+    }
+
+    /// Whether the registry answered the call (with an error of its own):
+    /// the registry answers again.
+    pub fn answered(&self) -> bool {
+        matches!(self, CallError::Refused(r) if !r.functions_gone())
+    }
+
+    /// Whether the session is of no more use: the glue drops it and
+    /// connects again.
+    pub fn drops_session(&self) -> bool {
+        match self {
+            CallError::NoAnswer { .. } | CallError::Lost(_) => true,
+            CallError::Refused(r) => r.functions_gone(),
+            CallError::RegistryTimeout { .. } => false,
+        }
+    }
+
     /// What went wrong, as text.
     pub fn text(&self) -> &str {
         match self {
-            CallError::Unreachable(text) | CallError::Refused(text) => text,
+            CallError::NoAnswer { text, .. } | CallError::Lost(text) => text,
+            CallError::RegistryTimeout { message, .. } => message,
+            CallError::Refused(r) => &r.message,
         }
     }
+}
+
+/// What a call complete at `answered_mono_ms` under `limit` comes to:
+/// `answer` (rows, or the registry's error), unless it came at or after a
+/// lease deadline: then it is no answer ([`lease::CallLimit::answer_usable`]),
+/// whatever it said.
+pub fn settle<T>(
+    limit: &lease::CallLimit,
+    answered_mono_ms: i64,
+    answer: Result<T, CallError>,
+) -> Result<T, CallError> {
+    if limit.answer_usable(answered_mono_ms) {
+        return answer;
+    }
+    Err(CallError::NoAnswer {
+        end: limit.end,
+        text: format!(
+            "the answer came {} ms after the lease deadline of this server's blocks: not used",
+            answered_mono_ms.saturating_sub(limit.until_mono_ms)
+        ),
+    })
+}
+
+/// What one round's calls came to ([`Holder::step`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    /// The registry answered a call of this round (a reply, or an error
+    /// of its own), also when a later call failed.
+    pub answered: bool,
+    /// The call error that ended the round.
+    pub error: Option<CallError>,
 }
 
 /// The registry, as the holder calls it (one connected session that took
@@ -102,10 +223,14 @@ pub trait Registry {
 
 /// This server's side: the slots of each block, and the lease file.
 pub trait Host {
-    /// Sessions may use `block` above `floor_ms`, up to `high_ms`.
-    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64);
-    /// A confirmed renewal raised the mark of an active block.
-    fn raise(&mut self, block: u32, high_ms: i64);
+    /// Sessions may use `block` for IDs above `floor_ms`, up to `high_ms`
+    /// (its mark), while this server's clock reads before `stop_ms` (its
+    /// deadline, [`lease::stop_ms`]): the mark bounds the IDs' times, the
+    /// stop when sessions make them, so that they stop at the deadline
+    /// also while the lease worker cannot revoke the block.
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64, stop_ms: i64);
+    /// A confirmed renewal raised the mark and the stop of an active block.
+    fn raise(&mut self, block: u32, high_ms: i64, stop_ms: i64);
     /// No session may use `block` any more.
     fn revoke(&mut self, block: u32);
     /// Stops `block` if none of its ids has a session: the start of its
@@ -178,50 +303,51 @@ pub struct Identity {
     pub max_worker_id: u32,
 }
 
-/// The holder's state.
+/// The holder's state: private; the glue reads it through accessors and
+/// changes it through named operations.
 #[derive(Clone, Debug)]
 pub struct Holder {
-    pub id: Identity,
-    pub held: Vec<Held>,
+    id: Identity,
+    held: Vec<Held>,
     /// The registry incarnation last seen ('' for none).
-    pub incarnation: String,
+    incarnation: String,
     /// The highest registry WAL position seen from that incarnation.
-    pub lsn: u64,
+    lsn: u64,
     /// The registry's token for that incarnation and position ('' from a
     /// registry before 0.8.0): presented with every request, so that the
     /// registry believes what the holder says it saw (`registry::token`).
-    pub token: String,
+    token: String,
     /// The registry's grant count seen with them (0.8.0).
-    pub grants: i64,
+    grants: i64,
     /// Monotonic ms when the last confirmed renewal was sent.
-    pub last_renew_mono: Option<i64>,
+    last_renew_mono: Option<i64>,
     /// Saved blocks may be used before a renewal confirms them (set by the
     /// glue while the registry is unreachable and this data directory
     /// provably saved them).
-    pub trust_saved: bool,
+    trust_saved: bool,
     /// This server started from a backup: a saved block, once confirmed,
     /// is used only above the registry's mark for it.
-    pub from_backup: bool,
+    from_backup: bool,
     /// Registry-clock Unix ms of the last fence reported.
-    pub fenced_until_ms: Option<i64>,
+    fenced_until_ms: Option<i64>,
     /// An older incarnation first seen replaced in an acquire's reply: the
     /// next renewal presents it, so that the registry takes it as a
     /// re-assertion of the blocks held.
-    pub reassert_from: Option<Seen>,
+    reassert_from: Option<Seen>,
     /// Blocks leased by a grant that is not durable yet: never used nor
     /// saved; renewed with the blocks held, and moved to `held` by the
     /// first durable renewal that keeps them (dropped at a new incarnation
     /// or their deadline).
-    pub pending: Vec<Held>,
+    pending: Vec<Held>,
     /// The last grant was not durable (a `NotDurable` was reported).
-    pub not_durable: bool,
+    not_durable: bool,
     /// The durability mode last reported.
-    pub durability_mode: Option<DurabilityMode>,
+    durability_mode: Option<DurabilityMode>,
     /// The registry session before the current one (`pid:start`; set by
     /// the glue when it reconnects; '' for none, as after a restart): a
     /// copy of this data directory cannot name it.
-    pub previous_session: String,
-    pub events: Vec<Event>,
+    previous_session: String,
+    events: Vec<Event>,
 }
 
 /// Clock readings and settings for one step.
@@ -235,6 +361,13 @@ pub struct Now {
     pub max_blocks: u32,
     /// `snowflake_id.lease_replication`.
     pub replication: Replication,
+}
+
+impl Now {
+    /// When sessions stop using `h`: its deadline on this server's clock.
+    fn stop_ms(&self, h: &Held) -> i64 {
+        lease::stop_ms(h.deadline_mono_ms, self.mono_ms, self.wall_ms)
+    }
 }
 
 impl Holder {
@@ -257,6 +390,65 @@ impl Holder {
             previous_session: String::new(),
             events: Vec::new(),
         }
+    }
+
+    /// The static facts of its requests.
+    pub fn id(&self) -> &Identity {
+        &self.id
+    }
+
+    /// The blocks held (in use, or saved and waiting for confirmation).
+    pub fn held(&self) -> &[Held] {
+        &self.held
+    }
+
+    /// The earliest deadline of the blocks in use ([`lease::in_use_deadline`]).
+    pub fn in_use_deadline(&self) -> Option<i64> {
+        lease::in_use_deadline(&self.held)
+    }
+
+    /// Whether this server started from a backup and a saved block is still
+    /// unconfirmed (the lease file says so, so that the next start knows).
+    pub fn from_backup_unconfirmed(&self) -> bool {
+        self.from_backup && self.held.iter().any(|h| !h.confirmed)
+    }
+
+    /// Takes the holder's events, for the log.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Resumes from what a lease file saved: the registry seen (its
+    /// incarnation, WAL position, token and grant count) and whether this
+    /// server started from a backup (then a saved block, once confirmed,
+    /// is used only above the registry's mark for it). An unreadable WAL
+    /// position is taken as none seen.
+    pub fn resume(&mut self, seen: &Seen, from_backup: bool) {
+        self.incarnation.clone_from(&seen.incarnation);
+        self.lsn = parse_lsn(&seen.lsn).unwrap_or(0);
+        self.token.clone_from(&seen.token);
+        self.grants = seen.grants;
+        self.from_backup = from_backup;
+    }
+
+    /// Whether saved blocks may be used before a renewal confirms them:
+    /// set by the glue each round (the registry is unreachable and this
+    /// data directory provably saved them).
+    pub fn trust_saved(&mut self, trusted: bool) {
+        self.trust_saved = trusted;
+    }
+
+    /// The registry session before the current one (`pid:start`, '' for
+    /// none), named in renewals and releases: set when reconnecting.
+    pub fn set_previous_session(&mut self, session: String) {
+        self.previous_session = session;
+    }
+
+    /// Takes another node id (a copy of this data directory holds the old
+    /// one): returns the old one. The blocks of the old id are dropped
+    /// with [`Holder::forget_all`].
+    pub fn rename(&mut self, node: String) -> String {
+        std::mem::replace(&mut self.id.node, node)
     }
 
     /// A block saved before a restart: used once confirmed (or trusted).
@@ -343,14 +535,34 @@ impl Holder {
     }
 
     /// One round: expire, activate, renew, release, acquire. `registry` is
-    /// `None` while there is no session. Returns the call error that ended
-    /// the round, if any (the glue drops the session on `Unreachable`).
+    /// `None` while there is no session. Returns whether the registry
+    /// answered and the call error that ended the round, if any (the glue
+    /// drops the session when [`CallError::drops_session`]).
     pub fn step(
         &mut self,
         now: Now,
         usage: &[Usage],
         allowed: &[u32],
         registry: Option<&mut dyn Registry>,
+        host: &mut dyn Host,
+    ) -> Round {
+        let mut registry = registry.map(|inner| Answers {
+            inner,
+            answered: false,
+        });
+        let result = self.round(now, usage, allowed, registry.as_mut(), host);
+        Round {
+            answered: registry.is_some_and(|r| r.answered),
+            error: result.err(),
+        }
+    }
+
+    fn round(
+        &mut self,
+        now: Now,
+        usage: &[Usage],
+        allowed: &[u32],
+        registry: Option<&mut Answers<'_>>,
         host: &mut dyn Host,
     ) -> Result<(), CallError> {
         self.track_idle(usage, now.mono_ms);
@@ -369,13 +581,14 @@ impl Holder {
             self.id.block_size,
             now.max_blocks,
         );
-        self.apply_local(&plan, host);
+        self.apply_local(&plan, &now, host);
         // Pending blocks were never used: past their deadline they are
         // simply dropped (the registry frees them after their expiry).
         self.pending.retain(|h| now.mono_ms < h.deadline_mono_ms);
         let Some(registry) = registry else {
             return Ok(());
         };
+        let registry: &mut dyn Registry = registry;
         let due = self
             .last_renew_mono
             .is_none_or(|t| now.mono_ms.saturating_sub(t) >= now.timing.renew_every_ms);
@@ -396,21 +609,21 @@ impl Holder {
         Ok(())
     }
 
-    fn apply_local(&mut self, plan: &Plan, host: &mut dyn Host) {
+    fn apply_local(&mut self, plan: &Plan, now: &Now, host: &mut dyn Host) {
         for &block in &plan.expire {
             self.events.push(Event::Expired { block });
             host.revoke(block);
         }
         self.held.retain(|h| !plan.expire.contains(&h.block));
         for &block in &plan.activate {
-            self.activate(block, host);
+            self.activate(block, now, host);
         }
     }
 
-    fn activate(&mut self, block: u32, host: &mut dyn Host) {
+    fn activate(&mut self, block: u32, now: &Now, host: &mut dyn Host) {
         if let Some(h) = self.held.iter_mut().find(|h| h.block == block) {
             h.active = true;
-            host.activate(block, h.floor_ms, h.high_ms);
+            host.activate(block, h.floor_ms, h.high_ms, now.stop_ms(h));
         }
     }
 
@@ -508,12 +721,37 @@ impl Holder {
         Ok(usable)
     }
 
+    /// A renewal: request, call, then the pure steps that apply its
+    /// reply (before and after the durability check).
     fn renew(
         &mut self,
         now: Now,
         registry: &mut dyn Registry,
         host: &mut dyn Host,
     ) -> Result<(), CallError> {
+        let (req, grant) = self.renew_request(&now);
+        self.bound(registry, Some(grant.deadline_mono_ms));
+        let reply = match registry.renew(&req) {
+            Ok(reply) => reply,
+            Err(e) => return self.failed(e),
+        };
+        let Some(kept) = self.apply_renewal_reply(&reply, host) else {
+            return Ok(());
+        };
+        // Nothing else is used before it is durable: the deadlines and
+        // marks stay those of the last durable renewal, and the renewal is
+        // sent again at the next round.
+        if !self.durable("renewal", &now, grant.deadline_mono_ms, registry)? {
+            return Ok(());
+        }
+        self.apply_durable_renewal(&kept, grant, &now, host);
+        Ok(())
+    }
+
+    /// The renewal of the blocks held and pending, and what it grants once
+    /// confirmed. A re-assertion ([`Holder::reassert_from`]) names the
+    /// older incarnation (with its token) at the position seen since.
+    fn renew_request(&mut self, now: &Now) -> (RenewRequest, lease::Grant) {
         let grant = lease::grant(now.mono_ms, now.wall_ms, &now.timing, now.max_drift_ms);
         let req = RenewRequest {
             node: self.id.node.clone(),
@@ -532,8 +770,6 @@ impl Holder {
             lease_ms: now.timing.lease_ms,
             grace_ms: now.timing.grace_ms,
             high_ms: grant.high_ms,
-            // A re-assertion names the older incarnation (with its token)
-            // at the position seen since.
             seen: match self.reassert_from.take() {
                 Some(old) => Seen {
                     lsn: format_lsn(self.lsn),
@@ -543,13 +779,19 @@ impl Holder {
             },
             previous_session: self.previous_session.clone(),
         };
-        self.bound(registry, Some(grant.deadline_mono_ms));
-        let reply = match registry.renew(&req) {
-            Ok(reply) => reply,
-            Err(e) => return self.failed(e),
-        };
+        (req, grant)
+    }
+
+    /// A renewal's reply, before its durability is known: `None` when the
+    /// reply is not usable; else the blocks it keeps. Blocks it does not
+    /// keep are given up at once (safe whether or not it is durable).
+    fn apply_renewal_reply(
+        &mut self,
+        reply: &Reply,
+        host: &mut dyn Host,
+    ) -> Option<Vec<BlockFloor>> {
         if !self.accept(&reply.head) {
-            return Ok(());
+            return None;
         }
         self.note_fence(reply.head.fenced_until_ms);
         let asked: Vec<u32> = self
@@ -569,7 +811,6 @@ impl Holder {
             .copied()
             .filter(|b| !kept.iter().any(|k| k.block == *b))
             .collect();
-        // Giving blocks up is safe whether or not the reply is durable.
         for &block in &lost {
             if self.held.iter().any(|h| h.block == block) {
                 self.events.push(Event::Lost { block });
@@ -578,14 +819,21 @@ impl Holder {
         }
         self.held.retain(|h| !lost.contains(&h.block));
         self.pending.retain(|h| !lost.contains(&h.block));
-        // Nothing else is used before it is durable: the deadlines and
-        // marks stay those of the last durable renewal, and the renewal is
-        // sent again at the next round.
-        if !self.durable("renewal", &now, grant.deadline_mono_ms, registry)? {
-            return Ok(());
-        }
+        Some(kept)
+    }
+
+    /// A durable renewal: pending blocks it keeps are held (and used once
+    /// their floor is within `max_drift`), the kept blocks' marks and
+    /// deadlines rise to the grant's.
+    fn apply_durable_renewal(
+        &mut self,
+        kept: &[BlockFloor],
+        grant: lease::Grant,
+        now: &Now,
+        host: &mut dyn Host,
+    ) {
         self.last_renew_mono = Some(now.mono_ms);
-        for k in &kept {
+        for k in kept {
             let Some(i) = self.pending.iter().position(|p| p.block == k.block) else {
                 continue;
             };
@@ -593,7 +841,7 @@ impl Holder {
             h.confirmed = true;
             self.held.push(h);
             if h.floor_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
-                self.activate(h.block, host);
+                self.activate(h.block, now, host);
             }
         }
         for k in kept {
@@ -609,12 +857,13 @@ impl Holder {
             h.high_ms = h.high_ms.max(grant.high_ms);
             h.deadline_mono_ms = h.deadline_mono_ms.max(grant.deadline_mono_ms);
             if h.active {
-                host.raise(h.block, h.high_ms);
+                host.raise(h.block, h.high_ms, now.stop_ms(h));
             }
         }
-        Ok(())
     }
 
+    /// A lease of `want` more blocks: request, call, then the pure steps
+    /// that apply its reply (before and after the durability check).
     fn acquire(
         &mut self,
         want: u32,
@@ -623,6 +872,33 @@ impl Holder {
         registry: &mut dyn Registry,
         host: &mut dyn Host,
     ) -> Result<(), CallError> {
+        let (req, grant) = self.acquire_request(want, allowed, &now);
+        self.bound(registry, Some(grant.deadline_mono_ms));
+        let reply = match registry.acquire(&req) {
+            Ok(reply) => reply,
+            Err(e) => return self.failed(e),
+        };
+        if !self.apply_lease_reply(&reply) {
+            return Ok(());
+        }
+        // A failed check leaves the blocks leased here as pending, so that
+        // they are renewed (or given up) rather than stranded until expiry.
+        let checked = if reply.blocks.is_empty() {
+            Ok(true)
+        } else {
+            self.durable("lease", &now, grant.deadline_mono_ms, registry)
+        };
+        let durable = matches!(checked, Ok(true));
+        self.apply_lease(&reply.blocks, allowed, durable, grant, &now, host);
+        checked.map(|_| ())
+    }
+
+    fn acquire_request(
+        &self,
+        want: u32,
+        allowed: &[u32],
+        now: &Now,
+    ) -> (AcquireRequest, lease::Grant) {
         let grant = lease::grant(now.mono_ms, now.wall_ms, &now.timing, now.max_drift_ms);
         let req = AcquireRequest {
             node: self.id.node.clone(),
@@ -637,16 +913,16 @@ impl Holder {
             high_ms: grant.high_ms,
             seen: self.seen(),
         };
-        self.bound(registry, Some(grant.deadline_mono_ms));
-        let reply = match registry.acquire(&req) {
-            Ok(reply) => reply,
-            Err(e) => return self.failed(e),
-        };
-        // A new incarnation seen here: the blocks held were not re-asserted
-        // by this call; the next renewal does that (at once).
+        (req, grant)
+    }
+
+    /// A lease's reply, before its durability is known: false when it is
+    /// not usable. A new incarnation seen here: the blocks held were not
+    /// re-asserted by this call; the next renewal does that (at once).
+    fn apply_lease_reply(&mut self, reply: &Reply) -> bool {
         let known = self.seen();
         if !self.accept(&reply.head) {
-            return Ok(());
+            return false;
         }
         if known.incarnation != self.incarnation && !self.held.is_empty() {
             self.last_renew_mono = None;
@@ -658,15 +934,21 @@ impl Holder {
         if reply.blocks.is_empty() && self.held.is_empty() && reply.head.fenced_until_ms.is_none() {
             self.events.push(Event::NoFreeBlock);
         }
-        // A failed check leaves the blocks leased here as pending, so that
-        // they are renewed (or given up) rather than stranded until expiry.
-        let checked = if reply.blocks.is_empty() {
-            Ok(true)
-        } else {
-            self.durable("lease", &now, grant.deadline_mono_ms, registry)
-        };
-        let durable = matches!(checked, Ok(true));
-        for b in reply.blocks {
+        true
+    }
+
+    /// The blocks a lease granted: used (once their floor is within
+    /// `max_drift`) when the grant is `durable`, else pending.
+    fn apply_lease(
+        &mut self,
+        blocks: &[BlockFloor],
+        allowed: &[u32],
+        durable: bool,
+        grant: lease::Grant,
+        now: &Now,
+        host: &mut dyn Host,
+    ) {
+        for b in blocks {
             if !allowed.contains(&b.block) {
                 continue;
             }
@@ -704,7 +986,7 @@ impl Holder {
                 h.floor_ms = h.floor_ms.max(b.floor_ms);
                 h.confirmed = true;
                 if h.active {
-                    host.activate(h.block, h.floor_ms, h.high_ms);
+                    host.activate(h.block, h.floor_ms, h.high_ms, now.stop_ms(h));
                 }
                 continue;
             }
@@ -718,10 +1000,9 @@ impl Holder {
                 idle_since_mono_ms: None,
             });
             if b.floor_ms.saturating_sub(now.max_drift_ms) <= now.wall_ms {
-                self.activate(b.block, host);
+                self.activate(b.block, now, host);
             }
         }
-        checked.map(|_| ())
     }
 
     /// Gives an idle block back (if still idle when stopped).
@@ -763,16 +1044,59 @@ impl Holder {
         }
     }
 
+    /// A refusal is reported as an event; a call that drops the session
+    /// is the glue's to report.
     fn failed(&mut self, e: CallError) -> Result<(), CallError> {
-        if let CallError::Refused(text) = &e {
-            self.events.push(Event::Refused(text.clone()));
+        if let CallError::Refused(r) = &e {
+            if !e.drops_session() {
+                self.events.push(Event::Refused(r.message.clone()));
+            }
         }
         Err(e)
     }
 }
 
+/// The registry of one round, noting whether it answered a call.
+struct Answers<'a> {
+    inner: &'a mut dyn Registry,
+    answered: bool,
+}
+
+impl Answers<'_> {
+    fn note<T>(&mut self, result: Result<T, CallError>) -> Result<T, CallError> {
+        if result.as_ref().is_ok() || result.as_ref().is_err_and(CallError::answered) {
+            self.answered = true;
+        }
+        result
+    }
+}
+
+impl Registry for Answers<'_> {
+    fn acquire(&mut self, req: &AcquireRequest) -> Result<Reply, CallError> {
+        let r = self.inner.acquire(req);
+        self.note(r)
+    }
+    fn renew(&mut self, req: &RenewRequest) -> Result<Reply, CallError> {
+        let r = self.inner.renew(req);
+        self.note(r)
+    }
+    fn release(&mut self, req: &ReleaseRequest) -> Result<ReleaseReply, CallError> {
+        let r = self.inner.release(req);
+        self.note(r)
+    }
+    fn durable(&mut self, wait_ms: i64) -> Result<Durability, CallError> {
+        let r = self.inner.durable(wait_ms);
+        self.note(r)
+    }
+    fn answer_by(&mut self, deadline_mono_ms: Option<i64>) {
+        self.inner.answer_by(deadline_mono_ms);
+    }
+}
+
 /// The longest a durability check waits for the registry's standbys.
 pub const DURABLE_WAIT_MAX_MS: i64 = 2_000;
+
+pub mod problems;
 
 #[cfg(test)]
 mod tests;

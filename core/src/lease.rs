@@ -198,11 +198,23 @@ pub fn grant(sent_mono_ms: i64, sent_wall_ms: i64, timing: &Timing, max_drift_ms
     }
 }
 
+/// When sessions stop using a block whose deadline is `deadline_mono_ms`:
+/// that deadline on the wall clock of this server (read at
+/// `now_mono_ms`), which its sessions compare with their own reading
+/// before each ID. Not the block's mark: that bounds the IDs' times, which
+/// run up to `max_drift` ahead of the clock on a block whose floor is
+/// ahead (an earlier holder's clock was), and stopping there would leave
+/// such a block unused until the clock caught up. For a grant just
+/// confirmed this is the mark less `max_drift` ([`grant`]).
+pub fn stop_ms(deadline_mono_ms: i64, now_mono_ms: i64, now_wall_ms: i64) -> i64 {
+    now_wall_ms.saturating_add(deadline_mono_ms.saturating_sub(now_mono_ms))
+}
+
 /// The earliest deadline (monotonic ms) of the blocks sessions may use
 /// now (`active`), `None` when none is in use. Every wait on the registry
 /// ends by then ([`CallLimit`]): a lease worker stuck in a call cannot
-/// revoke a block at its deadline, and sessions keep using a block until it
-/// is revoked (its mark, in ID time, is `max_drift` past the deadline).
+/// revoke a block at its deadline (its sessions stop there by their own
+/// clock, [`stop_ms`], but the block is revoked and renewed only here).
 pub fn in_use_deadline(held: &[Held]) -> Option<i64> {
     held.iter()
         .filter(|h| h.active)

@@ -11,7 +11,7 @@ use snowflake_core::holder::{
     ReleaseReply, ReleaseRequest, RenewRequest, Replication, Reply,
 };
 use snowflake_core::layout::{Layout, DEFAULT_EPOCH_MS, PRESETS};
-use snowflake_core::lease::{Held, Timing, Usage};
+use snowflake_core::lease::{CallEnd, Held, Timing, Usage};
 use snowflake_core::protocol::{BlockMark, Seen};
 use snowflake_core::registry::durable::Standby;
 use snowflake_core::registry::memory::{Store, Tables};
@@ -90,19 +90,22 @@ impl Reg {
 /// The slots of one holder's server: which blocks its sessions may use.
 #[derive(Default)]
 struct SimHost {
-    active: BTreeMap<u32, (i64, i64)>,
+    /// block → (floor, mark, stop): IDs above the floor up to the mark,
+    /// while the server's clock reads before the stop.
+    active: BTreeMap<u32, (i64, i64, i64)>,
     newest: HashMap<u32, i64>,
     busy: BTreeMap<u32, u32>,
     saved: Vec<Held>,
 }
 
 impl Host for SimHost {
-    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64) {
-        self.active.insert(block, (floor_ms, high_ms));
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64, stop_ms: i64) {
+        self.active.insert(block, (floor_ms, high_ms, stop_ms));
     }
-    fn raise(&mut self, block: u32, high_ms: i64) {
+    fn raise(&mut self, block: u32, high_ms: i64, stop_ms: i64) {
         if let Some(a) = self.active.get_mut(&block) {
             a.1 = a.1.max(high_ms);
+            a.2 = a.2.max(stop_ms);
         }
     }
     fn revoke(&mut self, block: u32) {
@@ -116,7 +119,7 @@ impl Host for SimHost {
         Some(self.newest.get(&block).copied())
     }
     fn save(&mut self, holder: &Holder) {
-        self.saved.clone_from(&holder.held);
+        self.saved = holder.held().to_vec();
     }
 }
 
@@ -159,7 +162,10 @@ fn needed(names: &str) -> usize {
 impl Link<'_> {
     fn reachable(&self) -> Result<(), CallError> {
         if self.cut || !self.regs[self.p].answering(self.t) {
-            return Err(CallError::Unreachable("no answer".into()));
+            return Err(CallError::NoAnswer {
+                end: CallEnd::Timeout,
+                text: "no answer".into(),
+            });
         }
         Ok(())
     }
@@ -275,16 +281,20 @@ impl Link<'_> {
                     && s.flush_lsn.is_some_and(|f| f >= lsn)
             })
             .count();
-        let out = out.map_err(|r| CallError::Refused(r.message))?;
+        let out = out
+            .map_err(|r| CallError::from_registry(Some(r.code.code().into()), r.message, r.hint))?;
         if flushed < needed(self.names) && self.rng.chance(0.5) {
             // The commit waits for a standby that does not come: the
             // holder gives the call up at its deadline (committed here).
             // Otherwise someone cancels the wait, and the answer comes
             // with a warning only.
-            return Err(CallError::Unreachable("synchronous wait given up".into()));
+            return Err(CallError::NoAnswer {
+                end: CallEnd::LeaseDeadline,
+                text: "synchronous wait given up".into(),
+            });
         }
         if self.rng.chance(0.03) {
-            return Err(CallError::Unreachable("answer lost".into()));
+            return Err(CallError::Lost("answer lost".into()));
         }
         Ok(out)
     }
@@ -314,7 +324,7 @@ impl Registry for Link<'_> {
         let d = self.regs[self.p].store.durable(now, target, &standbys);
         self.replicate();
         if self.rng.chance(0.03) {
-            return Err(CallError::Unreachable("answer lost".into()));
+            return Err(CallError::Lost("answer lost".into()));
         }
         Ok(d)
     }
@@ -594,12 +604,13 @@ impl World {
                 let pid = self.next_pid;
                 let now_p = self.regs[p].clock.wall(t);
                 self.regs[p].store.connect(pid, now_p);
-                let node = self.nodes[i].holder.id.node.clone();
+                let node = self.nodes[i].holder.id().node.clone();
                 match self.regs[p].store.hello(pid, &node) {
                     Ok(true) => {
                         let n = &mut self.nodes[i];
                         n.conn = Some((p, pid));
-                        n.holder.previous_session = std::mem::take(&mut n.session);
+                        n.holder
+                            .set_previous_session(std::mem::take(&mut n.session));
                         n.session = format!("{pid}:{now_p}");
                         n.holder.reconnected();
                     }
@@ -623,7 +634,7 @@ impl World {
             let mut left = n.demand;
             n.host.busy.clear();
             n.holder
-                .held
+                .held()
                 .iter()
                 .map(|h| {
                     let busy = if n.host.active.contains_key(&h.block) {
@@ -670,8 +681,8 @@ impl World {
         };
         n.holder.expire_due(mono, &mut n.host);
         // The lease file, as the lease worker writes it after each round.
-        n.host.saved.clone_from(&n.holder.held);
-        let events: Vec<Event> = std::mem::take(&mut n.holder.events);
+        n.host.saved = n.holder.held().to_vec();
+        let events: Vec<Event> = n.holder.take_events();
         let id = n.id;
         let wants = n.demand > 0;
         let has = !n.host.active.is_empty();
@@ -683,7 +694,7 @@ impl World {
             }
             _ => {}
         }
-        if let Err(CallError::Unreachable(_)) = result {
+        if result.error.as_ref().is_some_and(CallError::drops_session) {
             self.drop_conn(i);
         }
         for e in events {
@@ -700,14 +711,14 @@ impl World {
         }
         let wall = n.clock.wall(t);
         let now_tick = self.layout.tick_at(wall);
-        let blocks: Vec<(u32, i64, i64)> = n
+        let blocks: Vec<(u32, i64, i64, i64)> = n
             .host
             .active
             .iter()
-            .map(|(&b, &(f, h))| (b, f, h))
+            .map(|(&b, &(f, h, s))| (b, f, h, s))
             .collect();
-        for (block, floor, high) in blocks {
-            if n.host.busy.get(&block).copied().unwrap_or(1) == 0 {
+        for (block, floor, high, stop) in blocks {
+            if n.host.busy.get(&block).copied().unwrap_or(1) == 0 || wall >= stop {
                 continue;
             }
             let floor_tick = self.layout.tick_at(floor);
@@ -869,18 +880,14 @@ impl World {
                 ));
                 self.drop_conn(holder);
                 let orig = &self.nodes[holder];
-                let mut h = Holder::new(orig.holder.id.clone());
-                h.incarnation.clone_from(&orig.holder.incarnation);
-                h.lsn = orig.holder.lsn;
-                h.token.clone_from(&orig.holder.token);
-                h.grants = orig.holder.grants;
-                for b in &orig.host.saved {
-                    h.add_saved(b.block, b.floor_ms, b.high_ms, b.deadline_mono_ms);
-                }
+                let mut h = Holder::new(orig.holder.id().clone());
                 // As the lease worker starts in a copied data directory:
                 // a saved block, once confirmed, only above the registry's
                 // mark.
-                h.from_backup = detected;
+                h.resume(&orig.holder.seen(), detected);
+                for b in &orig.host.saved {
+                    h.add_saved(b.block, b.floor_ms, b.high_ms, b.deadline_mono_ms);
+                }
                 let copy = Node {
                     id: self.nodes.len() as u32 + 100,
                     holder: h,
@@ -906,11 +913,8 @@ impl World {
                 self.drop_conn(holder);
                 let n = &mut self.nodes[holder];
                 let saved = std::mem::take(&mut n.host.saved);
-                let mut h = Holder::new(n.holder.id.clone());
-                h.incarnation.clone_from(&n.holder.incarnation);
-                h.lsn = n.holder.lsn;
-                h.token.clone_from(&n.holder.token);
-                h.grants = n.holder.grants;
+                let mut h = Holder::new(n.holder.id().clone());
+                h.resume(&n.holder.seen(), false);
                 for s in saved {
                     h.add_saved(s.block, s.floor_ms, s.high_ms, s.deadline_mono_ms);
                 }

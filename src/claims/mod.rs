@@ -319,10 +319,11 @@ pub fn next_held_id() -> Option<i64> {
     let window = fast.window.get();
     let mut cursor = fast.cursor();
     let id = window.next(&mut cursor, now_ms)?;
-    // The lease bound as `make_ids` reads it: the limit, then the epoch.
-    // (The drift bound is the window's: `max_drift_changed` shuts it.)
-    let (limit, epoch) = slot.lease_view();
-    if window.last_tick > limit || epoch != fast.epoch.get() {
+    // The lease bound as `make_ids` reads it: the limit, then the stop
+    // and the epoch. (The drift bound is the window's:
+    // `max_drift_changed` shuts it.)
+    let lease = slot.lease_view();
+    if !lease.admits(window.last_tick, now_ms) || lease.epoch != fast.epoch.get() {
         return None;
     }
     fast.set_cursor(cursor);
@@ -407,10 +408,11 @@ fn make_ids(
         newest_tick: Some(&header.newest_tick),
         interrupted: false,
     };
-    // The lease bound (see `lease`): no ID above the slot's limit, and
-    // none from a claim the lease worker has since re-leased.
-    let (mut limit, epoch) = claim.slot.lease_view();
-    let mut current = epoch == claim.epoch;
+    // The lease bound (see `lease`): no ID above the slot's limit, none
+    // once the clock reaches its stop (the block's deadline), and none
+    // from a claim the lease worker has since re-leased.
+    let mut lease = claim.slot.lease_view();
+    let mut current = lease.epoch == claim.epoch;
     // Whether an ID went through the position (a new tick, or the tick's
     // held sequence numbers used up): only then can the counters other than
     // the count, and the reservation, need anything.
@@ -420,7 +422,20 @@ fn make_ids(
         // paths.
         let word = claim.slot.load();
         let now_ms = clock.now_ms();
-        if claim.state.last_tick <= limit && current {
+        if now_ms >= lease.stop_ms || !current {
+            // Read again: a renewal may have moved the stop since.
+            lease = claim.slot.lease_view();
+            current = lease.epoch == claim.epoch;
+            if now_ms >= lease.stop_ms || !current {
+                // The block's deadline came (or it changed hands): nothing
+                // more from this id.
+                claim = move_to_another_id(header, held);
+                lease = claim.slot.lease_view();
+                current = lease.epoch == claim.epoch;
+                continue;
+            }
+        }
+        if claim.state.last_tick <= lease.limit {
             if let Some(id) = claim.held_id(now_ms, max_drift_ms) {
                 emit(id);
                 i += 1;
@@ -445,11 +460,10 @@ fn make_ids(
         );
         claim.held = 0;
         match made {
-            Ok(_) if claim.state.last_tick > limit || !current => {
+            Ok(_) if claim.state.last_tick > lease.limit => {
                 claim = move_to_another_id(header, held);
-                let (new_limit, epoch) = claim.slot.lease_view();
-                limit = new_limit;
-                current = epoch == claim.epoch;
+                lease = claim.slot.lease_view();
+                current = lease.epoch == claim.epoch;
                 continue;
             }
             Ok((id, held_to)) => {

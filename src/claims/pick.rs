@@ -227,11 +227,13 @@ fn pick_worker(
     layout: &Layout,
 ) -> Option<(u32, bool)> {
     // The ids this server may use now: the one place to filter candidates.
-    // With leases, only ids of a leased block below its lease's limit.
+    // With leases, only ids of a leased block below its lease's limit,
+    // before its stop.
+    let now_ms = crate::clock::unix_ms();
     let usable = |id: &u32| {
         let slot = &slots[*id as usize];
         let (tick, _) = unpack(layout, slot.position.load(Relaxed));
-        tick < slot.limit_tick.load(Relaxed)
+        tick < slot.limit_tick.load(Relaxed) && now_ms < slot.stop_ms.load(Relaxed)
     };
     let candidates = || ranges.iter().filter(usable);
     // Free ids first, the least recently released first; then held ids,

@@ -37,12 +37,13 @@
 //!   (Release), by the registry worker once the floor it read is in force;
 //!   claims read it (Acquire) before they start a generator.
 //! - `Header::lease` is written by the lease worker only (see
-//!   `lease_worker`); backends read it. A slot's `limit_tick` and
-//!   `lease_epoch` are written by the lease worker under `lock`
+//!   `lease_worker`); backends read it. A slot's `limit_tick`, `stop_ms`
+//!   and `lease_epoch` are written by the lease worker under `lock`
 //!   (exclusive) when it activates or revokes a block (`Slot::set_lease`:
-//!   epoch, then limit with Release), and the limit is raised without the
-//!   lock on renewals (`fetch_max`); the hot path reads the limit with
-//!   Acquire, then the epoch (`Slot::lease_view`).
+//!   epoch and stop, then limit with Release), and the stop and the limit
+//!   are raised without the lock on renewals (`fetch_max`, the limit
+//!   last); the hot path reads the limit with Acquire, then the stop and
+//!   the epoch (`Slot::lease_view`).
 //! - [`Backfill`]'s grant counters and its other fields change only under
 //!   `Header::reserve_lock`, together with the state file that makes them
 //!   durable (see `durability::backfill`); WAL replay raises a counter with
@@ -162,8 +163,29 @@ impl TryFrom<u8> for LeaseMode {
 pub const MODE_REGISTRY: u8 = LeaseMode::Registry as u8;
 pub const MODE_CITUS: u8 = LeaseMode::Citus as u8;
 
-/// A slot's `limit_tick` when it may not be used (no lease).
+/// A slot's `limit_tick` (and `stop_ms`) when it may not be used (no
+/// lease).
 pub const NO_LEASE: i64 = -1;
+
+/// A slot's lease as a backend reads it ([`Slot::lease_view`]).
+#[derive(Clone, Copy)]
+pub struct LeaseView {
+    /// No ID above this tick.
+    pub limit: i64,
+    /// No ID once the clock reads this Unix ms.
+    pub stop_ms: i64,
+    /// The lease's epoch: a claim made under another must claim again.
+    pub epoch: u64,
+}
+
+impl LeaseView {
+    /// Whether an ID of `tick`, made when the clock reads `now_ms`, is
+    /// within the lease.
+    #[inline(always)]
+    pub fn admits(&self, tick: i64, now_ms: i64) -> bool {
+        tick <= self.limit && now_ms < self.stop_ms
+    }
+}
 
 /// What the lease worker publishes for backends and reports.
 #[repr(C)]
@@ -269,29 +291,48 @@ pub struct Slot {
     /// The highest tick an ID of this worker id may have ([`NO_LEASE`]:
     /// none; `i64::MAX` without leases).
     pub limit_tick: AtomicI64,
+    /// The Unix ms (this server's clock) from which no session makes an ID
+    /// of this worker id: its block's deadline (`lease::stop_ms`;
+    /// `i64::MAX` without leases). The limit bounds the IDs' times, which
+    /// may be ahead of the clock; this bounds when they are made, also
+    /// while the lease worker cannot revoke the block.
+    pub stop_ms: AtomicI64,
     /// Bumped each time the lease worker gives this id a new lease; a
     /// claim made under another epoch must claim again.
     pub lease_epoch: AtomicU64,
 }
 
 impl Slot {
-    /// The lease worker gives this id a new limit (see `lease_worker`):
-    /// the epoch first, then the limit with Release, so that a backend
-    /// that reads the new limit ([`Slot::lease_view`]) also reads the new
-    /// epoch. Called under `lock` (exclusive).
-    pub fn set_lease(&self, limit: i64) {
+    /// The lease worker gives this id a new limit and stop (see
+    /// `lease_worker`): the epoch and the stop first, then the limit with
+    /// Release, so that a backend that reads the new limit
+    /// ([`Slot::lease_view`]) also reads the new epoch and stop. Called
+    /// under `lock` (exclusive).
+    pub fn set_lease(&self, limit: i64, stop_ms: i64) {
         self.lease_epoch.fetch_add(1, Relaxed);
+        self.stop_ms.store(stop_ms, Relaxed);
         self.limit_tick.store(limit, Release);
     }
 
-    /// The limit and the epoch, as the hot path reads them: a limit of a
-    /// newer lease always comes with that lease's epoch. (The other
-    /// mismatch, an older limit with a newer epoch, only makes the backend
-    /// claim again.)
+    /// A renewal raises the limit and the stop (no lock): the stop first,
+    /// so that a backend that reads the new limit reads the new stop.
+    pub fn raise_lease(&self, limit: i64, stop_ms: i64) {
+        self.stop_ms.fetch_max(stop_ms, Relaxed);
+        self.limit_tick.fetch_max(limit, AcqRel);
+    }
+
+    /// The limit, the stop and the epoch, as the hot path reads them: a
+    /// limit of a newer lease always comes with that lease's epoch and
+    /// stop. (The other mismatch, an older limit with a newer epoch, only
+    /// makes the backend claim again.)
     #[inline]
-    pub fn lease_view(&self) -> (i64, u64) {
+    pub fn lease_view(&self) -> LeaseView {
         let limit = self.limit_tick.load(Acquire);
-        (limit, self.lease_epoch.load(Relaxed))
+        LeaseView {
+            limit,
+            stop_ms: self.stop_ms.load(Relaxed),
+            epoch: self.lease_epoch.load(Relaxed),
+        }
     }
 
     /// Adds a generator's counters since `published` to the slot's (but

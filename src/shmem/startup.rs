@@ -205,6 +205,7 @@ fn init_slots(slots: &[Slot], layout: &Layout, mode: LeaseMode) {
     for slot in slots {
         slot.position.store(fresh, Relaxed);
         slot.limit_tick.store(limit, Relaxed);
+        slot.stop_ms.store(limit, Relaxed);
     }
 }
 

@@ -80,10 +80,7 @@ def stalled_pid(what: str, r, a) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what", [pytest.param("lease_worker", marks=pytest.mark.xfail(
-    strict=True, reason="open (issue 42): with the lease worker stopped, sessions stop at the"
-    " block's mark (max_drift past its deadline), not at the deadline")),
-    "registry_backend", "registry_postmaster"])
+@pytest.mark.parametrize("what", ["lease_worker", "registry_backend", "registry_postmaster"])
 def test_a_stalled_process_lets_no_session_use_a_block_past_its_deadline(make_cluster, what):
     r = registry_server(make_cluster)
     lease_limits(r)

@@ -3,9 +3,9 @@
 //! following it (a poll every second).
 
 use super::host::set_all_limits;
-use super::problems::Problem;
 use super::target::conninfo_quote;
 use super::{Target, Worker};
+use snowflake_core::holder::problems::Cause;
 
 use crate::settings;
 use crate::shmem::{LeaseMode, MODE_CITUS, NO_LEASE};
@@ -13,7 +13,6 @@ use crate::workers::{caught_message, caught_report};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
-use snowflake_core::lease;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 
 /// How often a Citus node looks at the cluster's metadata.
@@ -39,7 +38,9 @@ impl Worker {
         // have left (a LOCK or VACUUM FULL of pg_dist_node must not keep
         // the worker from revoking them at their deadline), and at most a
         // second; a read given up is retried at the next poll.
-        let left_ms = lease::in_use_deadline(&self.holder.held)
+        let left_ms = self
+            .holder
+            .in_use_deadline()
             .map_or(CITUS_READ_TIMEOUT_MS, |d| d.saturating_sub(self.mono_ms()))
             .clamp(10, CITUS_READ_TIMEOUT_MS);
         let found = match citus_target(left_ms) {
@@ -47,9 +48,9 @@ impl Worker {
             // Not known now, but nothing says it changed: the mode and
             // the coordinator stay as they are until the next poll.
             CitusRead::GaveUp(why) => {
-                self.set_problem(Problem::Citus(format!(
+                self.set_problem(Cause::Citus, format!(
                     "Citus metadata could not be read within {left_ms} ms ({why}): retried every second; this server goes on as before meanwhile"
-                )));
+                ));
                 return;
             }
         };
@@ -62,9 +63,8 @@ impl Worker {
         };
         match found {
             Ok(target) => {
-                if matches!(self.problem, Some(Problem::Citus(_))) {
-                    self.clear_problem();
-                }
+                let logs = self.problems.citus_read(&self.display());
+                self.report(logs);
                 self.set_target(target)
             }
             Err(problem) => {
@@ -75,7 +75,7 @@ impl Worker {
                     set_all_limits(self.header, NO_LEASE);
                     self.header.lease.set_mode(LeaseMode::Undecided, Release);
                 }
-                self.set_problem(Problem::Citus(problem))
+                self.set_problem(Cause::Citus, problem)
             }
         }
     }

@@ -8,15 +8,11 @@
 
 use super::file::new_node_id;
 use super::host::ShmHost;
-use super::problems::Problem;
 use super::registry::PgRegistry;
 use super::{Target, Worker};
 
-use crate::clock;
 use crate::workers::registry_client::{AnswerBy, Connection};
-use snowflake_core::lease;
 use snowflake_core::node::{Ending, NodeClaim, Refused, Rename};
-use std::sync::atomic::Ordering::{Relaxed, Release};
 
 /// Session settings of the registry connection. Names resolve in
 /// pg_catalog only: the session may be a superuser's, and other roles may
@@ -71,7 +67,11 @@ impl Worker {
         };
         match self.open_session(&target) {
             Ok(registry) => self.connected(registry),
-            Err(problem) => self.unreachable(Problem::Other(problem)),
+            Err(problem) => {
+                self.drop_session(false);
+                let logs = self.problems.connect_failed(problem, self.at());
+                self.report(logs);
+            }
         }
     }
 
@@ -92,8 +92,6 @@ impl Worker {
             client,
             schema: found.schema,
             durable_check: found.durable_check,
-            answered: 0,
-            timed_out: false,
         })
     }
 
@@ -102,7 +100,7 @@ impl Worker {
     pub(super) fn answer_by(&self) -> AnswerBy {
         AnswerBy {
             origin: self.file.started,
-            deadline_mono_ms: lease::in_use_deadline(&self.holder.held),
+            deadline_mono_ms: self.holder.in_use_deadline(),
         }
     }
 
@@ -143,14 +141,16 @@ impl Worker {
         // Blocks leased in that session stay this server's in the next one
         // (the registry lets a session it cannot tie to the node's earlier
         // one take them only after their lease and grace ran out).
-        self.holder.previous_session = lingering
-            .map(|(pid, start)| format!("{pid}:{start}"))
-            .unwrap_or_default();
+        self.holder.set_previous_session(
+            lingering
+                .map(|(pid, start)| format!("{pid}:{start}"))
+                .unwrap_or_default(),
+        );
         let mut claim = NodeClaim::new(lingering.is_some());
         // Why this worker's earlier session did not end, for the log.
         let mut not_ended = String::new();
         loop {
-            let node = self.holder.id.node.clone();
+            let node = self.holder.id().node.clone();
             let hello = client.value(
                 &format!("SELECT {schema}.snowflake_lease_hello($1)"),
                 &[&node],
@@ -185,8 +185,8 @@ impl Worker {
     /// one; logs why, as [`Rename`] says it is known (`own`: this worker's
     /// earlier session, its pid and why it did not end).
     fn rename_node(&mut self, why: Rename, own: Option<(i32, &str)>) {
-        let old = std::mem::replace(&mut self.holder.id.node, new_node_id());
-        let new = &self.holder.id.node;
+        let old = self.holder.rename(new_node_id());
+        let new = &self.holder.id().node;
         match (why, own) {
             (Rename::OwnSessionNotEnded, Some((pid, reason))) => pgrx::log!(
                 "snowflake_id lease: node id {old} is still held on the registry by this server's own earlier session (pid {pid}), which could not be ended ({reason}); no other server is known to use it: this server is now node {new} and leases its own worker ids, and the old node id's blocks go back to the registry when their lease and grace run out"
@@ -195,7 +195,7 @@ impl Worker {
                 "snowflake_id lease: node id {old} is in use by another running server: a registry session this server does not know holds it (this data directory is a copy of that server's, or it of this one): this server is now node {new} and leases its own worker ids"
             ),
         }
-        self.header.lease.node_id.set(&self.holder.id.node);
+        self.header.lease.node_id.set(&self.holder.id().node);
         let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
         self.holder.forget_all(&mut host);
         self.saved_provable = false;
@@ -205,57 +205,25 @@ impl Worker {
     /// A session is open and introduced: the registry is reachable again.
     fn connected(&mut self, registry: PgRegistry) {
         self.client = Some(registry);
-        self.connect_backoff_ms = 0;
-        self.unreachable = false;
-        // While the lease call given up before this session is unanswered
-        // (a lock or a synchronous standby at the registry, which accepts
-        // new sessions), the registry still "does not answer": that ends
-        // when a lease call is answered (`Worker::step`).
-        if self.unanswered.is_none() {
-            self.header.lease.unreachable_since_ms.store(0, Release);
-        }
-        self.clear_problem();
+        let logs = self.problems.connected(&self.display());
+        self.report(logs);
         // Renew at once: confirms the leases held before a restart or an
         // outage, and drops those handed to another server since.
         self.holder.reconnected();
     }
 
-    /// The registry does not answer (from now, unless already so): shown
-    /// as `registry_unreachable_since` until a lease call is answered.
-    pub(super) fn not_answering(&self) {
-        let lease = &self.header.lease;
-        if lease.unreachable_since_ms.load(Relaxed) == 0 {
-            lease.unreachable_since_ms.store(clock::unix_ms(), Release);
-        }
-    }
-
-    /// The registry answers (a lease call was answered), or another one
-    /// is used: no call is unanswered, and `registry_unreachable_since`
-    /// is cleared.
-    pub(super) fn answering(&mut self) {
-        self.unanswered = None;
-        self.header.lease.unreachable_since_ms.store(0, Release);
-    }
-
-    /// The registry did not answer or the connection broke: drops the
-    /// session, picks the host to try first and the pause before the next
-    /// attempt, and reports `problem`.
-    pub(super) fn unreachable(&mut self, problem: Problem) {
-        self.not_answering();
+    /// The session is gone (or none could be made): drops it and picks
+    /// the host to try first next. `stalled`: its host gave no answer
+    /// within the call's limit.
+    pub(super) fn drop_session(&mut self, stalled: bool) {
         // With several hosts in the connection string: the next attempt
         // begins with the host of the session that ended, unless that host
-        // stalled (no answer within the call timeout: a frozen VM), then
+        // stalled (no answer within the call's limit: a frozen VM), then
         // with the one after it (Connection::connect tries them all).
-        let stalled = self.client.as_ref().is_some_and(|c| c.client.stalled());
         self.client = None;
         if let Some(host) = self.host_index.take() {
             self.next_host = if stalled { host + 1 } else { host };
         }
-        self.unreachable = true;
-        let most = self.timing().renew_every_ms.max(1_000);
-        self.connect_backoff_ms = (self.connect_backoff_ms * 2).clamp(250, most);
-        self.next_connect_mono = self.mono_ms() + self.connect_backoff_ms;
-        self.set_problem(problem);
     }
 
     /// Ends `old`, this worker's earlier registry session, if it is still
@@ -280,7 +248,7 @@ impl Worker {
                     "snowflake_id lease: ended this server's earlier session on {} (pid {}), left behind by a broken connection, to take back node id {}",
                     self.display(),
                     old.0,
-                    self.holder.id.node
+                    self.holder.id().node
                 );
                 (Ending::Ended, String::new())
             }

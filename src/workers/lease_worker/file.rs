@@ -10,7 +10,7 @@ use crate::durability::reservation;
 use crate::shmem::MODE_CITUS;
 use pgrx::pg_sys;
 use serde::{Deserialize, Serialize};
-use snowflake_core::holder::{self, Holder};
+use snowflake_core::holder::Holder;
 use snowflake_core::node::SavedBlock;
 use std::ffi::CStr;
 use std::time::Instant;
@@ -77,9 +77,10 @@ pub(super) struct FileContext {
 pub(super) fn save_lease_file(ctx: &mut FileContext, holder: &Holder) {
     let now_mono = ctx.started.elapsed().as_millis() as i64;
     let now_wall = clock::unix_ms();
+    let seen = holder.seen();
     let file = LeaseFile {
         version: LEASE_FILE_VERSION,
-        node_id: holder.id.node.clone(),
+        node_id: holder.id().node.clone(),
         data_directory: ctx.data_directory,
         citus_registry: ctx
             .target
@@ -87,14 +88,14 @@ pub(super) fn save_lease_file(ctx: &mut FileContext, holder: &Holder) {
             .filter(|t| t.mode == MODE_CITUS)
             .map(|t| (t.conninfo.clone(), t.display.clone())),
         registry: ctx.target.as_ref().map(|t| registry_key(&t.conninfo)),
-        unconfirmed: holder.held.iter().any(|h| !h.confirmed),
-        from_backup: holder.from_backup && holder.held.iter().any(|h| !h.confirmed),
-        incarnation: holder.incarnation.clone(),
-        lsn: holder::format_lsn(holder.lsn),
-        token: holder.token.clone(),
-        grants: holder.grants,
+        unconfirmed: holder.held().iter().any(|h| !h.confirmed),
+        from_backup: holder.from_backup_unconfirmed(),
+        incarnation: seen.incarnation,
+        lsn: seen.lsn,
+        token: seen.token,
+        grants: seen.grants,
         blocks: holder
-            .held
+            .held()
             .iter()
             .map(|h| SavedBlock {
                 block: h.block,

@@ -11,7 +11,7 @@ use snowflake_core::generator::{floor_word, unpack};
 use snowflake_core::holder::{self, Holder};
 use snowflake_core::layout::Layout;
 use snowflake_core::lease::{self, Usage};
-use std::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
+use std::sync::atomic::Ordering::{Relaxed, Release};
 
 /// The slots of this server, as the holder changes them.
 pub(super) struct ShmHost<'a> {
@@ -41,7 +41,7 @@ impl<'a> ShmHost<'a> {
 }
 
 impl holder::Host for ShmHost<'_> {
-    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64) {
+    fn activate(&mut self, block: u32, floor_ms: i64, high_ms: i64, stop_ms: i64) {
         let floor = floor_word(self.layout, self.layout.tick_at(floor_ms));
         let limit = self.layout.tick_at(high_ms);
         let slots = self.block_slots(block);
@@ -51,15 +51,15 @@ impl holder::Host for ShmHost<'_> {
             // session still on it from an earlier lease (the position only
             // grows; sharers' compare-and-swap starts from the new value).
             slot.position.fetch_max(floor, Relaxed);
-            slot.set_lease(limit);
+            slot.set_lease(limit, stop_ms);
         }
         self.header.lease.changes.fetch_add(1, Relaxed);
     }
 
-    fn raise(&mut self, block: u32, high_ms: i64) {
+    fn raise(&mut self, block: u32, high_ms: i64, stop_ms: i64) {
         let limit = self.layout.tick_at(high_ms);
         for slot in self.block_slots(block) {
-            slot.limit_tick.fetch_max(limit, AcqRel);
+            slot.raise_lease(limit, stop_ms);
         }
     }
 
@@ -67,7 +67,7 @@ impl holder::Host for ShmHost<'_> {
         let slots = self.block_slots(block);
         let _guard = self.header.lock(true);
         for slot in slots {
-            slot.set_lease(NO_LEASE);
+            slot.set_lease(NO_LEASE, NO_LEASE);
         }
         self.header.lease.changes.fetch_add(1, Relaxed);
     }
@@ -80,7 +80,7 @@ impl holder::Host for ShmHost<'_> {
                 return None;
             }
             for slot in slots {
-                slot.set_lease(NO_LEASE);
+                slot.set_lease(NO_LEASE, NO_LEASE);
             }
             self.header.lease.changes.fetch_add(1, Relaxed);
             slots
@@ -101,11 +101,11 @@ impl holder::Host for ShmHost<'_> {
 }
 
 /// Gives every slot the limit `limit` (`NO_LEASE`: none may be used;
-/// `i64::MAX`: this server's own worker ids, no lease).
+/// `i64::MAX`: this server's own worker ids, no lease), and the same stop.
 pub(super) fn set_all_limits(header: &Header, limit: i64) {
     let _guard = header.lock(true);
     for slot in header.slots() {
-        slot.set_lease(limit);
+        slot.set_lease(limit, limit);
     }
     header.lease.changes.fetch_add(1, Relaxed);
 }
@@ -118,10 +118,10 @@ impl Worker {
         let (ranges, _) = crate::settings::worker_ranges();
         let slots = self.header.slots();
         let max = self.layout.max_worker_id();
-        let size = self.holder.id.block_size;
-        let mut out = Vec::with_capacity(self.holder.held.len());
+        let size = self.holder.id().block_size;
+        let mut out = Vec::with_capacity(self.holder.held().len());
         let _guard = self.header.lock(false);
-        for h in &self.holder.held {
+        for h in self.holder.held() {
             let (first, last) = lease::block_ids(h.block, size, max);
             let mut u = Usage {
                 block: h.block,
@@ -142,7 +142,7 @@ impl Worker {
     /// Publishes what backends and `snowflake_config()` report.
     pub(super) fn publish(&self) {
         let lease = &self.header.lease;
-        let active: Vec<_> = self.holder.held.iter().filter(|h| h.active).collect();
+        let active: Vec<_> = self.holder.held().iter().filter(|h| h.active).collect();
         lease.blocks_held.store(active.len() as u32, Release);
         let now_mono = self.mono_ms();
         // With nothing held, the last deadline stays: messages say when

@@ -18,7 +18,9 @@
 //!   (`registry_client`), so the worker revokes a block at its deadline
 //!   also while the registry stalls.
 //! - Each slot's `limit_tick` is the confirmed mark of its block (or
-//!   `NO_LEASE`); activating or revoking a block happens under the slot
+//!   `NO_LEASE`), its `stop_ms` the block's deadline on this server's
+//!   clock, which sessions check themselves (they stop there also while
+//!   this worker is stopped); activating or revoking a block happens under the slot
 //!   table's lock and bumps the slots' `lease_epoch`, so a backend whose
 //!   block changed hands moves to another id (see `claims`).
 //! - Identity: a random node id in the file `snowflake_id.leases`, with
@@ -56,7 +58,6 @@ mod target;
 
 use file::FileContext;
 use host::ShmHost;
-use problems::Problem;
 use registry::PgRegistry;
 
 use crate::clock;
@@ -67,6 +68,7 @@ use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
+use snowflake_core::holder::problems::{Cause, Problems};
 use snowflake_core::holder::{CallError, Holder, Now, Registry};
 use snowflake_core::layout::Layout;
 use snowflake_core::lease::{self, Timing};
@@ -107,21 +109,13 @@ struct Worker {
     holder: Holder,
     file: FileContext,
     client: Option<PgRegistry>,
-    next_connect_mono: i64,
-    /// The pause before the next connection attempt: 250 ms after a
-    /// working connection broke, doubling up to the renewal interval.
-    connect_backoff_ms: i64,
-    /// A connection attempt failed since the last success.
-    unreachable: bool,
     /// The saved blocks may be used while the registry is unreachable:
     /// same data directory, same registry, not started from a backup.
     saved_provable: bool,
     next_citus_mono: i64,
-    problem: Option<Problem>,
-    /// The last lease call the registry did not answer in time, until one
-    /// is answered: a new session does not answer it (a lock held there
-    /// holds the next call too), nor does another problem's end.
-    unanswered: Option<String>,
+    /// What keeps it from leasing, since when the registry has not
+    /// answered, the pause before the next connection attempt.
+    problems: Problems,
     /// This worker's last session on the registry: its backend pid and
     /// start (microseconds since 1970). After a network break that session
     /// can linger there (a half-open connection), still holding the node
@@ -162,9 +156,10 @@ pub extern "C-unwind" fn snowflake_id_lease_main(_arg: pg_sys::Datum) {
         .store(unsafe { pg_sys::MyLatch }, Release);
     let mut worker = Worker::new(header);
     if citus && database.is_none() {
-        worker.set_problem(Problem::Citus(
+        worker.set_problem(
+            Cause::Citus,
             "Citus is preloaded but snowflake_id.registry_database is empty, so its metadata cannot be read: set snowflake_id.registry_database to the database where CREATE EXTENSION citus ran, or set snowflake_id.registry".into(),
-        ));
+        );
     }
     loop {
         if BackgroundWorker::sighup_received() {
@@ -196,7 +191,7 @@ impl Worker {
     fn wait_ms(&self) -> i64 {
         let now = self.mono_ms();
         let mut wait = self.timing().renew_every_ms.min(citus::CITUS_POLL_MS);
-        for h in &self.holder.held {
+        for h in self.holder.held() {
             wait = wait.min(h.deadline_mono_ms - now);
         }
         wait.clamp(10, 5_000)
@@ -223,10 +218,11 @@ impl Worker {
         // registry (a connection attempt is bounded by the deadlines of
         // the blocks still in use, see registry_client).
         self.expire_due();
-        if self.client.is_none() && self.mono_ms() >= self.next_connect_mono {
+        if self.client.is_none() && self.problems.may_connect(self.mono_ms()) {
             self.connect();
         }
-        self.holder.trust_saved = self.saved_provable && self.unreachable;
+        self.holder
+            .trust_saved(self.saved_provable && self.problems.unreachable());
         let usage = self.usage();
         let now = Now {
             mono_ms: self.mono_ms(),
@@ -237,9 +233,8 @@ impl Worker {
             replication: settings::lease_replication(),
         };
         let (ranges, _) = settings::worker_ranges();
-        let allowed = lease::allowed_blocks(&ranges, self.holder.id.block_size);
-        let answered = self.client.as_ref().map_or(0, |c| c.answered);
-        let result = {
+        let allowed = lease::allowed_blocks(&ranges, self.holder.id().block_size);
+        let round = {
             let mut host = ShmHost::new(self.header, &self.layout, &mut self.file);
             let registry = self.client.as_mut().map(|c| c as &mut dyn Registry);
             self.holder.step(now, &usage, &allowed, registry, &mut host)
@@ -247,46 +242,11 @@ impl Worker {
         // A call given up at a block's deadline: revoke it now.
         self.expire_due();
         self.report_events();
-        // A lease call answered in this step (also when a later one was
-        // refused): the registry answers again.
-        if self.client.as_ref().is_some_and(|c| c.answered > answered) {
-            self.answering();
+        let logs = self.problems.round(&round, &self.display(), self.at());
+        if let Some(e) = round.error.as_ref().filter(|e| e.drops_session()) {
+            self.drop_session(matches!(e, CallError::NoAnswer { .. }));
         }
-        match result {
-            Ok(()) => {
-                if matches!(
-                    self.problem,
-                    Some(Problem::Refused(_) | Problem::NoAnswer(_))
-                ) {
-                    self.clear_problem();
-                }
-            }
-            Err(CallError::Unreachable(problem)) => {
-                let display = self.display();
-                let text = format!("the registry {display} did not answer: {problem}");
-                self.unanswered = Some(text.clone());
-                self.unreachable(Problem::NoAnswer(text));
-            }
-            // Given up by the registry at its lock_timeout or
-            // statement_timeout (a lock held there): no answer,
-            // as a call given up here at a deadline, but the session
-            // stays (nothing is wrong with it).
-            Err(CallError::Refused(problem))
-                if self.client.as_ref().is_some_and(|c| c.timed_out) =>
-            {
-                let display = self.display();
-                let text = format!("the registry {display} did not answer in time: {problem}");
-                self.unanswered = Some(text.clone());
-                self.not_answering();
-                self.set_problem(Problem::NoAnswer(text));
-            }
-            Err(CallError::Refused(problem)) => {
-                let display = self.display();
-                self.set_problem(Problem::Refused(format!(
-                    "the registry {display} refused a call: {problem}"
-                )));
-            }
-        }
+        self.report(logs);
         self.publish();
         self.persist();
     }

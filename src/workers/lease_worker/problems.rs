@@ -1,80 +1,55 @@
 //! What keeps the lease worker from leasing, and what the holder did: the
-//! log lines (each problem once, when it starts and when it ends) and the
-//! text `snowflake_config()` shows.
+//! texts of the problems and events. Which problem is current, when it is
+//! logged and ended, since when the registry has not answered and the
+//! pause before connecting again are `snowflake_core::holder::problems`'
+//! to decide; this logs what it returns and publishes its state for
+//! `snowflake_config()`.
 
 use super::Worker;
 
+use snowflake_core::holder::problems::{At, Cause, Log, Problem};
 use snowflake_core::holder::{Durability, DurabilityMode, Event, Replication};
 use snowflake_core::layout::format_unix_ms;
+use std::sync::atomic::Ordering::Release;
 
-/// What keeps the lease worker from leasing, by cause: the cause decides
-/// which later success clears it. Shown in the log and in
-/// `snowflake_config().lease_problem` as text.
-#[derive(Clone, PartialEq)]
-pub(super) enum Problem {
-    /// Which Citus cluster this node belongs to cannot be read: cleared
-    /// when the metadata is read.
-    Citus(String),
-    /// The registry refused a call: cleared by the next call that succeeds.
-    Refused(String),
-    /// A grant was committed but is not durable where a failover can
-    /// reach it: cleared by the next durable grant.
-    NotDurable(String),
-    /// The registry did not answer a lease call in time, or the session
-    /// broke during one: cleared when a lease call is answered (the first
-    /// step on a new session makes one: a renewal, or an acquire). Until
-    /// then no other problem's end clears it (`Worker::unanswered`): a new
-    /// session's call may wait as long again (a lock held at the registry,
-    /// a registry that accepts connections but cannot commit).
-    NoAnswer(String),
-    /// Anything else (no connection, fenced, no free block, went back in
-    /// time): cleared when a new connection works.
-    Other(String),
-}
-
-impl Problem {
-    pub(super) fn text(&self) -> &str {
-        match self {
-            Problem::Citus(t)
-            | Problem::Refused(t)
-            | Problem::NotDurable(t)
-            | Problem::NoAnswer(t)
-            | Problem::Other(t) => t,
-        }
-    }
-}
-
-/// Reporting: the worker's current problem, and the holder's events.
+/// Reporting: the worker's problems (`snowflake_core::holder::problems`
+/// decides; this logs what it returns and publishes its state), and the
+/// holder's events.
 impl Worker {
-    pub(super) fn set_problem(&mut self, problem: Problem) {
-        if self.problem.as_ref() != Some(&problem) {
-            pgrx::warning!("snowflake_id lease: {}", problem.text());
+    /// Logs `logs` and publishes the problem and since when the registry
+    /// has not answered.
+    pub(super) fn report(&mut self, logs: Vec<Log>) {
+        for log in logs {
+            match log {
+                Log::Warning(text) => pgrx::warning!("snowflake_id lease: {text}"),
+                Log::Info(text) => pgrx::log!("snowflake_id lease: {text}"),
+            }
         }
-        self.header.lease.problem.set(problem.text());
-        self.problem = Some(problem);
+        let lease = &self.header.lease;
+        lease.problem.set(self.problems.text());
+        lease
+            .unreachable_since_ms
+            .store(self.problems.unreachable_since_ms().unwrap_or(0), Release);
     }
 
-    /// Clears the current problem; a lease call still unanswered
-    /// (`Worker::unanswered`) becomes the problem again.
-    pub(super) fn clear_problem(&mut self) {
-        if let Some(text) = self.unanswered.clone() {
-            self.header.lease.problem.set(&text);
-            self.problem = Some(Problem::NoAnswer(text));
-            return;
+    pub(super) fn set_problem(&mut self, cause: Cause, text: String) {
+        let logs = self.problems.set(Problem::new(cause, text));
+        self.report(logs);
+    }
+
+    /// The clocks and the schedule, for the problems' state machine.
+    pub(super) fn at(&self) -> At {
+        At {
+            mono_ms: self.mono_ms(),
+            wall_ms: crate::clock::unix_ms(),
+            renew_every_ms: self.timing().renew_every_ms,
         }
-        if self.problem.take().is_some() {
-            pgrx::log!(
-                "snowflake_id lease: the registry {} is reachable again",
-                self.display()
-            );
-        }
-        self.header.lease.problem.set("");
     }
 
     /// Logs what the holder did.
     pub(super) fn report_events(&mut self) {
         let display = self.display();
-        for event in std::mem::take(&mut self.holder.events) {
+        for event in self.holder.take_events() {
             match event {
                 Event::Leased { block, floor_ms } => {
                     let floor = if floor_ms > 0 {
@@ -97,40 +72,31 @@ impl Worker {
                     "snowflake_id lease: the registry {display} began a new incarnation ({new}, was {old}): it may have forgotten grants (a failover, a restore, an emptied lease table); this server re-asserts the blocks it holds"
                 ),
                 Event::NewIncarnation { .. } => {}
-                Event::Rollback { seen, reply } => self.set_problem(Problem::Other(format!(
+                Event::Rollback { seen, reply } => self.set_problem(Cause::Other, format!(
                     "the registry {display} answered from WAL position {reply}, below {seen} seen before: it went back in time; its answer is not used"
-                ))),
-                Event::Fenced { until_ms } => self.set_problem(Problem::Other(format!(
+                )),
+                Event::Fenced { until_ms } => self.set_problem(Cause::Other, format!(
                     "the registry {display} is fenced until {} (a new incarnation after it may have forgotten grants): it leases no block anew until then",
                     format_unix_ms(until_ms)
-                ))),
-                // A call the registry gave up at its own timeout is not
-                // answered: `Worker::step` reports it (as NoAnswer), once.
-                Event::Refused(_) if self.client.as_ref().is_some_and(|c| c.timed_out) => {}
-                Event::Refused(text) => self.set_problem(Problem::Refused(format!(
-                    "the registry {display} refused a call: {text}"
-                ))),
-                Event::NoFreeBlock => self.set_problem(Problem::Other(format!(
+                )),
+                Event::Refused(text) => self.set_problem(
+                    Cause::Refused,
+                    format!("the registry {display} refused a call: {text}"),
+                ),
+                Event::NoFreeBlock => self.set_problem(Cause::Other, format!(
                     "the registry {display} has no free block of worker ids for this server (snowflake_id.worker_ids limits which it may lease)"
-                ))),
+                )),
                 Event::NotDurable {
                     what,
                     durability,
                     required,
-                } => self.set_problem(Problem::NotDurable(not_durable_text(
-                    &display,
-                    what,
-                    &durability,
-                    required,
-                ))),
+                } => self.set_problem(
+                    Cause::NotDurable,
+                    not_durable_text(&display, what, &durability, required),
+                ),
                 Event::DurableAgain => {
-                    if matches!(self.problem, Some(Problem::NotDurable(_))) {
-                        pgrx::log!(
-                            "snowflake_id lease: grants from the registry {display} are durable again"
-                        );
-                        self.problem = None;
-                        self.header.lease.problem.set("");
-                    }
+                    let logs = self.problems.durable_again(&display);
+                    self.report(logs);
                 }
                 Event::DurabilityMode { mode } => match mode {
                     DurabilityMode::Synchronous => pgrx::log!(

@@ -5,23 +5,14 @@ use crate::settings;
 use crate::workers::registry_client::Connection;
 use serde::{Deserialize, Serialize};
 use snowflake_core::holder::{
-    AcquireRequest, CallError, Durability, DurabilityMode, Registry, ReleaseReply, ReleaseRequest,
-    RenewRequest, Reply,
+    AcquireRequest, CallError, Durability, DurabilityMode, Refusal, Registry, ReleaseReply,
+    ReleaseRequest, RenewRequest, Reply,
 };
 use snowflake_core::lease::Timing;
 
-/// SQLSTATEs of a call whose function or schema does not exist.
-const UNDEFINED_FUNCTION: &str = "42883";
-const INVALID_SCHEMA_NAME: &str = "3F000";
 /// SQLSTATE of a request beyond the registry's limits (0.7.0:
 /// `snowflake_lease_limits`, checked by `snowflake_lease_check`).
 const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
-/// SQLSTATEs of a call the registry gave up itself at the session's
-/// `lock_timeout` or `statement_timeout` (`connection::SESSION_OPTIONS`):
-/// a wait there (a lock; not the commit's wait for a synchronous standby,
-/// which no timeout ends), not an answer. The statement rolled back.
-const LOCK_NOT_AVAILABLE: &str = "55P03";
-const QUERY_CANCELED: &str = "57014";
 
 /// The registry over a client session that took the node's lock.
 pub(super) struct PgRegistry {
@@ -33,16 +24,6 @@ pub(super) struct PgRegistry {
     /// Whether the registry has `snowflake_lease_durable` (0.7.0 and
     /// later); an older one's grants are taken as committed ("unchecked").
     pub(super) durable_check: bool,
-    /// Lease calls answered on this session, with a value or an error of
-    /// the registry's own (not its timeouts): what clears
-    /// `Problem::NoAnswer` and `registry_unreachable_since`
-    /// (`Worker::step`).
-    pub(super) answered: u64,
-    /// Whether the last call was given up by the registry itself, at the
-    /// session's `lock_timeout` or `statement_timeout`: refused, so
-    /// nothing of it was done, but not answered either (`Worker::step`
-    /// reports it as a call that got no answer).
-    pub(super) timed_out: bool,
 }
 
 impl PgRegistry {
@@ -51,56 +32,38 @@ impl PgRegistry {
         function: &str,
         req: &impl Serialize,
     ) -> Result<T, CallError> {
-        self.timed_out = false;
         let body = serde_json::to_string(req)
-            .map_err(|e| CallError::Refused(format!("request not encoded: {e}")))?;
+            .map_err(|e| CallError::unusable(format!("request not encoded: {e}")))?;
         let sql = format!("SELECT {}.{function}($1::jsonb)::text", self.schema);
-        let answer = match self.client.value(&sql, &[&body]) {
+        let answer = self.client.value(&sql, &[&body]).map_err(|e| match e {
             // The function or its schema is gone from where this session
             // found it: the registry's extension was updated (0.6.0 moved
             // the lease functions to snowflake_id_internal), or dropped and
-            // created again. A new session looks them up again (connect);
-            // until it has, nothing is renewed, and blocks stop at their
-            // deadline as for any registry that does not answer.
-            Err(CallError::Refused(message))
-                if matches!(
-                    self.client.last_sqlstate(),
-                    Some(UNDEFINED_FUNCTION | INVALID_SCHEMA_NAME)
-                ) =>
-            {
-                return Err(CallError::Unreachable(format!(
-                    "{message} (the registry's lease functions are no longer in schema {}: its extension was updated or made again; reconnecting to find them)",
-                    self.schema
-                )));
-            }
+            // created again. A new session looks them up again (connect:
+            // `CallError::drops_session`); until it has, nothing is
+            // renewed, and blocks stop at their deadline as for any
+            // registry that does not answer.
+            CallError::Refused(r) if r.functions_gone() => CallError::Refused(Refusal {
+                message: format!(
+                    "{} (the registry's lease functions are no longer in schema {}: its extension was updated or made again; reconnecting to find them)",
+                    r.message, self.schema
+                ),
+                ..r
+            }),
             // Beyond the registry's limits: its message names the limit and
             // the setting to lower; this server's own values go with it.
-            Err(CallError::Refused(message))
-                if self.client.last_sqlstate() == Some(PROGRAM_LIMIT_EXCEEDED) =>
-            {
-                self.answered += 1;
-                return Err(CallError::Refused(format!(
-                    "{message} [this server: {}]",
-                    own_settings()
-                )));
+            CallError::Refused(r) if r.sqlstate.as_deref() == Some(PROGRAM_LIMIT_EXCEEDED) => {
+                CallError::Refused(Refusal {
+                    message: format!("{} [this server: {}]", r.message, own_settings()),
+                    ..r
+                })
             }
-            // Any other error the registry raised is an answer too, but
-            // for its own timeouts, which are the wait itself.
-            Err(refused @ CallError::Refused(_)) => {
-                match self.client.last_sqlstate() {
-                    Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED) => self.timed_out = true,
-                    Some(_) => self.answered += 1,
-                    None => {}
-                }
-                return Err(refused);
-            }
-            other => other?,
-        };
-        self.answered += 1;
+            e => e,
+        })?;
         let text =
-            answer.ok_or_else(|| CallError::Refused(format!("{function} answered nothing")))?;
+            answer.ok_or_else(|| CallError::unusable(format!("{function} answered nothing")))?;
         serde_json::from_str(&text).map_err(|e| {
-            CallError::Refused(format!(
+            CallError::unusable(format!(
                 "{function} answered what this server cannot read: {e}"
             ))
         })

@@ -11,7 +11,8 @@ use super::{Target, Worker};
 
 use crate::shmem::{Header, MODE_CITUS};
 use crate::{clock, settings};
-use snowflake_core::holder::{self, Holder, Identity};
+use snowflake_core::holder::problems::Problems;
+use snowflake_core::holder::{Holder, Identity, Seen};
 use snowflake_core::lease;
 use snowflake_core::node::{self, SavedLeases, StartFacts};
 use std::ffi::CStr;
@@ -114,13 +115,9 @@ impl Worker {
                 saved: String::new(),
             },
             client: None,
-            next_connect_mono: 0,
-            connect_backoff_ms: 0,
-            unreachable: false,
             saved_provable: false,
             next_citus_mono: 0,
-            problem: None,
-            unanswered: None,
+            problems: Problems::default(),
             registry_session: None,
             host_index: None,
             next_host: 0,
@@ -133,11 +130,15 @@ impl Worker {
     /// blocks whose deadline has not passed (see [`node::restore`]).
     fn take_back(&mut self, file: &LeaseFile, from_backup: bool, provable: bool) {
         self.saved_provable = provable;
-        self.holder.from_backup = from_backup;
-        self.holder.incarnation = file.incarnation.clone();
-        self.holder.lsn = holder::parse_lsn(&file.lsn).unwrap_or(0);
-        self.holder.token = file.token.clone();
-        self.holder.grants = file.grants;
+        self.holder.resume(
+            &Seen {
+                incarnation: file.incarnation.clone(),
+                lsn: file.lsn.clone(),
+                grants: file.grants,
+                token: file.token.clone(),
+            },
+            from_backup,
+        );
         let now_wall = clock::unix_ms();
         let now_mono = self.mono_ms();
         let restart_floor_ms = self.header.floor_ms.load(Acquire);

@@ -30,11 +30,11 @@ impl Worker {
         self.holder.forget_all(&mut host);
         self.client = None;
         // Whether the old registry answered says nothing of the new one.
-        self.answering();
+        self.problems.target_changed();
+        self.report(Vec::new());
         self.registry_session = None;
         self.host_index = None;
         self.next_host = 0;
-        self.next_connect_mono = 0;
         self.saved_provable = false;
         let lease = &self.header.lease;
         match &target {

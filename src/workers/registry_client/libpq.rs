@@ -87,7 +87,7 @@ pub(super) fn libpq() -> Result<&'static Libpq, CallError> {
     LIBPQ
         .get_or_init(load_libpq)
         .as_ref()
-        .map_err(|e| CallError::Refused(e.clone()))
+        .map_err(|e| CallError::unusable(e.clone()))
 }
 
 fn load_libpq() -> Result<Libpq, String> {
@@ -180,6 +180,11 @@ impl PgResult {
         self.field(PG_DIAG_SQLSTATE)
     }
 
+    /// The error's hint, when the server sent one.
+    pub(super) fn hint(&self) -> Option<String> {
+        self.field(PG_DIAG_MESSAGE_HINT)
+    }
+
     /// A field of the error, when the server sent it.
     fn field(&self, code: c_int) -> Option<String> {
         // SAFETY: a field of a live result (NULL when absent).
@@ -228,9 +233,7 @@ impl Drop for PgResult {
 /// The parts of a connection string, as libpq reads it (keyword, value),
 /// or libpq's message when it is not one.
 pub fn parse_conninfo(conninfo: &str) -> Result<Vec<(String, String)>, String> {
-    let pq = libpq().map_err(|e| match e {
-        CallError::Refused(text) | CallError::Unreachable(text) => text,
-    })?;
+    let pq = libpq().map_err(|e| e.text().to_string())?;
     let text = CString::new(conninfo)
         .map_err(|_| "the connection string contains a NUL byte".to_string())?;
     let mut err: *mut c_char = std::ptr::null_mut();

@@ -31,7 +31,7 @@ use libpq::{
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 use snowflake_core::conninfo;
-use snowflake_core::holder::CallError;
+use snowflake_core::holder::{settle, CallError};
 use snowflake_core::lease::{CallEnd, CallLimit};
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
@@ -84,15 +84,37 @@ impl AnswerBy {
 /// latch wake-up were missed.
 const WAIT_SLICE_MS: i64 = 500;
 
+/// A call's statement and text parameters, as libpq takes them.
+struct Request {
+    sql: CString,
+    params: Vec<CString>,
+}
+
+impl Request {
+    fn new(sql: &str, params: &[&str]) -> Result<Request, CallError> {
+        let bad = |_| CallError::unusable("a query or parameter contains a NUL byte");
+        Ok(Request {
+            sql: CString::new(sql).map_err(bad)?,
+            params: params
+                .iter()
+                .map(|p| CString::new(*p))
+                .collect::<Result<_, _>>()
+                .map_err(bad)?,
+        })
+    }
+}
+
+/// What a complete call got: its rows or the registry's error, and when
+/// it was complete (the worker's monotonic ms).
+struct Answer {
+    result: Result<Vec<Vec<Option<String>>>, CallError>,
+    at_mono_ms: i64,
+}
+
 /// A registry session.
 pub struct Connection {
     pq: &'static Libpq,
     conn: *mut PGconn,
-    /// The SQLSTATE of the last call's error, if it failed on the server.
-    last_sqlstate: Option<String>,
-    /// A call found no answer within its limit ([`CALL_TIMEOUT_MS`], or
-    /// the lease deadline): the host stalled.
-    stalled: bool,
     /// By when calls must be over.
     answer_by: AnswerBy,
 }
@@ -125,22 +147,26 @@ fn check_signals() -> Result<(), CallError> {
         TERMINATING.store(true, Relaxed);
     }
     if terminating() {
-        return Err(CallError::Unreachable("the server is shutting down".into()));
+        return Err(CallError::Lost("the server is shutting down".into()));
     }
     Ok(())
 }
 
 /// Why a wait that reached its limit gave up, naming `what`.
 fn no_answer(limit: &CallLimit, clock: &AnswerBy, what: &str) -> CallError {
-    match limit.end {
-        CallEnd::Timeout => CallError::Unreachable(format!(
+    let text = match limit.end {
+        CallEnd::Timeout => format!(
             "no answer within {} s while {what} (the registry is stalled or the network drops packets)",
             CALL_TIMEOUT_MS / 1000
-        )),
-        CallEnd::LeaseDeadline => CallError::Unreachable(format!(
+        ),
+        CallEnd::LeaseDeadline => format!(
             "no answer before the lease deadline of this server's blocks while {what} (given up {} ms past it; the registry is stalled, the call waits there for a lock or a synchronous standby: see pg_stat_activity on it, or the network drops packets): the blocks are not used past their deadline",
             clock.now_mono_ms().saturating_sub(limit.until_mono_ms)
-        )),
+        ),
+    };
+    CallError::NoAnswer {
+        end: limit.end,
+        text,
     }
 }
 
@@ -163,7 +189,7 @@ fn wait_socket(
         // SAFETY: reading the socket of a live connection.
         let socket = unsafe { (pq.PQsocket)(conn) };
         if socket < 0 {
-            return Err(CallError::Unreachable(error_message(pq, conn)));
+            return Err(CallError::Lost(error_message(pq, conn)));
         }
         let event = match want {
             Want::Read => pg_sys::WL_SOCKET_READABLE,
@@ -211,7 +237,7 @@ impl Connection {
         first: usize,
         answer_by: AnswerBy,
     ) -> Result<(Connection, usize), CallError> {
-        let parsed = parse_conninfo(conninfo).map_err(CallError::Refused)?;
+        let parsed = parse_conninfo(conninfo).map_err(CallError::unusable)?;
         let value = |key: &str| {
             parsed
                 .iter()
@@ -241,7 +267,7 @@ impl Connection {
                 break;
             }
         }
-        Err(CallError::Unreachable(errors.join("; ")))
+        Err(CallError::Lost(errors.join("; ")))
     }
 
     /// One connection attempt: to the connection string as it is, or to
@@ -254,7 +280,7 @@ impl Connection {
         answer_by: AnswerBy,
     ) -> Result<Connection, CallError> {
         let pq = libpq()?;
-        let bad = |_| CallError::Refused("the connection string contains a NUL byte".into());
+        let bad = |_| CallError::unusable("the connection string contains a NUL byte");
         let mut pairs: Vec<(&CStr, &str)> = vec![
             (c"dbname", conninfo),
             (c"application_name", application_name),
@@ -286,20 +312,18 @@ impl Connection {
         // connection string, the later keywords override it.
         let conn = unsafe { (pq.PQconnectStartParams)(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
         if conn.is_null() {
-            return Err(CallError::Unreachable(
+            return Err(CallError::Lost(
                 "out of memory starting a connection".into(),
             ));
         }
         let connection = Connection {
             pq,
             conn,
-            last_sqlstate: None,
-            stalled: false,
             answer_by,
         };
         // SAFETY: status of the connection we own.
         if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
-            return Err(CallError::Unreachable(error_message(pq, conn)));
+            return Err(CallError::Lost(error_message(pq, conn)));
         }
         let limit = answer_by.limit();
         let mut want = Want::Write;
@@ -310,9 +334,7 @@ impl Connection {
                 PGRES_POLLING_OK => break,
                 PGRES_POLLING_READING => want = Want::Read,
                 PGRES_POLLING_WRITING => want = Want::Write,
-                PGRES_POLLING_FAILED => {
-                    return Err(CallError::Unreachable(error_message(pq, conn)))
-                }
+                PGRES_POLLING_FAILED => return Err(CallError::Lost(error_message(pq, conn))),
                 _ => {}
             }
         }
@@ -321,7 +343,7 @@ impl Connection {
         }
         // SAFETY: switching the connection we own to non-blocking sends.
         if unsafe { (pq.PQsetnonblocking)(conn, 1) } != 0 {
-            return Err(CallError::Unreachable(error_message(pq, conn)));
+            return Err(CallError::Lost(error_message(pq, conn)));
         }
         Ok(connection)
     }
@@ -334,22 +356,15 @@ impl Connection {
     }
 
     /// Runs `sql` with text parameters; returns the rows' text values
-    /// (`None` for NULL). A server error is `Refused` with its message.
+    /// (`None` for NULL). A server error is [`CallError::from_registry`]:
+    /// its SQLSTATE, message and hint. The request, the call, then the
+    /// pure step that settles what came back ([`settle`]).
     pub fn query(
         &mut self,
         sql: &str,
         params: &[&str],
     ) -> Result<Vec<Vec<Option<String>>>, CallError> {
-        let (pq, conn) = (self.pq, self.conn);
-        self.last_sqlstate = None;
-        let bad = |_| CallError::Refused("a query or parameter contains a NUL byte".into());
-        let sql = CString::new(sql).map_err(bad)?;
-        let params: Vec<CString> = params
-            .iter()
-            .map(|p| CString::new(*p))
-            .collect::<Result<_, _>>()
-            .map_err(bad)?;
-        let ptrs: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
+        let request = Request::new(sql, params)?;
         let clock = self.answer_by;
         let limit = clock.limit();
         // The deadline came before the call: nothing is sent (the host did
@@ -357,12 +372,21 @@ impl Connection {
         if limit.left_ms(clock.now_mono_ms()) == 0 {
             return Err(no_answer(&limit, &clock, "sending a call"));
         }
+        let answer = self.call(&request, &limit)?;
+        settle(&limit, answer.at_mono_ms, answer.result)
+    }
+
+    /// Sends `request` and reads its results until they are complete,
+    /// within `limit`.
+    fn call(&mut self, request: &Request, limit: &CallLimit) -> Result<Answer, CallError> {
+        let (pq, conn, clock) = (self.pq, self.conn, self.answer_by);
+        let ptrs: Vec<*const c_char> = request.params.iter().map(|p| p.as_ptr()).collect();
         // SAFETY: the statement and parameter strings outlive the call;
         // NULL types, lengths and formats mean text parameters.
         let sent = unsafe {
             (pq.PQsendQueryParams)(
                 conn,
-                sql.as_ptr(),
+                request.sql.as_ptr(),
                 ptrs.len() as i32,
                 std::ptr::null(),
                 ptrs.as_ptr(),
@@ -372,35 +396,26 @@ impl Connection {
             )
         };
         if sent == 0 {
-            return Err(CallError::Unreachable(error_message(pq, conn)));
+            return Err(CallError::Lost(error_message(pq, conn)));
         }
         // Send everything, then read until the results are complete.
         loop {
             // SAFETY: flushing the connection we own.
             match unsafe { (pq.PQflush)(conn) } {
                 0 => break,
-                1 => wait_socket(pq, conn, Want::Write, &limit, &clock, "sending a call")
-                    .inspect_err(|_| self.stalled = limit.left_ms(clock.now_mono_ms()) == 0)?,
-                _ => return Err(CallError::Unreachable(error_message(pq, conn))),
+                1 => wait_socket(pq, conn, Want::Write, limit, &clock, "sending a call")?,
+                _ => return Err(CallError::Lost(error_message(pq, conn))),
             }
         }
         let mut rows = Vec::new();
-        let mut refused: Option<String> = None;
+        let mut refused: Option<CallError> = None;
         loop {
             // SAFETY: on the connection we own.
             while unsafe { (pq.PQisBusy)(conn) } != 0 {
-                wait_socket(
-                    pq,
-                    conn,
-                    Want::Read,
-                    &limit,
-                    &clock,
-                    "waiting for an answer",
-                )
-                .inspect_err(|_| self.stalled = limit.left_ms(clock.now_mono_ms()) == 0)?;
+                wait_socket(pq, conn, Want::Read, limit, &clock, "waiting for an answer")?;
                 // SAFETY: as above.
                 if unsafe { (pq.PQconsumeInput)(conn) } == 0 {
-                    return Err(CallError::Unreachable(error_message(pq, conn)));
+                    return Err(CallError::Lost(error_message(pq, conn)));
                 }
             }
             // SAFETY: as above; NULL means the call is complete.
@@ -414,42 +429,22 @@ impl Connection {
                     rows = result.rows();
                 }
                 _ => {
-                    refused = Some(result.error());
-                    self.last_sqlstate = result.sqlstate();
+                    refused = Some(CallError::from_registry(
+                        result.sqlstate(),
+                        result.error(),
+                        result.hint(),
+                    ));
                 }
             }
         }
         // SAFETY: status of the connection we own.
         if unsafe { (pq.PQstatus)(conn) } == CONNECTION_BAD {
-            return Err(CallError::Unreachable(error_message(pq, conn)));
+            return Err(CallError::Lost(error_message(pq, conn)));
         }
-        // An answer that came at or after the lease deadline is not used:
-        // the blocks are due to stop; the worker revokes them and asks
-        // again in a new session.
-        let answered = clock.now_mono_ms();
-        if !limit.answer_usable(answered) {
-            self.stalled = true;
-            return Err(CallError::Unreachable(format!(
-                "the answer came {} ms after the lease deadline of this server's blocks: not used",
-                answered.saturating_sub(limit.until_mono_ms)
-            )));
-        }
-        match refused {
-            Some(message) => Err(CallError::Refused(message)),
-            None => Ok(rows),
-        }
-    }
-
-    /// Whether a call on this connection got no answer in time (the host
-    /// stalled, as opposed to a broken or refused connection).
-    pub fn stalled(&self) -> bool {
-        self.stalled
-    }
-
-    /// The SQLSTATE of the last call's error when the server refused it
-    /// (`None` after a success, or when no answer came).
-    pub fn last_sqlstate(&self) -> Option<&str> {
-        self.last_sqlstate.as_deref()
+        Ok(Answer {
+            result: refused.map_or(Ok(rows), Err),
+            at_mono_ms: clock.now_mono_ms(),
+        })
     }
 
     /// The one value of a one-row, one-column answer.
