@@ -224,17 +224,10 @@ pub fn acquire(
     // that holds none.
     let holds_none = !rows.iter().any(|b| b.held_by(&req.node, now));
     let free = ctx.free_blocks(rows, req.block_size, req.max_worker_id);
-    let reserve = ctx.limits.reserve_blocks;
-    let beyond = (free - reserve).max(i64::from(holds_none && free > 0));
-    let want = if want > beyond {
-        done.log.push(format!(
-            "node {} asked for {want} blocks; it gets {beyond}: {free} of the fleet's blocks are free and reserve_blocks = {reserve} are kept for servers that hold none",
-            req.node
-        ));
-        beyond
-    } else {
-        want
-    };
+    let beyond = (free - ctx.limits.reserve_blocks).max(i64::from(holds_none && free > 0));
+    // Not logged: a busy holder asks again at each step, as it does when
+    // no block is free.
+    let want = want.min(beyond);
     // Candidates: free rows and rows not made yet, among the blocks this
     // layout has.
     let mut candidates: Vec<(i64, u32)> = Vec::new();
