@@ -20,8 +20,12 @@
 -- request says it saw counts only with a token that verifies, or from a
 -- node that holds blocks here (a holder before 0.8.0 sends none). The
 -- fleet's layout is fixed by the DBA (snowflake_lease_limits.layout,
--- snowflake_lease_set_limits(layout => ...)), not by a request. The
--- functions whose rules moved are dropped; the others are replaced. The
+-- snowflake_lease_set_limits(layout => ...)), not by a request. The last
+-- reserve_blocks free blocks go only to servers that hold none (the lease
+-- role's sessions under made-up node ids held 63 of 64 on 0.7.0). A lease
+-- call inside a transaction block is refused (snowflake_lease_autocommit):
+-- its locks would last as long as its session kept the transaction open.
+-- The functions whose rules moved are dropped; the others are replaced. The
 -- lease role keeps its grants: the functions it calls keep their names
 -- and signatures, and the new ones are called by them only.
 
@@ -32,7 +36,8 @@ ALTER TABLE snowflake_lease_registry
 -- The key of this registry's tokens (no token was issued before).
 UPDATE snowflake_lease_registry SET token_key = md5(gen_random_uuid()::text);
 ALTER TABLE snowflake_lease_limits ADD COLUMN layout text,
-    ADD COLUMN unsigned_evidence boolean NOT NULL DEFAULT false;
+    ADD COLUMN unsigned_evidence boolean NOT NULL DEFAULT false,
+    ADD COLUMN reserve_blocks int NOT NULL DEFAULT 8;
 -- Holders of 0.7.0 send no token: what they say they saw keeps counting
 -- (from nodes that hold blocks) until the DBA clears unsigned_evidence,
 -- once every holder runs 0.8.0.
@@ -62,10 +67,14 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_decide_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn, grants bigint)
 RETURNS text IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_autocommit()
+RETURNS void VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_autocommit_wrapper';
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) IS
@@ -74,6 +83,8 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) 
   'Used by snowflake_lease_durable: whether a grant is durable, and the failover candidates'' row after it.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) IS
   'Used by the lease functions: the registry''s token for an incarnation, WAL position and grant count.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() IS
+  'Used by the lease functions: refuses a lease call inside a transaction block, which would hold the registry''s locks while its session waits.';
 
 -- What they read, and the calls (as src/sql/leases.sql has them).
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_block_class() RETURNS int
@@ -228,7 +239,8 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'previous_max_grace_ms', l.previous_max_grace_ms,
                 'previous_max_ahead_ms', l.previous_max_ahead_ms,
                 'previous_until_ms', snowflake_id_internal.snowflake_lease_ms(l.previous_until),
-                'layout', l.layout, 'unsigned_evidence', l.unsigned_evidence)
+                'layout', l.layout, 'unsigned_evidence', l.unsigned_evidence,
+                'reserve_blocks', l.reserve_blocks)
                 FROM @extschema@.snowflake_lease_limits l LIMIT 1)))
       FROM here h, locks k
 $fn$;
@@ -269,6 +281,7 @@ DECLARE
     w jsonb;
     line text;
 BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
     IF size > 65536 THEN
         RAISE LOG 'snowflake_id registry: refused a lease request of % bytes (role %, %)',
             size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
@@ -361,7 +374,7 @@ BEGIN
     IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
         RAISE EXCEPTION 'the registry''s lease limits are changed, not deleted'
             USING ERRCODE = '55000',
-                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8.';
+                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8, reserve_blocks 8.';
     END IF;
     bad := CASE
         WHEN NEW.max_lease_ms IS NULL OR NEW.max_lease_ms NOT BETWEEN 2000 AND 86400000 THEN
@@ -372,11 +385,13 @@ BEGIN
             format('max_ahead_ms must be from 0 to 172800000, not %s', NEW.max_ahead_ms)
         WHEN NEW.max_blocks_per_node IS NULL OR NEW.max_blocks_per_node NOT BETWEEN 1 AND 64 THEN
             format('max_blocks_per_node must be from 1 to 64, not %s', NEW.max_blocks_per_node)
+        WHEN NEW.reserve_blocks IS NULL OR NEW.reserve_blocks NOT BETWEEN 0 AND 63 THEN
+            format('reserve_blocks must be from 0 to 63, not %s', NEW.reserve_blocks)
         END;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'invalid lease limit: %', bad
             USING ERRCODE = '22023',
-                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64), or NULL to keep it.';
+                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64, reserve_blocks 0 to 63), or NULL to keep it.';
     END IF;
     -- Before this change (a BEFORE trigger's query does not see its row).
     SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();
@@ -414,9 +429,9 @@ BEGIN
         RAISE EXCEPTION 'invalid lease limit: layout must not be empty' USING ERRCODE = '22023',
             HINT = 'Give the layout the fleet''s holders send (the layout of the rows of snowflake_lease_blocks), or NULL for none fixed.';
     END IF;
-    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, layout %',
+    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, reserve_blocks %, layout %',
         session_user, NEW.max_lease_ms, NEW.max_grace_ms, NEW.max_ahead_ms, NEW.max_blocks_per_node,
-        coalesce(NEW.layout, '(not fixed)');
+        NEW.reserve_blocks, coalesce(NEW.layout, '(not fixed)');
     RETURN NEW;
 END
 $fn$;
@@ -445,7 +460,7 @@ LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_t
     SELECT snowflake_id_internal.snowflake_lease_call('acquire', req)
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) IS
-  'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, up to max_blocks_per_node, and returns the floor each must start above; none while the registry is fenced.';
+  'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, up to max_blocks_per_node and keeping reserve_blocks free for servers that hold none, and returns the floor each must start above; none while the registry is fenced.';
 
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_renew(req jsonb) RETURNS jsonb
 LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -472,6 +487,7 @@ DECLARE
     d jsonb;
     line text;
 BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
     facts := jsonb_build_object(
         'synchronous_standby_names', pg_catalog.current_setting('synchronous_standby_names'),
         'me', snowflake_id_internal.snowflake_lease_standby_name(),
@@ -547,34 +563,39 @@ CREATE FUNCTION snowflake_lease_set_limits(max_lease_ms bigint DEFAULT NULL,
                                            max_grace_ms bigint DEFAULT NULL,
                                            max_ahead_ms bigint DEFAULT NULL,
                                            max_blocks_per_node int DEFAULT NULL,
-                                           layout text DEFAULT NULL)
+                                           layout text DEFAULT NULL,
+                                           reserve_blocks int DEFAULT NULL)
 RETURNS TABLE (name text, value bigint, fence_value bigint, fence_value_until timestamptz)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     UPDATE @extschema@.snowflake_lease_limits l
        SET max_lease_ms = coalesce($1, l.max_lease_ms), max_grace_ms = coalesce($2, l.max_grace_ms),
            max_ahead_ms = coalesce($3, l.max_ahead_ms),
            max_blocks_per_node = coalesce($4, l.max_blocks_per_node),
-           layout = coalesce($5, l.layout)
-     WHERE num_nonnulls($1, $2, $3, $4, $5) > 0;
+           layout = coalesce($5, l.layout), reserve_blocks = coalesce($6, l.reserve_blocks)
+     WHERE num_nonnulls($1, $2, $3, $4, $5, $6) > 0;
     -- The first change: from the defaults.
     INSERT INTO @extschema@.snowflake_lease_limits
-           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout)
+           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout, reserve_blocks)
     SELECT coalesce($1, f.max_lease_ms), coalesce($2, f.max_grace_ms),
-           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5
+           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5, coalesce($6, 8)
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
-     WHERE num_nonnulls($1, $2, $3, $4, $5) > 0
+     WHERE num_nonnulls($1, $2, $3, $4, $5, $6) > 0
        AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_limits);
     SELECT x.name, x.value, x.fence_value, CASE WHEN x.value < x.fence_value THEN f.previous_until END
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
+     CROSS JOIN LATERAL (SELECT least(greatest(coalesce(
+                                    (SELECT l.reserve_blocks FROM @extschema@.snowflake_lease_limits l LIMIT 1),
+                                    8), 0), 63)::bigint) r(blocks)
      CROSS JOIN LATERAL (VALUES ('max_lease_ms', f.max_lease_ms, f.fence_lease_ms),
                                 ('max_grace_ms', f.max_grace_ms, f.fence_grace_ms),
                                 ('max_ahead_ms', f.max_ahead_ms, f.fence_ahead_ms),
                                 ('max_blocks_per_node', f.max_blocks_per_node::bigint,
-                                 f.max_blocks_per_node::bigint)) x(name, value, fence_value)
+                                 f.max_blocks_per_node::bigint),
+                                ('reserve_blocks', r.blocks, r.blocks)) x(name, value, fence_value)
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text) IS
+COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int) IS
   'On a registry: changes the fleet''s limits (each argument given; none: no change) and fixes its layout, and returns the limits in force. No lease request may exceed them; fences rest on them.';
-REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int) FROM PUBLIC;
 
 CREATE OR REPLACE VIEW snowflake_leases AS
 SELECT b.block, b.first_worker_id, b.last_worker_id, b.holder_node, b.holder_name,

@@ -124,6 +124,18 @@ pub fn registry_refusal(refusal: snowflake_core::registry::Refusal) -> ! {
     raise(code, refusal.message, refusal.detail, refusal.hint)
 }
 
+/// 25001: a lease call inside a transaction block. Its locks (the
+/// registry's, the failover candidates' row) last to the end of the
+/// transaction: a session that sat on it would hold every holder's calls.
+pub fn lease_call_in_transaction() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
+        "a lease call cannot run inside a transaction block".into(),
+        Some("Lease calls are decided under locks held to the end of their transaction; the lease worker calls them one statement at a time.".into()),
+        Some("Call the lease functions in autocommit mode, outside BEGIN ... COMMIT; the snowflake_id lease worker never does otherwise: who called them by hand?".into()),
+    )
+}
+
 /// 22023: a lease request (or the facts the registry's SQL gathered for
 /// it) that does not parse: `required` names the keys the call needs,
 /// `error` what was wrong.

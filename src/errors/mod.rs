@@ -38,7 +38,8 @@ pub use decode::{
     beyond_timestamp_range, infinite_timestamp, part_out_of_range, timestamp_out_of_range,
 };
 pub use fleet::{
-    fleet_unknown, invalid_lease_request, no_lease, no_lease_on_standby, registry_refusal,
+    fleet_unknown, invalid_lease_request, lease_call_in_transaction, no_lease, no_lease_on_standby,
+    registry_refusal,
 };
 pub use generate::{
     bad_batch_size, behind_floor, behind_server, borrowed_lead, floor_in_this_tick, generator,

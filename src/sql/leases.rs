@@ -154,6 +154,24 @@ fn snowflake_lease_sign(key: &str, incarnation: &str, lsn: i64, grants: i64) -> 
     )
 }
 
+/// Refuses a lease call inside a transaction block (`BEGIN` ... ):
+/// called first by every lease call, before it takes a lock, so that no
+/// session can hold the registry's locks open past its call. A holder
+/// calls one statement at a time (an implicit transaction, which ends
+/// with its statement).
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_autocommit()
+RETURNS void VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_autocommit_wrapper';
+"#)]
+fn snowflake_lease_autocommit() {
+    // SAFETY: reads this backend's transaction state; called inside a
+    // transaction, as every SQL function is.
+    if unsafe { pg_sys::IsTransactionBlock() } {
+        errors::lease_call_in_transaction();
+    }
+}
+
 pgrx::extension_sql_file!(
     "leases.sql",
     name = "leases",
@@ -161,6 +179,7 @@ pgrx::extension_sql_file!(
         snowflake_lease_decide,
         snowflake_lease_durable_progress,
         snowflake_lease_durable_decide,
-        snowflake_lease_sign
+        snowflake_lease_sign,
+        snowflake_lease_autocommit
     ]
 );

@@ -245,7 +245,11 @@ CREATE TABLE snowflake_lease_limits (
     -- counts, from a node holding blocks: the update from 0.7.0 sets it,
     -- the DBA clears it once every holder runs 0.8.0 (while on, the lease
     -- role can fence the fleet with such requests).
-    unsigned_evidence     boolean NOT NULL DEFAULT false
+    unsigned_evidence     boolean NOT NULL DEFAULT false,
+    -- Free blocks kept for servers that hold none: a node holding blocks
+    -- leases another only while more than this many stay free (0 to 63;
+    -- core/src/registry/blocks.rs: acquire).
+    reserve_blocks        int NOT NULL DEFAULT 8
 );
 CREATE UNIQUE INDEX snowflake_lease_limits_one_row ON snowflake_lease_limits ((true));
 COMMENT ON TABLE snowflake_lease_limits IS
@@ -306,7 +310,7 @@ BEGIN
     IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
         RAISE EXCEPTION 'the registry''s lease limits are changed, not deleted'
             USING ERRCODE = '55000',
-                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8.';
+                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8, reserve_blocks 8.';
     END IF;
     bad := CASE
         WHEN NEW.max_lease_ms IS NULL OR NEW.max_lease_ms NOT BETWEEN 2000 AND 86400000 THEN
@@ -317,11 +321,13 @@ BEGIN
             format('max_ahead_ms must be from 0 to 172800000, not %s', NEW.max_ahead_ms)
         WHEN NEW.max_blocks_per_node IS NULL OR NEW.max_blocks_per_node NOT BETWEEN 1 AND 64 THEN
             format('max_blocks_per_node must be from 1 to 64, not %s', NEW.max_blocks_per_node)
+        WHEN NEW.reserve_blocks IS NULL OR NEW.reserve_blocks NOT BETWEEN 0 AND 63 THEN
+            format('reserve_blocks must be from 0 to 63, not %s', NEW.reserve_blocks)
         END;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'invalid lease limit: %', bad
             USING ERRCODE = '22023',
-                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64), or NULL to keep it.';
+                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64, reserve_blocks 0 to 63), or NULL to keep it.';
     END IF;
     -- Before this change (a BEFORE trigger's query does not see its row).
     SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();
@@ -359,9 +365,9 @@ BEGIN
         RAISE EXCEPTION 'invalid lease limit: layout must not be empty' USING ERRCODE = '22023',
             HINT = 'Give the layout the fleet''s holders send (the layout of the rows of snowflake_lease_blocks), or NULL for none fixed.';
     END IF;
-    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, layout %',
+    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, reserve_blocks %, layout %',
         session_user, NEW.max_lease_ms, NEW.max_grace_ms, NEW.max_ahead_ms, NEW.max_blocks_per_node,
-        coalesce(NEW.layout, '(not fixed)');
+        NEW.reserve_blocks, coalesce(NEW.layout, '(not fixed)');
     RETURN NEW;
 END
 $fn$;
@@ -377,7 +383,8 @@ CREATE TRIGGER snowflake_lease_limits_truncate BEFORE TRUNCATE ON snowflake_leas
 -- limit (NULL: unchanged); with none, nothing changes. `layout` fixes the
 -- fleet's layout (the layout its holders send, as the rows of
 -- snowflake_lease_blocks show it): block rows are then made and kept under
--- it only, whatever layout a request names. Returns the limits in force,
+-- it only, whatever layout a request names. `reserve_blocks`: the free
+-- blocks kept for servers that hold none. Returns the limits in force,
 -- one row each: `value` is what requests are checked against,
 -- `fence_value` what fences use (higher, after a lowered limit, until
 -- `fence_value_until`); the layout is in snowflake_lease_limits. For the
@@ -387,34 +394,39 @@ CREATE FUNCTION snowflake_lease_set_limits(max_lease_ms bigint DEFAULT NULL,
                                            max_grace_ms bigint DEFAULT NULL,
                                            max_ahead_ms bigint DEFAULT NULL,
                                            max_blocks_per_node int DEFAULT NULL,
-                                           layout text DEFAULT NULL)
+                                           layout text DEFAULT NULL,
+                                           reserve_blocks int DEFAULT NULL)
 RETURNS TABLE (name text, value bigint, fence_value bigint, fence_value_until timestamptz)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     UPDATE @extschema@.snowflake_lease_limits l
        SET max_lease_ms = coalesce($1, l.max_lease_ms), max_grace_ms = coalesce($2, l.max_grace_ms),
            max_ahead_ms = coalesce($3, l.max_ahead_ms),
            max_blocks_per_node = coalesce($4, l.max_blocks_per_node),
-           layout = coalesce($5, l.layout)
-     WHERE num_nonnulls($1, $2, $3, $4, $5) > 0;
+           layout = coalesce($5, l.layout), reserve_blocks = coalesce($6, l.reserve_blocks)
+     WHERE num_nonnulls($1, $2, $3, $4, $5, $6) > 0;
     -- The first change: from the defaults.
     INSERT INTO @extschema@.snowflake_lease_limits
-           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout)
+           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout, reserve_blocks)
     SELECT coalesce($1, f.max_lease_ms), coalesce($2, f.max_grace_ms),
-           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5
+           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5, coalesce($6, 8)
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
-     WHERE num_nonnulls($1, $2, $3, $4, $5) > 0
+     WHERE num_nonnulls($1, $2, $3, $4, $5, $6) > 0
        AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_limits);
     SELECT x.name, x.value, x.fence_value, CASE WHEN x.value < x.fence_value THEN f.previous_until END
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
+     CROSS JOIN LATERAL (SELECT least(greatest(coalesce(
+                                    (SELECT l.reserve_blocks FROM @extschema@.snowflake_lease_limits l LIMIT 1),
+                                    8), 0), 63)::bigint) r(blocks)
      CROSS JOIN LATERAL (VALUES ('max_lease_ms', f.max_lease_ms, f.fence_lease_ms),
                                 ('max_grace_ms', f.max_grace_ms, f.fence_grace_ms),
                                 ('max_ahead_ms', f.max_ahead_ms, f.fence_ahead_ms),
                                 ('max_blocks_per_node', f.max_blocks_per_node::bigint,
-                                 f.max_blocks_per_node::bigint)) x(name, value, fence_value)
+                                 f.max_blocks_per_node::bigint),
+                                ('reserve_blocks', r.blocks, r.blocks)) x(name, value, fence_value)
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text) IS
+COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int) IS
   'On a registry: changes the fleet''s limits (each argument given; none: no change) and fixes its layout, and returns the limits in force. No lease request may exceed them; fences rest on them.';
-REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int) FROM PUBLIC;
 
 -- Emptying the lease table (DELETE, TRUNCATE) or restoring it forgets
 -- grants: the next call starts a new incarnation.
@@ -641,7 +653,8 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'previous_max_grace_ms', l.previous_max_grace_ms,
                 'previous_max_ahead_ms', l.previous_max_ahead_ms,
                 'previous_until_ms', snowflake_id_internal.snowflake_lease_ms(l.previous_until),
-                'layout', l.layout, 'unsigned_evidence', l.unsigned_evidence)
+                'layout', l.layout, 'unsigned_evidence', l.unsigned_evidence,
+                'reserve_blocks', l.reserve_blocks)
                 FROM @extschema@.snowflake_lease_limits l LIMIT 1)))
       FROM here h, locks k
 $fn$;
@@ -693,6 +706,7 @@ DECLARE
     w jsonb;
     line text;
 BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
     IF size > 65536 THEN
         RAISE LOG 'snowflake_id registry: refused a lease request of % bytes (role %, %)',
             size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
@@ -784,14 +798,15 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) IS
 
 -- Leases up to `want` free blocks among `allowed` to `node`, least
 -- recently used first; none while fenced, none beyond
--- max_blocks_per_node, rows made under the fleet's layout only
+-- max_blocks_per_node, none of the last reserve_blocks free ones but a
+-- node's first, rows made under the fleet's layout only
 -- (core/src/registry/blocks.rs: acquire).
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_acquire(req jsonb) RETURNS jsonb
 LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT snowflake_id_internal.snowflake_lease_call('acquire', req)
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) IS
-  'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, up to max_blocks_per_node, and returns the floor each must start above; none while the registry is fenced.';
+  'Called by a holder''s lease worker: leases free or expired blocks of worker ids, least recently used first, up to max_blocks_per_node and keeping reserve_blocks free for servers that hold none, and returns the floor each must start above; none while the registry is fenced.';
 
 -- Renews `node`'s leases of the blocks it names, re-asserting them to a
 -- new, fenced incarnation (core/src/registry/blocks.rs: renew).
@@ -853,6 +868,7 @@ DECLARE
     d jsonb;
     line text;
 BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
     facts := jsonb_build_object(
         'synchronous_standby_names', pg_catalog.current_setting('synchronous_standby_names'),
         'me', snowflake_id_internal.snowflake_lease_standby_name(),
@@ -935,6 +951,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, te
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) IS
@@ -943,6 +960,8 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) 
   'Used by snowflake_lease_durable: whether a grant is durable, and the failover candidates'' row after it.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) IS
   'Used by the lease functions: the registry''s token for an incarnation, WAL position and grant count.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() IS
+  'Used by the lease functions: refuses a lease call inside a transaction block, which would hold the registry''s locks while its session waits.';
 
 -- A registry made with no holder alive starts its first incarnation here,
 -- unfenced, with a new token key, so that a standby made from it has the

@@ -329,9 +329,15 @@ def test_the_limits_are_checked_kept_after_lowering_and_dumped(make_cluster):
     grant made under the higher limit runs, fences keep the higher values
     until it has run out. pg_dump dumps the row."""
     r = registry_server(make_cluster)
-    assert set_limits(r)["max_lease_ms"] == (600_000, 600_000, None)   # the defaults
+    defaults = set_limits(r)
+    assert defaults["max_lease_ms"] == (600_000, 600_000, None)
+    bad_reserve = ()
+    if "reserve_blocks" in defaults:   # 0.8.0
+        assert defaults["reserve_blocks"] == (8, 8, None)
+        bad_reserve = ({"reserve_blocks": -1}, {"reserve_blocks": 64})
     for bad in ({"max_lease_ms": 1000}, {"max_lease_ms": 86_400_001},
-                {"max_grace_ms": -1}, {"max_ahead_ms": 2**62}, {"max_blocks_per_node": 65}):
+                {"max_grace_ms": -1}, {"max_ahead_ms": 2**62}, {"max_blocks_per_node": 65},
+                *bad_reserve):
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             set_limits(r, **bad)
     h = holder(make_cluster, r)

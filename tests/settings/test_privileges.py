@@ -170,7 +170,7 @@ SAMPLE = {"jsonb": "'{}'::jsonb", "text": "'x'::text",
 INTERNAL_FUNCTIONS = sorted([
     "snowflake_backfill_merge", "snowflake_backfill_restored", "snowflake_layout_id",
     "snowflake_layout_shift", "snowflake_layout_ticks", "snowflake_lease_acquire",
-    "snowflake_lease_begin", "snowflake_lease_block_class", "snowflake_lease_call",
+    "snowflake_lease_autocommit", "snowflake_lease_begin", "snowflake_lease_block_class", "snowflake_lease_call",
     "snowflake_lease_candidates_json", "snowflake_lease_decide", "snowflake_lease_durable",
     "snowflake_lease_durable_decide", "snowflake_lease_durable_progress",
     "snowflake_lease_facts", "snowflake_lease_forget", "snowflake_lease_hello",

@@ -8,6 +8,13 @@
 //!   it as its previous session (the same holder, reconnected); another
 //!   session of the node (a copied data directory, a restarted holder)
 //!   gets them only as a new lease once free.
+//! - The last `reserve_blocks` free blocks of the fleet go only to nodes
+//!   that hold none, one each: a node holding blocks leases another only
+//!   while more than `reserve_blocks` stay free. The lease role's sessions
+//!   under made-up node ids cannot leave a new server without a block
+//!   while fewer than `reserve_blocks` of them arrive holding none.
+//!   Re-assertions during a fence are bounded by `max_blocks_per_node`
+//!   only: they restore blocks holders may be using.
 //! - While a holder keeps a block, its mark only rises
 //!   ([`Invariant::MarkRisesWhileHeld`]); a new holder's floor is the mark
 //!   it found.
@@ -134,6 +141,21 @@ impl Context<'_> {
         (self.limits.max_blocks_per_node - held).max(0)
     }
 
+    /// The blocks of the fleet that no node holds at `now`, among the
+    /// layout's blocks (a block's first id within `max_worker_id`): rows
+    /// free and rows not made yet.
+    fn free_blocks(&self, rows: &[BlockRow], block_size: i64, max_worker_id: i64) -> i64 {
+        let now = self.server.now_ms;
+        (0..64i64)
+            .filter(|&b| b.saturating_mul(block_size) <= max_worker_id)
+            .filter(|&b| {
+                rows.iter()
+                    .find(|r| i64::from(r.block) == b)
+                    .is_none_or(|r| r.free(now))
+            })
+            .count() as i64
+    }
+
     /// The node's rows of this session that it holds, to lock.
     fn to_lock(&self, rows: &[BlockRow], node: &str, among: &[u32]) -> Vec<u32> {
         rows.iter()
@@ -172,7 +194,8 @@ fn another_layout(name: &str, fleet: &str, asked: &str) -> Refusal {
 
 /// Gives `node` up to `want` free blocks among `allowed`, the least
 /// recently used first (the lowest mark); none while fenced, none beyond
-/// `max_blocks_per_node`.
+/// `max_blocks_per_node`, none of the last `reserve_blocks` free ones but
+/// a first block.
 pub fn acquire(
     req: &AcquireRequest,
     ctx: &Context,
@@ -197,6 +220,14 @@ pub fn acquire(
     } else {
         req.want
     };
+    // The reserve: what is free beyond it, and one block of it for a node
+    // that holds none.
+    let holds_none = !rows.iter().any(|b| b.held_by(&req.node, now));
+    let free = ctx.free_blocks(rows, req.block_size, req.max_worker_id);
+    let beyond = (free - ctx.limits.reserve_blocks).max(i64::from(holds_none && free > 0));
+    // Not logged: a busy holder asks again at each step, as it does when
+    // no block is free.
+    let want = want.min(beyond);
     // Candidates: free rows and rows not made yet, among the blocks this
     // layout has.
     let mut candidates: Vec<(i64, u32)> = Vec::new();

@@ -5,6 +5,12 @@
 //! lease time plus grace they allow, and raises every mark above the
 //! largest lead they allow plus grace.
 //!
+//! `reserve_blocks` keeps the fleet's last blocks for servers that hold
+//! none: a node holding blocks leases another only while more than
+//! `reserve_blocks` blocks stay free, so that sessions of the lease role
+//! under made-up node ids cannot leave a new server without one
+//! ([`super::blocks::acquire`]).
+//!
 //! A lowered limit keeps bounding fences (the `previous_*` values) until
 //! every grant made under the higher one has run out (`previous_until`).
 //!
@@ -20,12 +26,15 @@ pub const DEFAULT_MAX_LEASE_MS: i64 = 600_000;
 pub const DEFAULT_MAX_GRACE_MS: i64 = 120_000;
 pub const DEFAULT_MAX_AHEAD_MS: i64 = 720_000;
 pub const DEFAULT_MAX_BLOCKS_PER_NODE: i64 = 8;
+/// A server's worth of blocks at the default `snowflake_id.max_blocks`.
+pub const DEFAULT_RESERVE_BLOCKS: i64 = 8;
 
 /// Each limit's range, so that no fence or floor leaves bigint's range.
 pub const LEASE_RANGE: (i64, i64) = (2_000, 86_400_000);
 pub const GRACE_RANGE: (i64, i64) = (1_000, 86_400_000);
 pub const AHEAD_RANGE: (i64, i64) = (0, 172_800_000);
 pub const BLOCKS_RANGE: (i64, i64) = (1, 64);
+pub const RESERVE_RANGE: (i64, i64) = (0, 63);
 
 /// The one row of `snowflake_lease_limits`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +61,9 @@ pub struct LimitsRow {
     /// 0.8.0. A lease role can fence the fleet with such requests.
     #[serde(default)]
     pub unsigned_evidence: bool,
+    /// Free blocks kept for nodes that hold none (`None`: the default).
+    #[serde(default)]
+    pub reserve_blocks: Option<i64>,
 }
 
 /// The limits in force, and the higher ones fences still use.
@@ -61,6 +73,7 @@ pub struct InForce {
     pub max_grace_ms: i64,
     pub max_ahead_ms: i64,
     pub max_blocks_per_node: i64,
+    pub reserve_blocks: i64,
     pub fence_lease_ms: i64,
     pub fence_grace_ms: i64,
     pub fence_ahead_ms: i64,
@@ -103,6 +116,11 @@ pub fn in_force(row: Option<&LimitsRow>, now_ms: i64) -> InForce {
         row.map_or(DEFAULT_MAX_BLOCKS_PER_NODE, |r| r.max_blocks_per_node),
         BLOCKS_RANGE,
     );
+    let reserve = clamp(
+        row.and_then(|r| r.reserve_blocks)
+            .unwrap_or(DEFAULT_RESERVE_BLOCKS),
+        RESERVE_RANGE,
+    );
     let previous = row.filter(|r| r.previous_until_ms.is_some_and(|u| u > now_ms));
     let prev = |f: fn(&LimitsRow) -> Option<i64>, hi: i64| {
         previous.map_or(0, |r| f(r).unwrap_or(0).min(hi))
@@ -112,6 +130,7 @@ pub fn in_force(row: Option<&LimitsRow>, now_ms: i64) -> InForce {
         max_grace_ms: grace,
         max_ahead_ms: ahead,
         max_blocks_per_node: blocks,
+        reserve_blocks: reserve,
         fence_lease_ms: lease.max(prev(|r| r.previous_max_lease_ms, LEASE_RANGE.1)),
         fence_grace_ms: grace.max(prev(|r| r.previous_max_grace_ms, GRACE_RANGE.1)),
         fence_ahead_ms: ahead.max(prev(|r| r.previous_max_ahead_ms, AHEAD_RANGE.1)),

@@ -200,6 +200,140 @@ fn a_node_leases_no_more_than_its_limit() {
 }
 
 #[test]
+fn the_last_free_blocks_go_only_to_servers_that_hold_none() {
+    // 0.7.0: eight sessions of the lease role, each a made-up node with
+    // max_blocks_per_node blocks, held 63 of 64 and a new server got none.
+    let intruders: Vec<String> = (0..8).map(|i| format!("intruder{i}")).collect();
+    let mut nodes: Vec<&str> = vec!["a"];
+    nodes.extend(intruders.iter().map(String::as_str));
+    nodes.push("b");
+    let mut s = store_with(&nodes);
+    s.lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    let reserve = limits::DEFAULT_RESERVE_BLOCKS;
+    let mut taken = 0;
+    for (i, x) in intruders.iter().enumerate() {
+        let pid = 101 + i as u64;
+        // One block at a time, as the attack did, until refused or none.
+        for _ in 0..8 {
+            match s.lease(pid, &acquire(x, 1, Seen::default(), T0), T0) {
+                Ok(r) if !r.blocks.is_empty() => taken += r.blocks.len(),
+                _ => break,
+            }
+        }
+    }
+    let held = |s: &Store| s.tables.rows.blocks.iter().filter(|b| !b.free(T0)).count() as i64;
+    // Above the reserve every node took what it asked; within it, one
+    // block for each node that held none.
+    assert_eq!(held(&s), 64 - reserve + 1, "{taken} taken by the intruders");
+    let r = s
+        .lease(109, &acquire("b", 2, Seen::default(), T0), T0)
+        .unwrap();
+    assert_eq!(
+        r.blocks.len(),
+        1,
+        "a new server gets one block of the reserve"
+    );
+    // A node that holds blocks gets none of the reserve.
+    let r = s.lease(101, &acquire("intruder0", 1, Seen::default(), T0), T0);
+    assert!(r.is_err_and(|e| e.code == SqlState::ProgramLimitExceeded));
+    let r = s
+        .lease(108, &acquire("intruder7", 1, Seen::default(), T0), T0)
+        .unwrap();
+    assert!(r.blocks.is_empty());
+}
+
+proptest! {
+    /// The reserve over any sequence of acquires of ten nodes: a node that
+    /// holds blocks never takes one of the last `reserve_blocks` free, and
+    /// a node that holds none takes one at most.
+    #[test]
+    fn the_reserve_is_kept_for_nodes_that_hold_none(
+        steps in proptest::collection::vec((0..10usize, 1..9i64, 0..3_000i64), 1..60),
+        reserve in 0..20i64,
+    ) {
+        let names: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
+        let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut s = store_with(&nodes);
+        s.set_limits(Some(LimitsRow {
+            max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
+            max_grace_ms: limits::DEFAULT_MAX_GRACE_MS,
+            max_ahead_ms: limits::DEFAULT_MAX_AHEAD_MS,
+            max_blocks_per_node: 16,
+            reserve_blocks: Some(reserve),
+            ..LimitsRow::default()
+        }));
+        let mut now = T0;
+        for (node, want, advance) in steps {
+            now += advance;
+            let free = |s: &Store| 64 - s.tables.rows.blocks.iter().filter(|b| !b.free(now)).count() as i64;
+            let before = free(&s);
+            let held = s.tables.rows.blocks.iter().any(|b| b.held_by(nodes[node], now));
+            let Ok(r) = s.lease(100 + node as u64, &acquire(nodes[node], want, Seen::default(), now), now) else {
+                continue;
+            };
+            let got = r.blocks.len() as i64;
+            prop_assert_eq!(free(&s), before - got);
+            if held {
+                prop_assert!(got == 0 || free(&s) >= reserve, "a node holding blocks took the reserve: {} free of {} before", free(&s), before);
+            } else {
+                prop_assert!(free(&s) >= reserve || got <= 1, "a new node took {} blocks of the reserve", got);
+                prop_assert!(got >= 1 || before == 0, "a new node got nothing with {} free", before);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_reserve_follows_the_limits_and_the_layouts_blocks() {
+    let mut s = store_with(&["a", "b"]);
+    let limits = |reserve: i64| LimitsRow {
+        max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
+        max_grace_ms: limits::DEFAULT_MAX_GRACE_MS,
+        max_ahead_ms: limits::DEFAULT_MAX_AHEAD_MS,
+        max_blocks_per_node: 64,
+        reserve_blocks: Some(reserve),
+        ..LimitsRow::default()
+    };
+    // 0: every block may go to one node.
+    s.set_limits(Some(limits(0)));
+    let r = s
+        .lease(100, &acquire("a", 64, Seen::default(), T0), T0)
+        .unwrap();
+    assert_eq!(r.blocks.len(), 64);
+    // A layout of 8 blocks (max_worker_id 7, a block of 1 id) and a
+    // reserve of 8: each node gets its first block only.
+    let mut s = store_with(&["a", "b"]);
+    s.set_limits(Some(limits(8)));
+    let small = |node: &str, want: i64| {
+        let mut c = acquire(node, want, Seen::default(), T0);
+        if let Call::Acquire(r) = &mut c {
+            r.block_size = 1;
+            r.max_worker_id = 7;
+            r.layout = "small".into();
+        }
+        c
+    };
+    s.layout = Some("small".into());
+    assert_eq!(s.lease(100, &small("a", 4), T0).unwrap().blocks.len(), 1);
+    assert_eq!(s.lease(100, &small("a", 4), T0).unwrap().blocks.len(), 0);
+    assert_eq!(s.lease(101, &small("b", 4), T0).unwrap().blocks.len(), 1);
+    // Blocks whose lease and grace ran out are free again.
+    let later = T0 + LEASE + GRACE + 1;
+    assert_eq!(
+        limits::in_force(s.tables.rows.limits.as_ref(), later).reserve_blocks,
+        8
+    );
+    let r = s.lease(100, &small("a", 1), later);
+    assert!(r.is_ok_and(|r| r.blocks.len() == 1));
+    // Out of range in a row written by hand: kept in range.
+    assert_eq!(
+        limits::in_force(Some(&limits(1_000)), T0).reserve_blocks,
+        limits::RESERVE_RANGE.1
+    );
+}
+
+#[test]
 fn a_request_cannot_fix_the_layout_for_others() {
     // 0.7.0: one acquire with "layout": "not a layout" made all 64 rows
     // under it and every real holder was refused.
