@@ -28,7 +28,7 @@
 #      a. `cargo pgrx install --release` into that PostgreSQL
 #      b. pytest tests/ with PG_CONFIG pointing at it: the integration tests,
 #         each with its own throwaway clusters (tests/conftest.py), on
-#         SNOWFLAKE_PYTEST_WORKERS pytest-xdist workers (default 2); then,
+#         SNOWFLAKE_PYTEST_WORKERS pytest-xdist workers (default 3); then,
 #         alone, the tests marked `serial` (they change the installation
 #         itself, e.g. install and remove the Debian package). Which tests
 #         run on which version: tests_for_version in scripts/lib.sh (the
@@ -52,7 +52,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 set -e
 
 RESULTS="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/test-results"
-WORKERS="${SNOWFLAKE_PYTEST_WORKERS:-2}"
+WORKERS="${SNOWFLAKE_PYTEST_WORKERS:-3}"
 
 trap phase_report EXIT
 phase_start "dependencies (ensure_deps)"

@@ -115,7 +115,7 @@ def pytest_sessionstart(session):
     stop_orphans()
 
 
-# scripts/test.sh runs pytest on two workers (pytest-xdist, --dist
+# scripts/test.sh runs pytest on three workers (pytest-xdist, --dist
 # loadgroup): most tests wait on servers rather than use a core. A module runs
 # whole on one worker (its module-scoped fixtures install clients, build
 # packages, start shared servers), except these, whose tests are independent
