@@ -18,9 +18,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 require_root
 [[ $# -eq 1 && -f $1/snowflake.c && -f $1/snowflake.control ]] \
     || die "usage: scripts/pgedge-test.sh SRC (a checkout of pgEdge's snowflake, tag v2.6.0)"
-src=$(cd "$1" && pwd)
-grep -q "default_version = '2.6.0'" "$src/snowflake.control" \
-    || die "$src is not pgEdge snowflake 2.6.0 (its snowflake.control says otherwise)"
+checkout=$(cd "$1" && pwd)
+grep -q "default_version = '2.6.0'" "$checkout/snowflake.control" \
+    || die "$checkout is not pgEdge snowflake 2.6.0 (its snowflake.control says otherwise)"
 [[ -f /usr/lib/postgresql/15/lib/snowflake_id.so ]] \
     || die "snowflake_id is not installed in PostgreSQL 15: run scripts/test.sh or cargo pgrx install first"
 
@@ -32,8 +32,8 @@ cp -a /usr/lib/postgresql/15 "$root/usr/lib/postgresql/"
 cp -a /usr/share/postgresql/15 "$root/usr/share/postgresql/"
 ln -s /usr/include/postgresql "$root/usr/include/postgresql"
 pg_config="$root/usr/lib/postgresql/15/bin/pg_config"
-cp -a "$src/." "$build/"
-log "building pgEdge snowflake 2.6.0 from $src into $root"
+cp -a "$checkout/." "$build/"
+log "building pgEdge snowflake 2.6.0 from $checkout into $root"
 make -C "$build" -s USE_PGXS=1 PG_CONFIG="$pg_config" >/dev/null
 make -C "$build" -s USE_PGXS=1 PG_CONFIG="$pg_config" install >/dev/null
 chown -R postgres: "$root"
