@@ -126,3 +126,57 @@ def test_a_holders_clock_stepped_back_repeats_no_id_when_its_block_is_handed_ove
     # The stop follows A's sessions' clock: stepped back, they go on past
     # the deadline up to the step (docs/design/fleet-fencing.md), under the
     # mark still, which B's floor is above: no bound on `late` here.
+
+
+@pytest.mark.slow
+def test_a_lease_worker_stopped_and_continued_again_and_again_repeats_no_id(make_cluster):
+    """A's lease worker (real clocks here) is stopped with SIGSTOP and
+    continued, again and again: stopped for 4 to 8 s (around the 6 s lease
+    and its 1.2 s grace), running for 0.05 to 0.5 s, for 40 s, while A's
+    sessions make IDs and B wants the same block. Each continue may find a
+    renewal's reply, a revoked block or B holding it. Wanted: no ID made by
+    both; the block changes hands (printed: how often each made IDs)."""
+    import random
+    rng = random.Random(16)
+    r = registry_server(make_cluster)
+    lease_limits(r)
+    a = holder(make_cluster, r, **CONTESTED)
+    maker_a = TimedMaker(a)
+    wait_until(lambda: maker_a.batches, timeout=60, what="A's first IDs")
+    b = holder(make_cluster, r, **CONTESTED)
+    maker_b = TimedMaker(b)
+    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    pid = lease_worker_pid(a)
+    first_stop = time.time()
+    end = first_stop + 40
+    cycles = 0
+    try:
+        while time.time() < end:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(rng.uniform(4.0, 8.0))
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(rng.uniform(0.05, 0.5))
+            cycles += 1
+    finally:
+        resume([pid])
+    time.sleep(5)
+    made = {"A": maker_a.stop(), "B": maker_b.stop()}
+    problems = duplicates(made)
+
+    def runs(m):
+        # Runs of batches that came back less than 1 s apart (seconds from
+        # the first stop): when a server held the block and made IDs. (A
+        # batch's start is no time: it may wait for a lease.)
+        out = []
+        for _, t1, _ in m.batches:
+            if out and t1 - out[-1][1] < 1.0:
+                out[-1][1] = t1
+            else:
+                out.append([t1, t1])
+        return [(round(x - first_stop, 1), round(y - first_stop, 1)) for x, y in out]
+    b_first = min((t1 for _, t1, _ in maker_b.batches), default=None)
+    both = sum(1 for t0, _, _ in maker_a.batches if b_first and t0 > b_first)
+    print(f"\n[stop/continue] {cycles} cycles; A made {len(made['A'])} IDs, runs {runs(maker_a)};"
+          f" B {len(made['B'])}, runs {runs(maker_b)}; A's batches begun after B's first IDs:"
+          f" {both}")
+    assert not problems, "; ".join(problems)
