@@ -827,6 +827,44 @@ def test_a_dump_of_another_database_right_after_a_backfill_carries_its_grants(ma
                       f" {dumped})")
 
 
+def test_dumps_of_both_databases_right_after_a_backfill_in_another_carry_its_grants(
+        make_cluster):
+    """The import runs in database app; right after it, app and the
+    registry database (postgres) are dumped, and both restored into a new
+    server (registry database first), whose first backfill, at once, is the
+    same times in app. The registry database's dump carries the server's
+    grants however recent (snowflake_backfill_dump()). Wanted: no ID equal
+    to a restored row's."""
+    old = make_cluster(settings=AT_SCALE, create_extension=True)
+    old.sql("CREATE DATABASE app")
+    old.create_extension(dbname="app")
+    times = _import_times(1)
+    with old.connect(dbname="app") as conn:
+        conn.execute("CREATE TABLE posts (id bigint PRIMARY KEY, created_at timestamptz)")
+        conn.execute("INSERT INTO posts SELECT snowflake_at(t), t FROM unnest(%s::timestamptz[]) t",
+                     (times,))
+    dumps = {db: os.path.join(old.dir, f"{db}.dump") for db in ("app", "postgres")}
+    for db, path in dumps.items():
+        _pg(old, "pg_dump", "-Fc", "-f", path, "-d", db)
+    used = old.scalar("SELECT sum(grants) FROM snowflake_backfill()")
+    in_table = old.scalar("SELECT coalesce(sum(grants), 0) FROM snowflake_backfill_grants")
+    made = [r[0] for r in old.sql("SELECT id FROM posts", dbname="app")]
+
+    new = make_cluster(settings=AT_SCALE)
+    new.sql("CREATE DATABASE app")
+    _pg(new, "pg_restore", "--exit-on-error", "-d", "postgres", dumps["postgres"])
+    _pg(new, "pg_restore", "--exit-on-error", "-d", "app", dumps["app"])
+    restored = [r[0] for r in new.sql("SELECT id FROM posts", dbname="app")]
+    assert sorted(restored) == sorted(made)
+    again = [r[0] for r in new.sql("SELECT snowflake_at(t) FROM unnest(%s::timestamptz[]) t",
+                                   times, dbname="app")]
+    dup = _overlap(again, restored)
+    print(f"\n[dumps of both] grants used {used} (the registry worker's copy then: {in_table});"
+          f" {dup} of {len(again)} IDs made again")
+    assert dup == 0, (f"{dup} of {len(again)} IDs made after the restore equal restored rows'"
+                      f" (grants used {used}, the registry worker's copy at the dump {in_table})")
+
+
 def _tenant(c):
     """Database tenant owned by tenant_owner (no superuser), with the
     extension; a connection as its owner."""
