@@ -1042,6 +1042,6 @@ STRICT VOLATILE PARALLEL RESTRICTED
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'snowflake_backfill_dump_wrapper';
 COMMENT ON FUNCTION snowflake_backfill_dump() IS
-  'The rows a dump of snowflake_backfill_grants carries: the table''s rows and, in snowflake_id.registry_database, this server''s backfill grants now.';
+  'The rows a dump of snowflake_backfill_grants carries: the table''s rows and this server''s backfill grants now.';
 SELECT pg_catalog.pg_extension_config_dump('snowflake_backfill_grants',
   'WHERE false UNION ALL SELECT * FROM @extschema@.snowflake_backfill_dump()');

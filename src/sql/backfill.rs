@@ -322,9 +322,10 @@ fn snowflake_backfill_raise(
 
 /// The rows a dump of `snowflake_backfill_grants` carries (its
 /// `pg_extension_config_dump` filter calls this): the table's rows as the
-/// dump's snapshot sees them and, in `snowflake_id.registry_database` on a
-/// server that preloads the extension, this server's grants now, one row
-/// per stretch with the higher count. Grants are counted in shared memory
+/// dump's snapshot sees them and, on a server that preloads the extension,
+/// this server's grants now, one row per stretch with the higher count, in
+/// every database: backfilled rows may be in any database, and a dump of
+/// one carries their grants with them. Grants are counted in shared memory
 /// before their first ID is made, so a dump carries the grants of every
 /// row it carries, however recent, without waiting for the registry
 /// worker's copy.
@@ -342,10 +343,7 @@ fn snowflake_backfill_dump() -> TableIterator<
     let Some(schema) = super::extension_schema() else {
         return TableIterator::new(Vec::new());
     };
-    let here = Spi::get_one::<String>("SELECT pg_catalog.current_database()::text")
-        .ok()
-        .flatten();
-    let live = shmem::header().is_some() && here.is_some() && here == settings::registry_database();
+    let live = shmem::header().is_some();
     let table = format!(
         "SELECT starts_at, grants, worker_ids, updated_at, 1 AS src FROM {schema}.snowflake_backfill_grants"
     );

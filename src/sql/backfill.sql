@@ -10,8 +10,8 @@ REVOKE EXECUTE ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) F
 -- shared memory by the registry worker (src/workers/registry_worker.rs) in
 -- snowflake_id.registry_database, like snowflake_worker_registry, so that
 -- pg_upgrade carries them: the worker reads the table when the server
--- starts. A dump carries the table's rows and, in the registry database,
--- this server's grants at the time of the dump (snowflake_backfill_dump(),
+-- starts. A dump of any database carries the table's rows and this
+-- server's grants at the time of the dump (snowflake_backfill_dump(),
 -- the filter below), so that it never lacks the grants of a row it
 -- carries. Rows a restore inserts raise this server's grants (the triggers
 -- below), and snowflake_at() reads this database's rows of a stretch before
@@ -98,4 +98,4 @@ COMMENT ON FUNCTION snowflake_backfill() IS
 COMMENT ON FUNCTION snowflake_backfill_raise(timestamptz, bigint, text) IS
   'Raises this server''s backfill grants of the stretch of time containing the given time (restored snowflake_backfill_grants rows); superusers only.';
 COMMENT ON FUNCTION snowflake_backfill_dump() IS
-  'The rows a dump of snowflake_backfill_grants carries: the table''s rows and, in snowflake_id.registry_database, this server''s backfill grants now.';
+  'The rows a dump of snowflake_backfill_grants carries: the table''s rows and this server''s backfill grants now.';

@@ -787,10 +787,6 @@ def test_a_wrapper_marked_parallel_safe_makes_no_id_twice(make_cluster):
 
 
 # ------------------------------------------ 9. another database; its owner
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on PostgreSQL 15: 600 of 600 IDs backfilled after the restore equal restored"
-    " rows' (the old server had handed out 2 grants; app's dump carried 0: only"
-    " registry_database's dump carries the server's grants, docs/guides/backfill.md)"))
 def test_a_dump_of_another_database_right_after_a_backfill_carries_its_grants(make_cluster):
     """The import runs in database app, not in snowflake_id.registry_database
     (postgres, the default): one database of a server is dumped right after
