@@ -612,6 +612,35 @@ SELECT b.block, b.first_worker_id, b.last_worker_id, b.holder_node, b.holder_nam
                         AND l.classid = 1936613751::oid AND l.objid = b.block::oid
                         AND l.objsubid = 2 LIMIT 1) k ON true;
 
+-- One node per session also when the session released its node's lock.
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    key bigint := hashtextextended('snowflake_id node ' || node, 0);
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                  AND l.pid = pg_catalog.pg_backend_pid()
+                  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                     WHERE d.datname = pg_catalog.current_database())
+                  AND NOT (l.classid = ((key >> 32) & 4294967295)::oid
+                           AND l.objid = (key & 4294967295)::oid))
+       OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
+                   WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()
+                     AND b.holder_node <> node) THEN
+        RAISE LOG 'snowflake_id registry: refused node % (role %, %): the session is another node already',
+            node, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
+        RAISE EXCEPTION 'lease request of node % refused: this session is another node already', node
+            USING ERRCODE = '54000',
+                  HINT = 'A lease worker introduces one node per session; max_blocks_per_node bounds each node.';
+    END IF;
+    RETURN pg_try_advisory_lock(key);
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
+  'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory). One node per session.';
+
+
 -- == Getting it, switching to it and watching it (issue 43) ==
 
 -- snowflake_health(): one row per check (src/sql/health.rs), for pg_monitor.

@@ -475,11 +475,15 @@ CREATE TRIGGER snowflake_lease_blocks_restored AFTER INSERT ON snowflake_lease_b
 -- A holder introduces itself: takes the session lock of its node id.
 -- false: another live session holds that node id (a copy of a data
 -- directory whose original is running): the caller must take a new id.
--- One node per session (0.7.0): a session holding another node's lock is
--- refused (54000), so that max_blocks_per_node bounds what one session
--- can lease (a lease worker keeps one session, under one node id).
+-- One node per session: a session holding another node's lock, or
+-- blocks leased under another node (its lock released with
+-- pg_advisory_unlock, which any role may call), is refused (54000), so
+-- that max_blocks_per_node bounds what one session can lease (a lease
+-- worker keeps one session, under one node id; it takes a new id only
+-- when this function said false, before it leased anything). SECURITY
+-- DEFINER: it reads the blocks' sessions, which the lease role may not.
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     key bigint := hashtextextended('snowflake_id node ' || node, 0);
 BEGIN
@@ -489,7 +493,10 @@ BEGIN
                   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                                      WHERE d.datname = pg_catalog.current_database())
                   AND NOT (l.classid = ((key >> 32) & 4294967295)::oid
-                           AND l.objid = (key & 4294967295)::oid)) THEN
+                           AND l.objid = (key & 4294967295)::oid))
+       OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
+                   WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()
+                     AND b.holder_node <> node) THEN
         RAISE LOG 'snowflake_id registry: refused node % (role %, %): the session is another node already',
             node, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
         RAISE EXCEPTION 'lease request of node % refused: this session is another node already', node

@@ -134,11 +134,6 @@ def test_the_lease_roles_sessions_within_its_connection_limit_leave_a_new_server
                               f" ({left} free): B made no ID in 20 s")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on PostgreSQL 15: one session of the lease role is 26 nodes in turn"
-    " (pg_advisory_unlock of its node's lock, then snowflake_lease_hello of the next, which"
-    " accepts): with reserve_blocks 20 (the CONNECTION LIMIT, as docs/operations/fleet.md"
-    " advises) it holds all 63 blocks A leaves and B makes no ID in 20 s"))
 def test_one_session_of_the_lease_role_is_one_node_only(make_cluster):
     """reserve_blocks 20, the lease role's whole CONNECTION LIMIT, as the
     docs advise. One session: takes what its node may, then unlocks its
