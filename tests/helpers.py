@@ -66,7 +66,7 @@ def old_release(version: str):
     """While in the block, `CREATE EXTENSION snowflake_id VERSION
     '<version>'` works: the release's install script (tests/upgrade/) is
     in the server's extension directory, where no build installs it. Tests
-    on two pytest workers share that directory: a lock keeps one test's
+    on several pytest workers share that directory: a lock keeps one test's
     removal of the file from pulling it from under another."""
     extdir = os.path.join(pg_config("--sharedir"), "extension")
     installed = os.path.join(extdir, f"snowflake_id--{version}.sql")
