@@ -1,9 +1,10 @@
 """Helpers the fleet tests share (tests/fleet/): the short lease time they
 run with, a registry server and a server leasing from it, the registry's
 limits for that lease time, the registry's view of its leases, the
-errors of a server that refuses to make IDs, and waking stopped processes. Test modules import these
-from here, never from one another; helpers of several folders are in
-tests/helpers.py."""
+errors of a server that refuses to make IDs, waking stopped processes,
+and the attacks' makers (timed batches; first IDs; an action repeated in
+a thread). Test modules import these from here, never from one another;
+helpers of several folders are in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 
 import psycopg
+
+from helpers import Maker
 
 LEASE = "6s"
 LEASE_S = 6.0
@@ -193,3 +197,78 @@ def hosts(*servers) -> str:
     return (f"host={','.join(s.dir for s in servers)}"
             f" port={','.join(str(s.port) for s in servers)} dbname=postgres user=postgres"
             " target_session_attrs=read-write")
+
+
+# The attacks' contested block: worker ids 0-15, 1 s of drift; a stall
+# of over four lease times.
+CONTESTED = {"snowflake_id.worker_ids": "0-15", "snowflake_id.max_drift": "1s"}
+STALL_S = 25
+
+
+class TimedMaker:
+    """A session making IDs in batches of 200: each batch's start and end
+    (wall clock) and its IDs, until stop()."""
+
+    def __init__(self, c):
+        self.batches: list[tuple[float, float, list[int]]] = []
+        self.refusals: list[psycopg.Error] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(c,), daemon=True)
+        self._thread.start()
+
+    def _run(self, c):
+        with c.connect(options="-c statement_timeout=40s") as conn:
+            while not self._stop.is_set():
+                t0 = time.time()
+                try:
+                    got = [r[0] for r in conn.execute(
+                        "SELECT snowflake_nextval() FROM generate_series(1, 200)").fetchall()]
+                except REFUSED as e:
+                    self.refusals.append(e)
+                    self._stop.wait(0.02)
+                    continue
+                self.batches.append((t0, time.time(), got))
+                self._stop.wait(0.002)
+
+    def made(self) -> list[int]:
+        return [i for _, _, got in self.batches for i in got]
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive()
+        return self.made()
+
+
+def first_ids_within(maker: Maker, seconds: float) -> float | None:
+    """Seconds until `maker` made its first IDs, or None within `seconds`."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if maker.made:
+            return time.monotonic() - start
+        time.sleep(0.1)
+    return None
+
+
+class Repeat:
+    """`action` every `every` seconds in a thread until stop()."""
+
+    def __init__(self, action, every: float):
+        self.errors: list[BaseException] = []
+        self.count = 0
+        self._stop = threading.Event()
+
+        def run():
+            while not self._stop.is_set():
+                try:
+                    action()
+                    self.count += 1
+                except psycopg.Error as e:
+                    self.errors.append(e)
+                self._stop.wait(every)
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)

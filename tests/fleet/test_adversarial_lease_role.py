@@ -19,7 +19,6 @@ match (a fence lasts 7.2 s), unless a test says otherwise."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import psycopg
@@ -27,8 +26,8 @@ import pytest
 
 from harness import wait_until
 from helpers import Maker
-from fleet_helpers import (Intruder, duplicates, grant_lease_role, holder, lease_limits,
-                           registry_server, registry_state)
+from fleet_helpers import (duplicates, first_ids_within, grant_lease_role, holder, Intruder,
+                          lease_limits, registry_server, registry_state, Repeat)
 
 
 def now_ms() -> int:
@@ -52,40 +51,6 @@ def no_duplicates(**makers) -> None:
     problems = duplicates(made)
     assert not problems, "; ".join(problems)
     print(" / ".join(f"{n} made {len(v)} IDs" for n, v in made.items()))
-
-
-def first_ids_within(maker: Maker, seconds: float) -> float | None:
-    """Seconds until `maker` made its first IDs, or None within `seconds`."""
-    start = time.monotonic()
-    while time.monotonic() - start < seconds:
-        if maker.made:
-            return time.monotonic() - start
-        time.sleep(0.1)
-    return None
-
-
-class Repeat:
-    """`action` every `every` seconds in a thread until stop()."""
-
-    def __init__(self, action, every: float):
-        self.errors: list[BaseException] = []
-        self.count = 0
-        self._stop = threading.Event()
-
-        def run():
-            while not self._stop.is_set():
-                try:
-                    action()
-                    self.count += 1
-                except psycopg.Error as e:
-                    self.errors.append(e)
-                self._stop.wait(every)
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
 
 
 # ------------------------------------------------------ forged evidence

@@ -17,48 +17,14 @@ match."""
 
 from __future__ import annotations
 
-import threading
-import time
 
 import psycopg
 import pytest
 
 from harness import wait_until
 from helpers import Maker
-from fleet_helpers import (Intruder, duplicates, grant_lease_role, holder, lease_limits,
-                           registry_server)
-
-
-def first_ids_within(maker: Maker, seconds: float) -> float | None:
-    """Seconds until `maker` made its first IDs, or None within `seconds`."""
-    start = time.monotonic()
-    while time.monotonic() - start < seconds:
-        if maker.made:
-            return time.monotonic() - start
-        time.sleep(0.1)
-    return None
-
-
-class Repeat:
-    """`action` every `every` seconds in a thread until stop()."""
-
-    def __init__(self, action, every: float):
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-
-        def run():
-            while not self._stop.is_set():
-                try:
-                    action()
-                except psycopg.Error as e:
-                    self.errors.append(e)
-                self._stop.wait(every)
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+from fleet_helpers import (duplicates, first_ids_within, grant_lease_role, holder, Intruder,
+                          lease_limits, registry_server, Repeat)
 
 
 def fleet(make_cluster, reserve: int | None = None):

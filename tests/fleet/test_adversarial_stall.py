@@ -17,55 +17,17 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
-import psycopg
 import pytest
 
 from harness import wait_until
 from helpers import config
-from fleet_helpers import REFUSED, duplicates, holder, lease_limits, registry_server, resume
+from fleet_helpers import (CONTESTED, duplicates, holder, lease_limits, registry_server,
+                          resume, STALL_S, TimedMaker)
 
-CONTESTED = {"snowflake_id.worker_ids": "0-15", "snowflake_id.max_drift": "1s"}
-STALL_S = 25
 # Clock readings of the test and the server, on one machine.
 SLACK_S = 0.05
-
-
-class TimedMaker:
-    """A session making IDs in batches of 200: each batch's start and end
-    (wall clock) and its IDs, until stop()."""
-
-    def __init__(self, c):
-        self.batches: list[tuple[float, float, list[int]]] = []
-        self.refusals: list[psycopg.Error] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(c,), daemon=True)
-        self._thread.start()
-
-    def _run(self, c):
-        with c.connect(options="-c statement_timeout=40s") as conn:
-            while not self._stop.is_set():
-                t0 = time.time()
-                try:
-                    got = [r[0] for r in conn.execute(
-                        "SELECT snowflake_nextval() FROM generate_series(1, 200)").fetchall()]
-                except REFUSED as e:
-                    self.refusals.append(e)
-                    self._stop.wait(0.02)
-                    continue
-                self.batches.append((t0, time.time(), got))
-                self._stop.wait(0.002)
-
-    def made(self) -> list[int]:
-        return [i for _, _, got in self.batches for i in got]
-
-    def stop(self) -> list[int]:
-        self._stop.set()
-        self._thread.join(timeout=60)
-        assert not self._thread.is_alive()
-        return self.made()
 
 
 def stalled_pid(what: str, r, a) -> int:
