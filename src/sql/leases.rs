@@ -64,6 +64,7 @@ RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_decide_wrapper';
 "#)]
 fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB) -> JsonB {
+    super::lease_lock::bound();
     let req = request;
     let call = match call {
         "acquire" => Call::Acquire(self::request::<AcquireRequest>(req, ACQUIRE_KEYS)),
@@ -127,6 +128,7 @@ RETURNS jsonb IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_decide_wrapper';
 "#)]
 fn snowflake_lease_durable_decide(facts: JsonB) -> JsonB {
+    super::lease_lock::bound();
     let facts: durable::Facts = self::facts(facts.0, "durability facts");
     let d = durable::decide(&facts);
     JsonB(json!({

@@ -7,6 +7,7 @@
 //! - `tools`      SQL-language functions (`tools.sql`: decode row, convert a
 //!   column, partitions) and COMMENTs
 //! - `leases`     the registry's side of the lease protocol (`leases.sql`)
+//! - `lease_lock` how long a lease call may keep the registry's locks
 //! - `registry`   the table the registry worker keeps (`registry.sql`)
 //!
 //! The SQL objects are in `.sql` files next to the Rust that pulls them in
@@ -21,6 +22,7 @@
 pub mod api;
 pub mod backfill;
 pub mod health;
+pub mod lease_lock;
 pub mod leases;
 pub mod public_ids;
 pub mod registry;
