@@ -47,6 +47,7 @@
 //!   never hands sessions a block already past its deadline.
 
 use crate::lease::{self, CallEnd, Held, Plan, Timing, Usage};
+use crate::protocol::EARLIER_KEPT;
 pub use crate::protocol::{
     format_lsn, parse_lsn, AcquireRequest, BlockFloor, BlockMark, Durability, DurabilityMode,
     ReleaseReply, ReleaseRequest, RenewRequest, Reply, ReplyHead, Seen,
@@ -319,6 +320,9 @@ pub struct Holder {
     token: String,
     /// The registry's grant count seen with them (0.8.0).
     grants: i64,
+    /// What it saw of the incarnations before, newest first (at most
+    /// `EARLIER_KEPT`), presented with every request.
+    earlier: Vec<Seen>,
     /// Monotonic ms when the last confirmed renewal was sent.
     last_renew_mono: Option<i64>,
     /// Saved blocks may be used before a renewal confirms them (set by the
@@ -379,6 +383,7 @@ impl Holder {
             lsn: 0,
             token: String::new(),
             grants: 0,
+            earlier: Vec::new(),
             last_renew_mono: None,
             trust_saved: false,
             from_backup: false,
@@ -428,6 +433,8 @@ impl Holder {
         self.lsn = parse_lsn(&seen.lsn).unwrap_or(0);
         self.token.clone_from(&seen.token);
         self.grants = seen.grants;
+        self.earlier.clone_from(&seen.earlier);
+        self.earlier.truncate(EARLIER_KEPT);
         self.from_backup = from_backup;
     }
 
@@ -634,6 +641,7 @@ impl Holder {
             lsn: format_lsn(self.lsn),
             grants: self.grants,
             token: self.token.clone(),
+            earlier: self.earlier.clone(),
         }
     }
 
@@ -650,6 +658,15 @@ impl Holder {
             // Grants of the older incarnation that never became durable:
             // the new one may never have known them.
             self.pending.clear();
+            if !self.incarnation.is_empty() {
+                let before = Seen {
+                    earlier: Vec::new(),
+                    ..self.seen()
+                };
+                self.earlier.retain(|e| e.incarnation != before.incarnation);
+                self.earlier.insert(0, before);
+                self.earlier.truncate(EARLIER_KEPT);
+            }
             self.events.push(Event::NewIncarnation {
                 old: std::mem::take(&mut self.incarnation),
                 new: incarnation.to_string(),

@@ -98,7 +98,17 @@ pub struct Seen {
     pub grants: i64,
     #[serde(default)]
     pub token: String,
+    /// The same of the incarnations seen before this one, newest first
+    /// (0.8.0; at most [`EARLIER_KEPT`] count): a registry restored to one
+    /// of them, whose key cannot verify the newer token, still sees a
+    /// position past its own under a token it issued
+    /// (`registry::begin`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<Seen>,
 }
+
+/// How many earlier incarnations a holder presents, and a registry reads.
+pub const EARLIER_KEPT: usize = 4;
 
 /// `snowflake_lease_acquire(jsonb)`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

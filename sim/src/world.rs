@@ -141,7 +141,11 @@ struct Node {
     /// fence must not rest on what one holder asked for).
     lease_ms: i64,
     gens: HashMap<u32, GeneratorState>,
+    /// Since it last wanted a block and had none (liveness).
     wanted_since: Option<i64>,
+    /// Its clock runs beyond the documented bound on rates: no wait of
+    /// its is owed a bound (its IDs still never repeat another's).
+    beyond_bound: bool,
 }
 
 /// A lease call's way to the registry server `p` and back.
@@ -352,6 +356,11 @@ pub struct World {
     hostile_pid: Option<(usize, u64)>,
     /// Cuts to come: (from, node, for ms).
     cuts: Vec<(i64, usize, i64)>,
+    /// The last simulated ms a fault was applied or still lasted (a
+    /// crash, stall or cut not over): waits for a block count from then.
+    /// The lease role is there all along and is not a fault here: the
+    /// fleet must stay live with it.
+    calm_since: i64,
     longest_wait_ms: i64,
     seed: u64,
     pub trace: Vec<String>,
@@ -445,6 +454,7 @@ impl World {
                 lease_ms: if i == 0 { LEASE_MS / 2 } else { LEASE_MS },
                 gens: HashMap::new(),
                 wanted_since: None,
+                beyond_bound: false,
             })
             .collect();
         let layout = match PRESETS[0].layout(DEFAULT_EPOCH_MS, T0) {
@@ -463,6 +473,7 @@ impl World {
             hostile_until: i64::MAX,
             hostile_pid: None,
             cuts: Vec::new(),
+            calm_since: 0,
             longest_wait_ms: 0,
             seed,
             trace: Vec::new(),
@@ -483,7 +494,11 @@ impl World {
         while t <= duration_ms {
             while next < schedule.len() && schedule[next].0 <= t {
                 self.fault(t, schedule[next].1);
+                self.calm_since = t;
                 next += 1;
+            }
+            if self.disturbed(t) {
+                self.calm_since = t;
             }
             if t % 12_000 == 0 {
                 // Demand that comes and goes: idle blocks are given back.
@@ -515,6 +530,12 @@ impl World {
                 break;
             }
             t += TICK_MS;
+        }
+        // Holders still waiting when the run ends.
+        for n in self.nodes.iter().filter(|n| !n.beyond_bound) {
+            if let Some(since) = n.wanted_since {
+                self.longest_wait_ms = self.longest_wait_ms.max(t - since.max(self.calm_since));
+            }
         }
         Played {
             violation: self.checker.violation.clone(),
@@ -689,8 +710,16 @@ impl World {
         match (wants && !has, n.wanted_since) {
             (true, None) => n.wanted_since = Some(t),
             (false, Some(since)) => {
-                self.longest_wait_ms = self.longest_wait_ms.max(t - since);
+                let waited = if n.beyond_bound {
+                    0
+                } else {
+                    t - since.max(self.calm_since)
+                };
+                self.longest_wait_ms = self.longest_wait_ms.max(waited);
                 self.nodes[i].wanted_since = None;
+                if waited > 5_000 {
+                    self.log(t, format!("server {id} waited {waited} ms for a block (wanted since {since} ms, calm since {} ms)", self.calm_since));
+                }
             }
             _ => {}
         }
@@ -698,6 +727,11 @@ impl World {
             self.drop_conn(i);
         }
         for e in events {
+            // Every block is held by others: capacity, not a fault; the
+            // wait owed a bound starts again.
+            if matches!(e, Event::NoFreeBlock) && self.nodes[i].wanted_since.is_some() {
+                self.nodes[i].wanted_since = Some(t);
+            }
             self.log(t, format!("server {id}: {e:?}"));
         }
     }
@@ -903,6 +937,7 @@ impl World {
                     lease_ms: orig.lease_ms,
                     gens: orig.gens.clone(),
                     wanted_since: None,
+                    beyond_bound: false,
                 };
                 self.nodes.push(copy);
             }
@@ -954,6 +989,7 @@ impl World {
             Fault::ClockRateBeyond { holder } => {
                 if let Some(n) = self.nodes.get_mut(holder) {
                     n.clock.set_rate(t, -300_000);
+                    n.beyond_bound = true;
                 }
             }
             Fault::Hostile { ms } => self.hostile_until = t + ms,
@@ -964,6 +1000,38 @@ impl World {
                 }
             }
         }
+    }
+
+    /// Whether a fault still lasts at `t`: a registry server or holder
+    /// down or stalled, a holder cut off, a cut still to come, or a
+    /// primary short of the synchronous standby its
+    /// `synchronous_standby_names` needs (failovers used them up: nothing
+    /// it commits is durable, and holders rightly get no block).
+    fn disturbed(&self, t: i64) -> bool {
+        let Some(p) = self.primary() else {
+            return true;
+        };
+        let needs_standby = !self.scenario.synchronous_standby_names().is_empty();
+        let standby_up = self.regs.iter().any(|r| {
+            matches!(r.kind, Kind::Standby { of, .. } if of == p)
+                && t >= r.stalled_until
+                && t >= r.down_until
+        });
+        // A primary whose clock is further behind the holders' than the
+        // marks may be ahead of it refuses them (documented) until its
+        // clock is set right.
+        let behind = T0 + t - self.regs[p].clock.wall(t) > LEASE_MS + DRIFT_MS + 3_000;
+        behind
+            || (needs_standby && !standby_up)
+            || !self.cuts.is_empty()
+            || self
+                .regs
+                .iter()
+                .any(|r| t < r.stalled_until || t < r.down_until)
+            || self
+                .nodes
+                .iter()
+                .any(|n| t < n.stalled_until || t < n.cut_until || t < n.down_until)
     }
 
     /// The lease role, sending what it may: forged positions, tokens and
@@ -1023,6 +1091,23 @@ impl World {
             } else {
                 String::new()
             },
+            earlier: Vec::new(),
+        };
+        // Earlier incarnations it says it saw: this one, far ahead, under
+        // a token it cannot make.
+        let seen = Seen {
+            earlier: if self.rng.chance(0.5) {
+                vec![Seen {
+                    lsn: "FFFFFFFF/FFFFFFFF".into(),
+                    grants: i64::MAX,
+                    token: "cd".repeat(16),
+                    earlier: Vec::new(),
+                    ..seen.clone()
+                }]
+            } else {
+                Vec::new()
+            },
+            ..seen
         };
         let block = self.rng.range(0, BLOCKS as i64);
         // Blocks this role holds: given back at once with a mark of 0.

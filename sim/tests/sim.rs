@@ -26,7 +26,7 @@ const DOCUMENTED_WAIT_MS: i64 = 6_000 + 1_200 + (10_000 + 1_200 - 1_000) + 2 * 6
 
 #[test]
 fn kept_faults_never_make_a_duplicate() {
-    let mut worst = 0;
+    let (mut worst, mut ids) = (0, 0);
     for scenario in Scenario::KEPT {
         for seed in 0..seeds() {
             let o = run(seed, scenario, DURATION_MS, None);
@@ -34,14 +34,20 @@ fn kept_faults_never_make_a_duplicate() {
                 let small = shrink(&o, DURATION_MS, None);
                 panic!("{}", report(&small));
             }
-            assert!(
-                o.ids > 1_000,
-                "seed {seed} {scenario:?}: only {} IDs",
-                o.ids
-            );
+            ids += o.ids;
             worst = worst.max(o.longest_wait_ms);
+            assert!(
+                o.longest_wait_ms <= DOCUMENTED_WAIT_MS,
+                "seed {seed} {scenario:?}: a holder waited {} ms for a block after the last fault \
+                 ended (documented bound {DOCUMENTED_WAIT_MS} ms)",
+                o.longest_wait_ms
+            );
         }
     }
+    // Some runs rightly make few (a synchronous standby stalled for a
+    // minute holds every commit); the fleet as a whole makes IDs.
+    let runs = seeds() * Scenario::KEPT.len() as u64;
+    assert!(ids > runs * 1_000, "{ids} IDs in {runs} runs");
     println!("longest wait for a block after a fault: {worst} ms (documented bound {DOCUMENTED_WAIT_MS} ms)");
 }
 
@@ -212,4 +218,40 @@ fn the_docs_list_the_faults_as_the_simulation_labels_them() {
             r.name
         );
     }
+}
+
+/// Seeds beyond the CI budget that a soak once failed on, replayed.
+#[test]
+fn seeds_a_soak_found() {
+    // A registry restored to a snapshot from before DROP/CREATE EXTENSION
+    // could not verify its holders' newest tokens and was not fenced
+    // (before `Seen::earlier`).
+    let found: &[(u64, Scenario)] = &[(112, Scenario::KeptAsync)];
+    for &(seed, scenario) in found {
+        let o = run(seed, scenario, DURATION_MS, None);
+        assert!(o.violation.is_none(), "{}", report(&o));
+    }
+}
+
+/// Every kept scenario's seeds up to SNOWFLAKE_SIM_SEEDS, each failure
+/// listed rather than the first shrunk (`--ignored`: a soak's survey).
+#[test]
+#[ignore]
+fn soak_report() {
+    let mut failed = Vec::new();
+    for scenario in Scenario::KEPT {
+        for seed in 0..seeds() {
+            let o = run(seed, scenario, DURATION_MS, None);
+            if let Some(v) = &o.violation {
+                failed.push(format!("{seed} {scenario:?}: {v}"));
+            } else if o.longest_wait_ms > DOCUMENTED_WAIT_MS {
+                failed.push(format!(
+                    "{seed} {scenario:?}: waited {} ms",
+                    o.longest_wait_ms
+                ));
+            }
+        }
+    }
+    println!("{}", failed.join("\n"));
+    assert!(failed.is_empty(), "{} runs failed", failed.len());
 }

@@ -16,13 +16,20 @@
 //! anew (its key is new, and older tokens cannot verify): so a request can
 //! fence a registry at most once after its row was made.
 //!
+//! A request also carries what the holder saw of the incarnations before
+//! (`Seen::earlier`). A registry restored to an earlier state, back to an
+//! incarnation from before its row was last made anew (`DROP`/`CREATE
+//! EXTENSION`, then a snapshot from before it), cannot verify the token of
+//! the newer incarnation, but can verify one it issued itself: a position
+//! or grant count of its own incarnation past its own is then evidence.
+//!
 //! [`Invariant::FenceFromLimits`]: crate::protocol::Invariant::FenceFromLimits
 //! [`Invariant::PromotionNeedsProof`]: crate::protocol::Invariant::PromotionNeedsProof
 
 use super::limits::InForce;
 use super::token;
 use super::{Call, Refusal, Rows, Server, SqlState};
-use crate::protocol::parse_lsn;
+use crate::protocol::{parse_lsn, EARLIER_KEPT};
 use serde::{Deserialize, Serialize};
 
 /// The one row of `snowflake_lease_registry`.
@@ -212,6 +219,25 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             seen.lsn
         ));
     }
+    // This incarnation as a holder saw it before a newer one (module
+    // header): a position or grant count past this server's, under this
+    // registry's own token, on this timeline.
+    let earlier_past = rows
+        .registry
+        .as_ref()
+        .filter(|r| r.timeline == server.timeline)
+        .and_then(|r| {
+            seen.earlier
+                .iter()
+                .take(EARLIER_KEPT)
+                .filter(|e| e.incarnation == r.incarnation && !e.token.is_empty())
+                .find_map(|e| {
+                    let lsn = parse_lsn(&e.lsn)?;
+                    let past = lsn > server.insert_lsn || e.grants > r.grants;
+                    (past && token::verify(&r.token_key, &e.incarnation, lsn, e.grants, &e.token))
+                        .then_some((lsn, e.grants, r.grants))
+                })
+        });
     let (cause, evidence) = match &rows.registry {
         None => {
             let evidence = !known.is_empty()
@@ -230,6 +256,15 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 }),
                 evidence,
             )
+        }
+        Some(_) if earlier_past.is_some() => {
+            let (lsn, grants, have) = earlier_past.unwrap_or_default();
+            let cause = if lsn > server.insert_lsn {
+                Cause::Rollback { seen: lsn }
+            } else {
+                Cause::GrantsBack { seen: grants, have }
+            };
+            (Some(cause), true)
         }
         Some(r)
             if seen_lsn > server.insert_lsn

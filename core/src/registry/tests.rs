@@ -64,6 +64,7 @@ fn seen_of(head: &crate::protocol::ReplyHead) -> Seen {
         lsn: head.lsn.clone(),
         grants: head.grants,
         token: head.token.clone(),
+        earlier: Vec::new(),
     }
 }
 
@@ -96,6 +97,7 @@ fn an_unbelieved_position_starts_no_incarnation() {
         lsn: "FFFFFFFF/FFFFFFFF".into(),
         grants: 0,
         token: String::new(),
+        earlier: Vec::new(),
     };
     let reply = s
         .lease(101, &acquire("hostile", 1, forged.clone(), T0), T0)
@@ -140,6 +142,54 @@ fn a_signed_position_above_the_registrys_fences() {
 }
 
 #[test]
+fn a_signed_position_of_an_earlier_incarnation_fences_a_registry_restored_to_it() {
+    // DROP/CREATE EXTENSION (a new key), then a snapshot from before it
+    // restored in place: the holder's newest token cannot verify there,
+    // but what it saw of this incarnation before can (simulation seed 112,
+    // KeptAsync, made IDs of one block on two servers before).
+    let mut s = store_with(&["a"]);
+    let snapshot = (s.tables.clone(), s.lsn);
+    let reply = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    let block = reply.blocks[0].block;
+    let before = seen_of(&reply.head);
+    let newer = Seen {
+        incarnation: "made-after-create".into(),
+        lsn: format_lsn(s.lsn + 0x1000),
+        grants: 0,
+        token: "ab".repeat(16),
+        earlier: vec![before.clone()],
+    };
+    s.tables = snapshot.0;
+    s.lsn = snapshot.1;
+    // Past the fence a registry whose row was made anew gives any older
+    // incarnation it hears of.
+    let now = T0 + limits::DEFAULT_MAX_LEASE_MS + limits::DEFAULT_MAX_GRACE_MS + 1_000;
+    // Of this incarnation, with a token it did not issue: no evidence.
+    let forged = Seen {
+        incarnation: before.incarnation.clone(),
+        earlier: vec![Seen {
+            token: "cd".repeat(16),
+            ..before
+        }],
+        ..newer.clone()
+    };
+    let reply = s
+        .lease(100, &renew("a", &[block], forged, now), now)
+        .unwrap();
+    assert_eq!(reply.head.fenced_until_ms, None, "a token it did not issue");
+    let reply = s
+        .lease(100, &renew("a", &[block], newer, now), now)
+        .unwrap();
+    let fenced = reply.head.fenced_until_ms.expect("fenced");
+    assert_eq!(
+        fenced,
+        now + limits::DEFAULT_MAX_LEASE_MS + limits::DEFAULT_MAX_GRACE_MS
+    );
+}
+
+#[test]
 fn an_unsigned_position_counts_only_where_the_dba_lets_it() {
     // A holder before 0.8.0 sends no token: believed from a node with
     // blocks while unsigned_evidence is on (after an upgrade from 0.7.0).
@@ -160,6 +210,7 @@ fn an_unsigned_position_counts_only_where_the_dba_lets_it() {
         lsn: format_lsn(s.lsn + 0x1000),
         grants: 0,
         token: String::new(),
+        earlier: Vec::new(),
     };
     let reply = s
         .lease(100, &renew("a", &[reply.blocks[0].block], seen, T0), T0)
@@ -603,6 +654,7 @@ fn a_lease_role_holding_blocks_cannot_fence_with_unsigned_claims() {
             lsn: lsn.into(),
             grants: 0,
             token: String::new(),
+            earlier: Vec::new(),
         };
         let reply = s
             .lease(100, &renew("rogue", &[r.blocks[0].block], forged, T0), T0)
