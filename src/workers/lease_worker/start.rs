@@ -136,6 +136,9 @@ impl Worker {
                 lsn: file.lsn.clone(),
                 grants: file.grants,
                 token: file.token.clone(),
+                // Not in the lease file: a restart presents the
+                // incarnations it sees from then on.
+                earlier: Vec::new(),
             },
             from_backup,
         );
