@@ -24,6 +24,8 @@ pub const T0: i64 = 1_795_305_600_000;
 pub const TICK_MS: i64 = 20;
 pub const LEASE_MS: i64 = 6_000;
 pub const DRIFT_MS: i64 = 1_000;
+/// The registry's `max_ahead_ms`.
+pub const MAX_AHEAD_MS: i64 = LEASE_MS + DRIFT_MS + 3_000;
 /// The blocks the holders share (few, so that they change hands often).
 pub const BLOCKS: u32 = 7;
 pub const BLOCK_SIZE: u32 = 16;
@@ -396,7 +398,7 @@ impl World {
             store.set_limits(Some(LimitsRow {
                 max_lease_ms: LEASE_MS,
                 max_grace_ms: Timing::new(LEASE_MS).grace_ms,
-                max_ahead_ms: LEASE_MS + DRIFT_MS + 3_000,
+                max_ahead_ms: MAX_AHEAD_MS,
                 max_blocks_per_node: 8,
                 ..LimitsRow::default()
             }));
@@ -563,10 +565,11 @@ impl World {
         if !self.rng.chance(0.005) {
             return;
         }
-        let sources: Vec<(Tables, u64)> = self
+        // A server that is down streams nothing.
+        let sources: Vec<Option<(Tables, u64)>> = self
             .regs
             .iter()
-            .map(|r| (r.store.tables.clone(), r.store.lsn))
+            .map(|r| (t >= r.down_until).then(|| (r.store.tables.clone(), r.store.lsn)))
             .collect();
         for r in self.regs.iter_mut() {
             let wall = r.clock.wall(t);
@@ -580,7 +583,9 @@ impl World {
                 reply_ms,
             } = &mut r.kind
             {
-                let (tables, l) = &sources[*of];
+                let Some((tables, l)) = &sources[*of] else {
+                    continue;
+                };
                 **copy = tables.clone();
                 *lsn = *l;
                 *reply_ms = Some(wall);
@@ -725,6 +730,16 @@ impl World {
         }
         if result.error.as_ref().is_some_and(CallError::drops_session) {
             self.drop_conn(i);
+        }
+        // This server's clock so far ahead of the registry's that its
+        // marks pass max_ahead_ms: refused as documented, until the clocks
+        // agree again; the wait owed a bound starts again.
+        let ahead = self.primary().is_some_and(|p| {
+            self.nodes[i].clock.wall(t) - self.regs[p].clock.wall(t)
+                > MAX_AHEAD_MS - LEASE_MS - DRIFT_MS
+        });
+        if ahead && self.nodes[i].wanted_since.is_some() {
+            self.nodes[i].wanted_since = Some(t);
         }
         for e in events {
             // Every block is held by others: capacity, not a fault; the
@@ -1020,7 +1035,7 @@ impl World {
         // A primary whose clock is further behind the holders' than the
         // marks may be ahead of it refuses them (documented) until its
         // clock is set right.
-        let behind = T0 + t - self.regs[p].clock.wall(t) > LEASE_MS + DRIFT_MS + 3_000;
+        let behind = T0 + t - self.regs[p].clock.wall(t) > MAX_AHEAD_MS;
         behind
             || (needs_standby && !standby_up)
             || !self.cuts.is_empty()

@@ -29,6 +29,13 @@ use serde::{Deserialize, Serialize};
 
 /// How long a candidate stays one without keeping up.
 pub const CANDIDATE_TTL_MS: i64 = 30_000;
+/// The member of a row made anew (`CREATE EXTENSION`, a row deleted by
+/// hand): every standby that may be synchronous is a candidate until the
+/// row's `valid_until`. The row a registry made before may have named any
+/// of them until then (its `valid_until` never moves back, and no
+/// `DROP EXTENSION` takes that back from a standby that read it); no
+/// standby proves a promotion by this member.
+pub const EVERY_STANDBY: &str = "*";
 /// How long past `valid_until` a candidate that fell behind holds durable
 /// reports back before it is dropped.
 pub const DROP_MARGIN_MS: i64 = 15_000;
@@ -164,18 +171,55 @@ fn keeps_up(facts: &Facts, name: &str) -> bool {
 /// back (a promoted server without its name would otherwise wait for
 /// itself until that row's `valid_until` plus the margin).
 fn members(facts: &Facts) -> Vec<String> {
-    facts
+    let mut out: Vec<String> = facts
         .candidates
         .as_ref()
         .filter(|c| c.timeline == facts.timeline)
         .map(|c| {
             c.members
                 .iter()
-                .filter(|m| **m != facts.me)
-                .cloned()
+                .flat_map(|m| {
+                    if m == EVERY_STANDBY {
+                        may_be_synchronous(facts)
+                    } else {
+                        vec![m.clone()]
+                    }
+                })
+                .filter(|m| *m != facts.me)
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// [`EVERY_STANDBY`]: the standbys `synchronous_standby_names` lists (as
+/// the one streaming under the name spells it, when one does), and every
+/// physical standby streaming whose `sync_state` is not `async`.
+fn may_be_synchronous(facts: &Facts) -> Vec<String> {
+    let names = facts.synchronous_standby_names.trim();
+    let inner = match (names.find('('), names.rfind(')')) {
+        (Some(a), Some(b)) if a < b => &names[a + 1..b],
+        _ => names,
+    };
+    let listed = inner
+        .split(',')
+        .map(|n| n.trim().trim_matches('"'))
+        .filter(|n| !n.is_empty() && *n != EVERY_STANDBY)
+        .map(|n| {
+            facts
+                .standbys
+                .iter()
+                .find(|s| s.application_name.eq_ignore_ascii_case(n))
+                .map_or_else(|| n.to_string(), |s| s.application_name.clone())
+        });
+    let streaming = facts
+        .standbys
+        .iter()
+        .filter(|s| s.physical && s.sync_state != "async" && !s.application_name.is_empty())
+        .map(|s| s.application_name.clone());
+    listed.chain(streaming).collect()
 }
 
 /// One look at the standbys, while the check waits.
@@ -230,10 +274,11 @@ pub fn decide(facts: &Facts) -> Decision {
     let mut out = Decision::default();
     let mut durable = p.flushed >= needed;
     let Some(row) = facts.candidates.as_ref() else {
-        // Deleted by hand: made again, with no candidate; ask again.
+        // Deleted by hand: made again, as CREATE EXTENSION makes it; ask
+        // again.
         out.write = Some(CandidatesRow {
-            members: Vec::new(),
-            valid_until_ms: i64::MIN,
+            members: vec![EVERY_STANDBY.into()],
+            valid_until_ms: facts.now_ms + CANDIDATE_TTL_MS,
             timeline: facts.timeline,
             updated_at_ms: facts.now_ms,
         });

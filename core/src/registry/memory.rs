@@ -91,8 +91,8 @@ impl Store {
                 limits: None,
             },
             candidates: Some(CandidatesRow {
-                members: Vec::new(),
-                valid_until_ms: i64::MIN,
+                members: vec![super::durable::EVERY_STANDBY.into()],
+                valid_until_ms: now_ms + super::durable::CANDIDATE_TTL_MS,
                 timeline: self.timeline,
                 updated_at_ms: now_ms,
             }),
