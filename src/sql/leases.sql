@@ -986,6 +986,8 @@ SELECT md5(gen_random_uuid()::text), snowflake_id_internal.snowflake_lease_timel
                                          WHERE d.datname = pg_catalog.current_database()));
 
 -- The failover candidates' one row (snowflake_lease_durable updates it in
--- place): none yet.
+-- place): every standby that may be synchronous ('*') for 30 s, as long as
+-- a row of a registry dropped before may still name one
+-- (core/src/registry/durable.rs, EVERY_STANDBY).
 INSERT INTO @extschema@.snowflake_lease_standbys (members, valid_until, timeline, updated_at)
-SELECT '{}', '-infinity', snowflake_id_internal.snowflake_lease_timeline(), now();
+SELECT '{*}', now() + interval '30 s', snowflake_id_internal.snowflake_lease_timeline(), now();
