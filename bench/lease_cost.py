@@ -22,6 +22,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from harness import Cluster  # noqa: E402
 from helpers import LEASE_SCHEMA_SQL, old_release  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fleet"))
+# The registry's own layout (0.8.0 refuses a request under another).
+from fleet_helpers import DEFAULT_LAYOUT  # noqa: E402
+
 N = int(os.environ.get("BENCH_LEASE_N", "500"))
 ALL = list(range(64))
 # BENCH_FSYNC=off measures the calls' own work; on (the default) adds the
@@ -70,7 +74,7 @@ class Protocol:
                 "SELECT block FROM snowflake_lease_acquire('n1', 'bench', 'L', 16, 1023, %s,"
                 " %s, 600000, 120000, 0)", (ALL, want)).fetchall()]
         reply = self._call("snowflake_lease_acquire", dict(
-            node="n1", name="bench", layout="L", block_size=16, max_worker_id=1023,
+            node="n1", name="bench", layout=DEFAULT_LAYOUT, block_size=16, max_worker_id=1023,
             allowed=ALL, want=want, lease_ms=600000, grace_ms=120000, high_ms=0,
             incarnation=self.incarnation, lsn=self.lsn))
         return [b["block"] for b in reply["blocks"]]
@@ -88,7 +92,7 @@ class Protocol:
                            (blocks,)).fetchall()
             return
         self._call("snowflake_lease_renew", dict(
-            node="n1", layout="L", block_size=16, max_worker_id=1023,
+            node="n1", layout=DEFAULT_LAYOUT, block_size=16, max_worker_id=1023,
             blocks=[dict(block=b, high_ms=1) for b in blocks], lease_ms=600000,
             grace_ms=120000, high_ms=1, incarnation=self.incarnation, lsn=self.lsn))
 
