@@ -432,7 +432,8 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT x.name, x.value, x.fence_value, CASE WHEN x.value < x.fence_value THEN f.previous_until END
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
      CROSS JOIN LATERAL (SELECT least(greatest(coalesce(l.reserve_blocks, 8), 0), 63)::bigint,
-                                least(greatest(l.max_blocks_per_role, 1), 64)::bigint
+                                CASE WHEN l.max_blocks_per_role IS NOT NULL
+                                     THEN least(greatest(l.max_blocks_per_role, 1), 64)::bigint END
                            FROM (SELECT 1) one
                            LEFT JOIN @extschema@.snowflake_lease_limits l ON true) r(blocks, role_blocks)
      CROSS JOIN LATERAL (VALUES ('max_lease_ms', f.max_lease_ms, f.fence_lease_ms),
