@@ -253,8 +253,8 @@ CREATE TABLE snowflake_lease_limits (
     -- leases another only while more than this many stay free (0 to 63;
     -- core/src/registry/blocks.rs: acquire).
     reserve_blocks        int NOT NULL DEFAULT 8,
-    -- The blocks the sessions of one login role may hold together, each
-    -- until its lease and grace run out (1 to 64; NULL: no bound): with a
+    -- The blocks the sessions of one login role may hold together, their
+    -- leases running (1 to 64; NULL: no bound): with a
     -- login role per server, a leaked credential takes one server's share
     -- (core/src/registry/blocks.rs).
     max_blocks_per_role   int

@@ -17,10 +17,12 @@
 //!   (and `max_blocks_per_role`) only: they restore blocks holders may be
 //!   using.
 //! - The sessions of one login role (`session_user`, recorded with each
-//!   block) hold no more than `max_blocks_per_role` blocks together,
-//!   counting a block until its lease and grace run out (until then no
-//!   other holder may take it): whatever the node ids its sessions make
-//!   up, a role takes at most its share.
+//!   block) hold no more than `max_blocks_per_role` blocks whose lease
+//!   runs, counted as `max_blocks_per_node` counts a node's: whatever the
+//!   node ids its sessions make up, a role takes at most its share. (A
+//!   block it lets lapse stays from others for its grace, a fifth of the
+//!   lease, as any lapsed block; counting it too would keep a server that
+//!   lost its blocks in an outage from new ones for as long.)
 //! - While a holder keeps a block, its mark only rises
 //!   ([`Invariant::MarkRisesWhileHeld`]); a new holder's floor is the mark
 //!   it found.
@@ -90,10 +92,12 @@ impl BlockRow {
                 .is_none_or(|e| e.saturating_add(self.grace_ms) < now_ms)
     }
 
-    /// Leased or renewed by a session of login role `role`, and not free
-    /// at `now_ms`: what [`InForce::max_blocks_per_role`] bounds.
+    /// Leased or renewed by a session of login role `role`, its lease
+    /// running at `now_ms`: what [`InForce::max_blocks_per_role`] bounds.
     pub fn counts_for_role(&self, role: &str, now_ms: i64) -> bool {
-        self.holder_role.as_deref() == Some(role) && !self.free(now_ms)
+        self.holder_role.as_deref() == Some(role)
+            && self.holder_node.is_some()
+            && self.expires_at_ms.is_some_and(|e| e > now_ms)
     }
 
     /// Leased to `node` in `session` or the one it names as its previous
@@ -197,8 +201,8 @@ impl Context<'_> {
     }
 }
 
-/// The blocks the sessions of login role `role` hold at `now_ms`, each
-/// until its lease and grace run out.
+/// The blocks the sessions of login role `role` hold at `now_ms`, their
+/// leases running.
 pub fn role_held(rows: &[BlockRow], role: &str, now_ms: i64) -> i64 {
     rows.iter()
         .filter(|b| b.counts_for_role(role, now_ms))

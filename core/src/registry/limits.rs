@@ -206,7 +206,7 @@ impl Asked {
 pub struct Held {
     /// The node's blocks whose lease runs.
     pub node: i64,
-    /// The role's blocks not free yet (lease or grace running).
+    /// The blocks of the role of the session, their leases running.
     pub role: i64,
 }
 
@@ -308,7 +308,7 @@ pub fn check(call: &Call, lim: &InForce, held: Held, now_ms: i64) -> Result<(), 
         {
             return beyond(
                 format!("the sessions of its login role hold {held_role} blocks already: the registry's limit max_blocks_per_role is {max}"),
-                format!("Give each server a login role of its own (docs/operations/fleet.md), or raise the limit on the registry with snowflake_lease_set_limits(max_blocks_per_role => ...); blocks of a server rebuilt under the same role count until their lease and grace run out (at most {} ms).", lim.max_lease_ms + lim.max_grace_ms),
+                format!("Give each server a login role of its own (docs/operations/fleet.md), or raise the limit on the registry with snowflake_lease_set_limits(max_blocks_per_role => ...); blocks of a server rebuilt under the same role count until their lease runs out (at most {} ms).", lim.max_lease_ms),
             );
         }
     }
