@@ -25,6 +25,12 @@
 -- role's sessions under made-up node ids held 63 of 64 on 0.7.0). A lease
 -- call inside a transaction block is refused (snowflake_lease_autocommit):
 -- its locks would last as long as its session kept the transaction open.
+-- One node per session (snowflake_lease_hello) is decided in the Rust core
+-- too (snowflake_lease_hello_decide). Each block records the login role
+-- of the session that leased or renewed it (holder_role: a 0.7.0 row gets
+-- it at its next renewal), and max_blocks_per_role (NULL, no bound, unless
+-- the DBA sets it) bounds what the sessions of one role hold: with a login
+-- role per server, a leaked credential takes one server's share.
 -- The functions whose rules moved are dropped; the others are replaced. The
 -- lease role keeps its grants: the functions it calls keep their names
 -- and signatures, and the new ones are called by them only.
@@ -37,7 +43,9 @@ ALTER TABLE snowflake_lease_registry
 UPDATE snowflake_lease_registry SET token_key = md5(gen_random_uuid()::text);
 ALTER TABLE snowflake_lease_limits ADD COLUMN layout text,
     ADD COLUMN unsigned_evidence boolean NOT NULL DEFAULT false,
-    ADD COLUMN reserve_blocks int NOT NULL DEFAULT 8;
+    ADD COLUMN reserve_blocks int NOT NULL DEFAULT 8,
+    ADD COLUMN max_blocks_per_role int;
+ALTER TABLE snowflake_lease_blocks ADD COLUMN holder_role text;
 -- Holders of 0.7.0 send no token: what they say they saw keeps counting
 -- (from nodes that hold blocks) until the DBA clears unsigned_evidence,
 -- once every holder runs 0.8.0.
@@ -70,11 +78,17 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_autocommit()
 RETURNS void VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_autocommit_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(facts jsonb)
+RETURNS void VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_hello_decide_wrapper';
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
+  'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) IS
@@ -229,7 +243,8 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'grace_ms', floor(extract(epoch FROM b.grace) * 1000)::bigint,
                 'high_water_ms', b.high_water_ms,
                 'released_at_ms', snowflake_id_internal.snowflake_lease_ms(b.released_at),
-                'leases', b.leases, 'floor_ms', b.floor_ms, 'holder_session', b.holder_session)
+                'leases', b.leases, 'floor_ms', b.floor_ms, 'holder_session', b.holder_session,
+                'holder_role', b.holder_role)
                 ORDER BY b.block), '[]')
                 FROM @extschema@.snowflake_lease_blocks b),
             'limits', (SELECT jsonb_build_object(
@@ -240,7 +255,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'previous_max_ahead_ms', l.previous_max_ahead_ms,
                 'previous_until_ms', snowflake_id_internal.snowflake_lease_ms(l.previous_until),
                 'layout', l.layout, 'unsigned_evidence', l.unsigned_evidence,
-                'reserve_blocks', l.reserve_blocks)
+                'reserve_blocks', l.reserve_blocks, 'max_blocks_per_role', l.max_blocks_per_role)
                 FROM @extschema@.snowflake_lease_limits l LIMIT 1)))
       FROM here h, locks k
 $fn$;
@@ -327,12 +342,13 @@ BEGIN
                expires_at = snowflake_id_internal.snowflake_lease_time(b.expires_at_ms),
                grace = b.grace_ms * interval '1 millisecond', high_water_ms = b.high_water_ms,
                released_at = snowflake_id_internal.snowflake_lease_time(b.released_at_ms),
-               leases = b.leases, floor_ms = b.floor_ms, holder_session = b.holder_session
+               leases = b.leases, floor_ms = b.floor_ms, holder_session = b.holder_session,
+               holder_role = b.holder_role
           FROM jsonb_to_recordset(w->'blocks') AS b(
                block int, first_worker_id int, last_worker_id int, layout text, holder_node text,
                holder_name text, leased_at_ms bigint, renewed_at_ms bigint, expires_at_ms bigint,
                grace_ms bigint, high_water_ms bigint, released_at_ms bigint, leases bigint,
-               floor_ms bigint, holder_session text)
+               floor_ms bigint, holder_session text, holder_role text)
          WHERE t.block = b.block;
     END IF;
     PERFORM pg_catalog.pg_try_advisory_lock(snowflake_id_internal.snowflake_lease_block_class(), b::int)
@@ -374,7 +390,7 @@ BEGIN
     IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
         RAISE EXCEPTION 'the registry''s lease limits are changed, not deleted'
             USING ERRCODE = '55000',
-                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8, reserve_blocks 8.';
+                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8, reserve_blocks 8, max_blocks_per_role none.';
     END IF;
     bad := CASE
         WHEN NEW.max_lease_ms IS NULL OR NEW.max_lease_ms NOT BETWEEN 2000 AND 86400000 THEN
@@ -387,11 +403,13 @@ BEGIN
             format('max_blocks_per_node must be from 1 to 64, not %s', NEW.max_blocks_per_node)
         WHEN NEW.reserve_blocks IS NULL OR NEW.reserve_blocks NOT BETWEEN 0 AND 63 THEN
             format('reserve_blocks must be from 0 to 63, not %s', NEW.reserve_blocks)
+        WHEN NEW.max_blocks_per_role NOT BETWEEN 1 AND 64 THEN
+            format('max_blocks_per_role must be from 1 to 64, or NULL for no bound, not %s', NEW.max_blocks_per_role)
         END;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'invalid lease limit: %', bad
             USING ERRCODE = '22023',
-                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64, reserve_blocks 0 to 63), or NULL to keep it.';
+                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64, reserve_blocks 0 to 63, max_blocks_per_role 1 to 64 or 0 for no bound), or NULL to keep it.';
     END IF;
     -- Before this change (a BEFORE trigger's query does not see its row).
     SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();
@@ -429,9 +447,10 @@ BEGIN
         RAISE EXCEPTION 'invalid lease limit: layout must not be empty' USING ERRCODE = '22023',
             HINT = 'Give the layout the fleet''s holders send (the layout of the rows of snowflake_lease_blocks), or NULL for none fixed.';
     END IF;
-    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, reserve_blocks %, layout %',
+    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, reserve_blocks %, max_blocks_per_role %, layout %',
         session_user, NEW.max_lease_ms, NEW.max_grace_ms, NEW.max_ahead_ms, NEW.max_blocks_per_node,
-        NEW.reserve_blocks, coalesce(NEW.layout, '(not fixed)');
+        NEW.reserve_blocks, coalesce(NEW.max_blocks_per_role::text, '(no bound)'),
+        coalesce(NEW.layout, '(not fixed)');
     RETURN NEW;
 END
 $fn$;
@@ -564,38 +583,46 @@ CREATE FUNCTION snowflake_lease_set_limits(max_lease_ms bigint DEFAULT NULL,
                                            max_ahead_ms bigint DEFAULT NULL,
                                            max_blocks_per_node int DEFAULT NULL,
                                            layout text DEFAULT NULL,
-                                           reserve_blocks int DEFAULT NULL)
+                                           reserve_blocks int DEFAULT NULL,
+                                           max_blocks_per_role int DEFAULT NULL)
 RETURNS TABLE (name text, value bigint, fence_value bigint, fence_value_until timestamptz)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     UPDATE @extschema@.snowflake_lease_limits l
        SET max_lease_ms = coalesce($1, l.max_lease_ms), max_grace_ms = coalesce($2, l.max_grace_ms),
            max_ahead_ms = coalesce($3, l.max_ahead_ms),
            max_blocks_per_node = coalesce($4, l.max_blocks_per_node),
-           layout = coalesce($5, l.layout), reserve_blocks = coalesce($6, l.reserve_blocks)
-     WHERE num_nonnulls($1, $2, $3, $4, $5, $6) > 0;
+           layout = coalesce($5, l.layout), reserve_blocks = coalesce($6, l.reserve_blocks),
+           max_blocks_per_role = CASE WHEN $7 IS NULL THEN l.max_blocks_per_role ELSE nullif($7, 0) END
+     WHERE num_nonnulls($1, $2, $3, $4, $5, $6, $7) > 0;
     -- The first change: from the defaults.
     INSERT INTO @extschema@.snowflake_lease_limits
-           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout, reserve_blocks)
+           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout, reserve_blocks,
+            max_blocks_per_role)
     SELECT coalesce($1, f.max_lease_ms), coalesce($2, f.max_grace_ms),
-           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5, coalesce($6, 8)
+           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5, coalesce($6, 8),
+           nullif($7, 0)
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
-     WHERE num_nonnulls($1, $2, $3, $4, $5, $6) > 0
+     WHERE num_nonnulls($1, $2, $3, $4, $5, $6, $7) > 0
        AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_limits);
     SELECT x.name, x.value, x.fence_value, CASE WHEN x.value < x.fence_value THEN f.previous_until END
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
-     CROSS JOIN LATERAL (SELECT least(greatest(coalesce(
-                                    (SELECT l.reserve_blocks FROM @extschema@.snowflake_lease_limits l LIMIT 1),
-                                    8), 0), 63)::bigint) r(blocks)
+     CROSS JOIN LATERAL (SELECT least(greatest(coalesce(l.reserve_blocks, 8), 0), 63)::bigint,
+                                CASE WHEN l.max_blocks_per_role IS NOT NULL
+                                     THEN least(greatest(l.max_blocks_per_role, 1), 64)::bigint END
+                           FROM (SELECT 1) one
+                           LEFT JOIN @extschema@.snowflake_lease_limits l ON true) r(blocks, role_blocks)
      CROSS JOIN LATERAL (VALUES ('max_lease_ms', f.max_lease_ms, f.fence_lease_ms),
                                 ('max_grace_ms', f.max_grace_ms, f.fence_grace_ms),
                                 ('max_ahead_ms', f.max_ahead_ms, f.fence_ahead_ms),
                                 ('max_blocks_per_node', f.max_blocks_per_node::bigint,
                                  f.max_blocks_per_node::bigint),
-                                ('reserve_blocks', r.blocks, r.blocks)) x(name, value, fence_value)
+                                ('reserve_blocks', r.blocks, r.blocks),
+                                ('max_blocks_per_role', r.role_blocks, r.role_blocks))
+                         x(name, value, fence_value)
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int) IS
+COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int, int) IS
   'On a registry: changes the fleet''s limits (each argument given; none: no change) and fixes its layout, and returns the limits in force. No lease request may exceed them; fences rest on them.';
-REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int, int) FROM PUBLIC;
 
 CREATE OR REPLACE VIEW snowflake_leases AS
 SELECT b.block, b.first_worker_id, b.last_worker_id, b.holder_node, b.holder_name,
@@ -605,37 +632,36 @@ SELECT b.block, b.first_worker_id, b.last_worker_id, b.holder_node, b.holder_nam
        b.holder_node IS NOT NULL AS leased,
        k.pid IS NOT NULL AS live,
        k.pid AS registry_pid,
-       b.released_at, b.leases
+       b.released_at, b.leases, b.holder_role
   FROM snowflake_lease_blocks b
   LEFT JOIN LATERAL (SELECT l.pid FROM pg_catalog.pg_locks l
                       WHERE l.locktype = 'advisory' AND l.granted
                         AND l.classid = 1936613751::oid AND l.objid = b.block::oid
                         AND l.objsubid = 2 LIMIT 1) k ON true;
 
--- One node per session also when the session released its node's lock.
+-- One node per session also when the session released its node's lock,
+-- decided in the Rust core.
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    key bigint := hashtextextended('snowflake_id node ' || node, 0);
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-                WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                  AND l.pid = pg_catalog.pg_backend_pid()
-                  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                     WHERE d.datname = pg_catalog.current_database())
-                  AND NOT (l.classid = ((key >> 32) & 4294967295)::oid
-                           AND l.objid = (key & 4294967295)::oid))
-       OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
-                   WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()
-                     AND b.holder_node <> node) THEN
-        RAISE LOG 'snowflake_id registry: refused node % (role %, %): the session is another node already',
-            node, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
-        RAISE EXCEPTION 'lease request of node % refused: this session is another node already', node
-            USING ERRCODE = '54000',
-                  HINT = 'A lease worker introduces one node per session; max_blocks_per_node bounds each node.';
-    END IF;
-    RETURN pg_try_advisory_lock(key);
-END
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
+        'node', node,
+        'other_node_locked', EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.pid = pg_catalog.pg_backend_pid()
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname = pg_catalog.current_database())
+               AND NOT (l.classid = ((k.key >> 32) & 4294967295)::oid
+                        AND l.objid = (k.key & 4294967295)::oid)),
+        'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object('block', b.block,
+                                                                'holder_node', b.holder_node)
+                                             ORDER BY b.block), '[]')
+                     FROM @extschema@.snowflake_lease_blocks b
+                    WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()),
+        'role', session_user,
+        'client', coalesce('client ' || inet_client_addr()::text, 'local connection')))
+      FROM (SELECT hashtextextended('snowflake_id node ' || node, 0) AS key) k;
+    SELECT pg_catalog.pg_try_advisory_lock(hashtextextended('snowflake_id node ' || node, 0))
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
   'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory). One node per session.';

@@ -80,6 +80,12 @@ impl Checker {
         }
     }
 
+    /// A bound the registry promises was broken (the lease role's: one
+    /// node per session, its blocks within `max_blocks_per_role`).
+    pub fn broken(&mut self, now: i64, what: String) {
+        self.fail(now, what);
+    }
+
     fn fail(&mut self, now: i64, what: String) {
         if self.violation.is_none() {
             self.violation = Some(what);

@@ -98,7 +98,7 @@ pub const FAULTS: &[Row] = &[
     Row { name: "a standby's clock far off the primary's", label: Label::Kept, why: "a standby whose reply_time strays more than 5 s is never a failover candidate" },
     Row { name: "the registry's clock stepping back by less than the grace", label: Label::Kept, why: "a fence's floor is above every forgotten mark while the step is within the grace" },
     Row { name: "a copy of a data directory its lease file cannot tell from the original, while the registry forgets its rows", label: Label::Outside, why: "the copy re-asserts the original's blocks with the marks it saved, below the original's later IDs" },
-    Row { name: "a hostile lease role", label: Label::Kept, why: "requests are checked against the limits; what they say they saw counts only with the registry's token" },
+    Row { name: "a hostile lease role", label: Label::Kept, why: "requests are checked against the limits; what they say they saw counts only with the registry's token; each session is one node, and a login role's sessions hold at most max_blocks_per_role blocks" },
 ];
 
 /// Which faults a run draws from.

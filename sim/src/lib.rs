@@ -17,7 +17,9 @@
 //! data directory, and a hostile lease role.
 //!
 //! [`run`] plays one seed; [`checker::Checker`] fails it on an ID made by
-//! two servers or a server's IDs of a block not increasing, and records
+//! two servers or a server's IDs of a block not increasing (and on the
+//! lease role breaking the registry's bounds: a session's blocks of two
+//! nodes, a login role's beyond `max_blocks_per_role`), and records
 //! how long holders went without a block after each fault. Each fault is
 //! labelled kept or outside the assumptions ([`faults::FAULTS`]), the one
 //! table the docs are checked against; runs with faults outside them must

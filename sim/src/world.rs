@@ -30,6 +30,10 @@ pub const MAX_AHEAD_MS: i64 = LEASE_MS + DRIFT_MS + 3_000;
 pub const BLOCKS: u32 = 7;
 pub const BLOCK_SIZE: u32 = 16;
 pub const MAX_BLOCKS: u32 = 2;
+/// The hostile lease role's login role (a leaked credential of a server
+/// that is not running), and the sessions it keeps open.
+const ROGUE: &str = "rogue";
+const ROGUE_SESSIONS: usize = 3;
 const HOLDER_STEP_MS: i64 = 100;
 
 /// A process's clock: an offset (steps move it), and a rate.
@@ -129,6 +133,9 @@ impl Host for SimHost {
 struct Node {
     /// The server, for the checker (a copy is another server).
     id: u32,
+    /// Its login role on the registry (a copy of its data directory
+    /// keeps its credential).
+    role: String,
     holder: Holder,
     host: SimHost,
     clock: Clock,
@@ -355,7 +362,8 @@ pub struct World {
     checker: Checker,
     next_pid: u64,
     hostile_until: i64,
-    hostile_pid: Option<(usize, u64)>,
+    /// The lease role's sessions: (registry server, pid).
+    hostile_pids: Vec<(usize, u64)>,
     /// Cuts to come: (from, node, for ms).
     cuts: Vec<(i64, usize, i64)>,
     /// The last simulated ms a fault was applied or still lasted (a
@@ -400,6 +408,9 @@ impl World {
                 max_grace_ms: Timing::new(LEASE_MS).grace_ms,
                 max_ahead_ms: MAX_AHEAD_MS,
                 max_blocks_per_node: 8,
+                // The documented configuration: a login role per server,
+                // bounded to a server's blocks.
+                max_blocks_per_role: Some(i64::from(MAX_BLOCKS)),
                 ..LimitsRow::default()
             }));
             let kind = if i == 0 {
@@ -435,6 +446,7 @@ impl World {
         let nodes = (0..HOLDERS)
             .map(|i| Node {
                 id: i as u32,
+                role: format!("server{i}"),
                 holder: Holder::new(identity(&format!("h{i}"))),
                 host: SimHost::default(),
                 // One clock far behind: a new holder waits for its floor.
@@ -473,7 +485,7 @@ impl World {
             next_pid: 1_000,
             // The lease role is there from the start.
             hostile_until: i64::MAX,
-            hostile_pid: None,
+            hostile_pids: Vec::new(),
             cuts: Vec::new(),
             calm_since: 0,
             longest_wait_ms: 0,
@@ -629,7 +641,8 @@ impl World {
                 self.next_pid += 1;
                 let pid = self.next_pid;
                 let now_p = self.regs[p].clock.wall(t);
-                self.regs[p].store.connect(pid, now_p);
+                let role = self.nodes[i].role.clone();
+                self.regs[p].store.connect_as(pid, now_p, &role);
                 let node = self.nodes[i].holder.id().node.clone();
                 match self.regs[p].store.hello(pid, &node) {
                     Ok(true) => {
@@ -939,6 +952,7 @@ impl World {
                 }
                 let copy = Node {
                     id: self.nodes.len() as u32 + 100,
+                    role: orig.role.clone(),
                     holder: h,
                     host: SimHost::default(),
                     clock: orig.clock,
@@ -1051,7 +1065,9 @@ impl World {
 
     /// The lease role, sending what it may: forged positions, tokens and
     /// incarnations, layouts no holder uses, releases of others' blocks
-    /// with a mark of 0, renewals of blocks it does not hold.
+    /// with a mark of 0, renewals of blocks it does not hold; from up to
+    /// [`ROGUE_SESSIONS`] sessions, each a made-up node, which give up
+    /// their node's lock and introduce others.
     fn hostile(&mut self, t: i64) {
         if t >= self.hostile_until || t % 200 != 0 {
             return;
@@ -1059,21 +1075,33 @@ impl World {
         let Some(p) = self.primary().filter(|&p| self.regs[p].answering(t)) else {
             return;
         };
-        let pid = match self.hostile_pid {
-            Some((q, pid)) if q == p && self.regs[p].store.sessions.contains_key(&pid) => pid,
-            _ => {
-                self.next_pid += 1;
-                let pid = self.next_pid;
-                let now = self.regs[p].clock.wall(t);
-                self.regs[p].store.connect(pid, now);
-                let node = format!("rogue{}", self.rng.range(0, 3));
-                if self.regs[p].store.hello(pid, &node) != Ok(true) {
-                    return;
-                }
-                self.hostile_pid = Some((p, pid));
-                pid
+        // Its sessions on this server, up to ROGUE_SESSIONS, each a
+        // made-up node.
+        let store = &self.regs[p].store;
+        self.hostile_pids
+            .retain(|&(q, pid)| q == p && store.sessions.contains_key(&pid));
+        if self.hostile_pids.len() < ROGUE_SESSIONS
+            && (self.hostile_pids.is_empty() || self.rng.chance(0.2))
+        {
+            self.next_pid += 1;
+            let pid = self.next_pid;
+            let now = self.regs[p].clock.wall(t);
+            self.regs[p].store.connect_as(pid, now, ROGUE);
+            let node = format!("rogue{}", self.rng.range(0, 6));
+            if self.regs[p].store.hello(pid, &node) == Ok(true) {
+                self.hostile_pids.push((p, pid));
+            } else {
+                self.regs[p].store.disconnect(pid);
             }
+        }
+        let Some(&(_, pid)) = self.hostile_pids.get(
+            self.rng.range(0, ROGUE_SESSIONS as i64) as usize % self.hostile_pids.len().max(1),
+        ) else {
+            return;
         };
+        if self.rng.chance(0.15) {
+            self.hostile_other_node(t, p, pid);
+        }
         let node = self.regs[p]
             .store
             .sessions
@@ -1205,6 +1233,11 @@ impl World {
             .registry
             .as_ref()
             .map(|r| r.incarnation.clone());
+        let role_before = snowflake_core::registry::blocks::role_held(
+            &self.regs[p].store.tables.rows.blocks,
+            ROGUE,
+            now,
+        );
         let store = &mut self.regs[p].store;
         let what = match &call {
             Call::Release(_) => store
@@ -1214,6 +1247,7 @@ impl World {
                 .lease(pid, &call, now)
                 .map(|r| format!("{:?} fenced {:?}", r.blocks, r.head.fenced_until_ms)),
         };
+        self.hostile_bounds(t, p, now, role_before);
         let after = self.regs[p].store.tables.rows.registry.clone();
         if after.as_ref().map(|r| r.incarnation.clone()) != before {
             let cause = after.map(|r| r.cause).unwrap_or_default();
@@ -1234,6 +1268,58 @@ impl World {
                     }
                 ),
             );
+        }
+    }
+
+    /// The lease role's session `pid` gives up its node's lock
+    /// (`pg_advisory_unlock`, open to every role) and introduces another
+    /// node: refused while it holds blocks of the first. Its own node
+    /// again otherwise.
+    fn hostile_other_node(&mut self, t: i64, p: usize, pid: u64) {
+        let store = &mut self.regs[p].store;
+        let Some(was) = store.sessions.get(&pid).and_then(|s| s.node.clone()) else {
+            return;
+        };
+        let other = format!("rogue{}", self.rng.range(0, 6));
+        store.unlock_node(pid);
+        let got = store.hello(pid, &other);
+        if got != Ok(true) {
+            let _ = store.hello(pid, &was);
+        }
+        self.log(
+            t,
+            format!("hostile session {pid}: node {was} to {other}: {got:?}"),
+        );
+    }
+
+    /// What the registry promises about the lease role, after each of its
+    /// calls at registry time `now`: every session's blocks are of one
+    /// node (`snowflake_lease_hello`), and a call that granted the role
+    /// blocks (it held `before`) leaves it within `max_blocks_per_role`.
+    fn hostile_bounds(&mut self, t: i64, p: usize, now: i64, before: i64) {
+        let rows = &self.regs[p].store.tables.rows;
+        let mut by_session: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut broken = None;
+        for b in &rows.blocks {
+            if let (Some(s), Some(n)) = (b.holder_session.as_deref(), b.holder_node.as_deref()) {
+                match by_session.insert(s, n) {
+                    Some(m) if m != n => {
+                        broken = Some(format!("session {s} holds blocks of nodes {m} and {n}"));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let limit = snowflake_core::registry::limits::in_force(rows.limits.as_ref(), now)
+            .max_blocks_per_role;
+        let held = snowflake_core::registry::blocks::role_held(&rows.blocks, ROGUE, now);
+        if let Some(max) = limit.filter(|&m| held > before && held > m) {
+            broken = Some(format!(
+                "the lease role {ROGUE} holds {held} blocks, above max_blocks_per_role {max}"
+            ));
+        }
+        if let Some(what) = broken {
+            self.checker.broken(t, what);
         }
     }
 }

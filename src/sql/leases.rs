@@ -19,7 +19,7 @@ use pgrx::JsonB;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use snowflake_core::protocol::{AcquireRequest, ReleaseRequest, RenewRequest};
-use snowflake_core::registry::{self, durable, token, Call, Rows, Server};
+use snowflake_core::registry::{self, durable, hello, token, Call, Rows, Server};
 
 /// What each call's request must have (the detail of `invalid lease
 /// request`).
@@ -98,6 +98,35 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
             }
             errors::registry_refusal(refusal)
         }
+    }
+}
+
+/// `snowflake_lease_hello`'s rule, one node per session
+/// (`snowflake_core::registry::hello`): `facts` are what the SQL gathered
+/// (`node`, `other_node_locked`, this session's `blocks`, and `role` and
+/// `client` for the log). Returns when the session may take the node's
+/// lock; a refusal is raised, its log line logged first.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(facts jsonb)
+RETURNS void VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_hello_decide_wrapper';
+"#)]
+fn snowflake_lease_hello_decide(facts: JsonB) {
+    let text = |key: &str| {
+        facts
+            .0
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (role, client) = (text("role"), text("client"));
+    let hello: hello::HelloFacts = self::facts(facts.0, "hello facts");
+    if let Err(refusal) = hello::hello(&hello) {
+        if let Some(line) = &refusal.log {
+            pgrx::log!("snowflake_id registry: {line} (role {role}, {client})");
+        }
+        errors::registry_refusal(refusal)
     }
 }
 
@@ -182,6 +211,7 @@ pgrx::extension_sql_file!(
         snowflake_lease_durable_progress,
         snowflake_lease_durable_decide,
         snowflake_lease_sign,
-        snowflake_lease_autocommit
+        snowflake_lease_autocommit,
+        snowflake_lease_hello_decide
     ]
 );

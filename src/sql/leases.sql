@@ -81,6 +81,9 @@ CREATE TABLE snowflake_lease_blocks (
     -- lowers the mark below it (0.7.0).
     floor_ms       bigint NOT NULL DEFAULT 0,
     holder_session text,
+    -- The login role (session_user) of the session that leased or last
+    -- renewed it (0.8.0): max_blocks_per_role bounds each role's blocks.
+    holder_role    text,
     CHECK (first_worker_id <= last_worker_id)
 );
 COMMENT ON TABLE snowflake_lease_blocks IS
@@ -107,7 +110,7 @@ SELECT b.block, b.first_worker_id, b.last_worker_id, b.holder_node, b.holder_nam
        b.holder_node IS NOT NULL AS leased,
        k.pid IS NOT NULL AS live,
        k.pid AS registry_pid,
-       b.released_at, b.leases
+       b.released_at, b.leases, b.holder_role
   FROM snowflake_lease_blocks b
   LEFT JOIN LATERAL (SELECT l.pid FROM pg_catalog.pg_locks l
                       WHERE l.locktype = 'advisory' AND l.granted
@@ -249,7 +252,12 @@ CREATE TABLE snowflake_lease_limits (
     -- Free blocks kept for servers that hold none: a node holding blocks
     -- leases another only while more than this many stay free (0 to 63;
     -- core/src/registry/blocks.rs: acquire).
-    reserve_blocks        int NOT NULL DEFAULT 8
+    reserve_blocks        int NOT NULL DEFAULT 8,
+    -- The blocks the sessions of one login role may hold together, their
+    -- leases running (1 to 64; NULL: no bound): with a
+    -- login role per server, a leaked credential takes one server's share
+    -- (core/src/registry/blocks.rs).
+    max_blocks_per_role   int
 );
 CREATE UNIQUE INDEX snowflake_lease_limits_one_row ON snowflake_lease_limits ((true));
 COMMENT ON TABLE snowflake_lease_limits IS
@@ -310,7 +318,7 @@ BEGIN
     IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
         RAISE EXCEPTION 'the registry''s lease limits are changed, not deleted'
             USING ERRCODE = '55000',
-                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8, reserve_blocks 8.';
+                  HINT = 'Set them with snowflake_lease_set_limits(); the defaults are max_lease_ms 600000, max_grace_ms 120000, max_ahead_ms 720000, max_blocks_per_node 8, reserve_blocks 8, max_blocks_per_role none.';
     END IF;
     bad := CASE
         WHEN NEW.max_lease_ms IS NULL OR NEW.max_lease_ms NOT BETWEEN 2000 AND 86400000 THEN
@@ -323,11 +331,13 @@ BEGIN
             format('max_blocks_per_node must be from 1 to 64, not %s', NEW.max_blocks_per_node)
         WHEN NEW.reserve_blocks IS NULL OR NEW.reserve_blocks NOT BETWEEN 0 AND 63 THEN
             format('reserve_blocks must be from 0 to 63, not %s', NEW.reserve_blocks)
+        WHEN NEW.max_blocks_per_role NOT BETWEEN 1 AND 64 THEN
+            format('max_blocks_per_role must be from 1 to 64, or NULL for no bound, not %s', NEW.max_blocks_per_role)
         END;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'invalid lease limit: %', bad
             USING ERRCODE = '22023',
-                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64, reserve_blocks 0 to 63), or NULL to keep it.';
+                  HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64, reserve_blocks 0 to 63, max_blocks_per_role 1 to 64 or 0 for no bound), or NULL to keep it.';
     END IF;
     -- Before this change (a BEFORE trigger's query does not see its row).
     SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();
@@ -365,9 +375,10 @@ BEGIN
         RAISE EXCEPTION 'invalid lease limit: layout must not be empty' USING ERRCODE = '22023',
             HINT = 'Give the layout the fleet''s holders send (the layout of the rows of snowflake_lease_blocks), or NULL for none fixed.';
     END IF;
-    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, reserve_blocks %, layout %',
+    RAISE LOG 'snowflake_id registry: lease limits set by role %: max_lease_ms %, max_grace_ms %, max_ahead_ms %, max_blocks_per_node %, reserve_blocks %, max_blocks_per_role %, layout %',
         session_user, NEW.max_lease_ms, NEW.max_grace_ms, NEW.max_ahead_ms, NEW.max_blocks_per_node,
-        NEW.reserve_blocks, coalesce(NEW.layout, '(not fixed)');
+        NEW.reserve_blocks, coalesce(NEW.max_blocks_per_role::text, '(no bound)'),
+        coalesce(NEW.layout, '(not fixed)');
     RETURN NEW;
 END
 $fn$;
@@ -384,49 +395,59 @@ CREATE TRIGGER snowflake_lease_limits_truncate BEFORE TRUNCATE ON snowflake_leas
 -- fleet's layout (the layout its holders send, as the rows of
 -- snowflake_lease_blocks show it): block rows are then made and kept under
 -- it only, whatever layout a request names. `reserve_blocks`: the free
--- blocks kept for servers that hold none. Returns the limits in force,
--- one row each: `value` is what requests are checked against,
--- `fence_value` what fences use (higher, after a lowered limit, until
--- `fence_value_until`); the layout is in snowflake_lease_limits. For the
--- extension's owner and superusers: EXECUTE is revoked from PUBLIC, and it
--- runs with the caller's rights on the table (revoked from PUBLIC too).
+-- blocks kept for servers that hold none. `max_blocks_per_role`: the
+-- blocks the sessions of one login role may hold (0: no bound). Returns
+-- the limits in force, one row each: `value` is what requests are checked
+-- against (NULL: no bound), `fence_value` what fences use (higher, after
+-- a lowered limit, until `fence_value_until`); the layout is in
+-- snowflake_lease_limits. For the extension's owner and superusers:
+-- EXECUTE is revoked from PUBLIC, and it runs with the caller's rights on
+-- the table (revoked from PUBLIC too).
 CREATE FUNCTION snowflake_lease_set_limits(max_lease_ms bigint DEFAULT NULL,
                                            max_grace_ms bigint DEFAULT NULL,
                                            max_ahead_ms bigint DEFAULT NULL,
                                            max_blocks_per_node int DEFAULT NULL,
                                            layout text DEFAULT NULL,
-                                           reserve_blocks int DEFAULT NULL)
+                                           reserve_blocks int DEFAULT NULL,
+                                           max_blocks_per_role int DEFAULT NULL)
 RETURNS TABLE (name text, value bigint, fence_value bigint, fence_value_until timestamptz)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     UPDATE @extschema@.snowflake_lease_limits l
        SET max_lease_ms = coalesce($1, l.max_lease_ms), max_grace_ms = coalesce($2, l.max_grace_ms),
            max_ahead_ms = coalesce($3, l.max_ahead_ms),
            max_blocks_per_node = coalesce($4, l.max_blocks_per_node),
-           layout = coalesce($5, l.layout), reserve_blocks = coalesce($6, l.reserve_blocks)
-     WHERE num_nonnulls($1, $2, $3, $4, $5, $6) > 0;
+           layout = coalesce($5, l.layout), reserve_blocks = coalesce($6, l.reserve_blocks),
+           max_blocks_per_role = CASE WHEN $7 IS NULL THEN l.max_blocks_per_role ELSE nullif($7, 0) END
+     WHERE num_nonnulls($1, $2, $3, $4, $5, $6, $7) > 0;
     -- The first change: from the defaults.
     INSERT INTO @extschema@.snowflake_lease_limits
-           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout, reserve_blocks)
+           (max_lease_ms, max_grace_ms, max_ahead_ms, max_blocks_per_node, layout, reserve_blocks,
+            max_blocks_per_role)
     SELECT coalesce($1, f.max_lease_ms), coalesce($2, f.max_grace_ms),
-           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5, coalesce($6, 8)
+           coalesce($3, f.max_ahead_ms), coalesce($4, f.max_blocks_per_node), $5, coalesce($6, 8),
+           nullif($7, 0)
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
-     WHERE num_nonnulls($1, $2, $3, $4, $5, $6) > 0
+     WHERE num_nonnulls($1, $2, $3, $4, $5, $6, $7) > 0
        AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_limits);
     SELECT x.name, x.value, x.fence_value, CASE WHEN x.value < x.fence_value THEN f.previous_until END
       FROM snowflake_id_internal.snowflake_lease_limits_in_force() f
-     CROSS JOIN LATERAL (SELECT least(greatest(coalesce(
-                                    (SELECT l.reserve_blocks FROM @extschema@.snowflake_lease_limits l LIMIT 1),
-                                    8), 0), 63)::bigint) r(blocks)
+     CROSS JOIN LATERAL (SELECT least(greatest(coalesce(l.reserve_blocks, 8), 0), 63)::bigint,
+                                CASE WHEN l.max_blocks_per_role IS NOT NULL
+                                     THEN least(greatest(l.max_blocks_per_role, 1), 64)::bigint END
+                           FROM (SELECT 1) one
+                           LEFT JOIN @extschema@.snowflake_lease_limits l ON true) r(blocks, role_blocks)
      CROSS JOIN LATERAL (VALUES ('max_lease_ms', f.max_lease_ms, f.fence_lease_ms),
                                 ('max_grace_ms', f.max_grace_ms, f.fence_grace_ms),
                                 ('max_ahead_ms', f.max_ahead_ms, f.fence_ahead_ms),
                                 ('max_blocks_per_node', f.max_blocks_per_node::bigint,
                                  f.max_blocks_per_node::bigint),
-                                ('reserve_blocks', r.blocks, r.blocks)) x(name, value, fence_value)
+                                ('reserve_blocks', r.blocks, r.blocks),
+                                ('max_blocks_per_role', r.role_blocks, r.role_blocks))
+                         x(name, value, fence_value)
 $fn$;
-COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int) IS
+COMMENT ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int, int) IS
   'On a registry: changes the fleet''s limits (each argument given; none: no change) and fixes its layout, and returns the limits in force. No lease request may exceed them; fences rest on them.';
-REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int, text, int, int) FROM PUBLIC;
 
 -- Emptying the lease table (DELETE, TRUNCATE) or restoring it forgets
 -- grants: the next call starts a new incarnation.
@@ -472,43 +493,6 @@ CREATE TRIGGER snowflake_lease_blocks_truncate AFTER TRUNCATE ON snowflake_lease
 CREATE TRIGGER snowflake_lease_blocks_restored AFTER INSERT ON snowflake_lease_blocks
     FOR EACH ROW WHEN (NEW.holder_node IS NOT NULL) EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 
--- A holder introduces itself: takes the session lock of its node id.
--- false: another live session holds that node id (a copy of a data
--- directory whose original is running): the caller must take a new id.
--- One node per session: a session holding another node's lock, or
--- blocks leased under another node (its lock released with
--- pg_advisory_unlock, which any role may call), is refused (54000), so
--- that max_blocks_per_node bounds what one session can lease (a lease
--- worker keeps one session, under one node id; it takes a new id only
--- when this function said false, before it leased anything). SECURITY
--- DEFINER: it reads the blocks' sessions, which the lease role may not.
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    key bigint := hashtextextended('snowflake_id node ' || node, 0);
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-                WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                  AND l.pid = pg_catalog.pg_backend_pid()
-                  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                     WHERE d.datname = pg_catalog.current_database())
-                  AND NOT (l.classid = ((key >> 32) & 4294967295)::oid
-                           AND l.objid = (key & 4294967295)::oid))
-       OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
-                   WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()
-                     AND b.holder_node <> node) THEN
-        RAISE LOG 'snowflake_id registry: refused node % (role %, %): the session is another node already',
-            node, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
-        RAISE EXCEPTION 'lease request of node % refused: this session is another node already', node
-            USING ERRCODE = '54000',
-                  HINT = 'A lease worker introduces one node per session; max_blocks_per_node bounds each node.';
-    END IF;
-    RETURN pg_try_advisory_lock(key);
-END
-$fn$;
-COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
-  'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory). One node per session.';
-
 -- The calling registry session, as `pid:start` (backend start in Unix
 -- microseconds): what a holder knows of its own earlier session. A node's
 -- blocks stay with the session that leased or last renewed them, or one
@@ -525,6 +509,40 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_session() IS
   'Used by the lease functions: this registry session as pid:start, the session a node''s blocks belong to.';
+
+-- A holder introduces itself: takes the session lock of its node id.
+-- false: another live session holds that node id (a copy of a data
+-- directory whose original is running): the caller must take a new id.
+-- One node per session (core/src/registry/hello.rs, decided by
+-- snowflake_lease_hello_decide): a session holding another node's lock,
+-- or blocks leased under another node (its lock released with
+-- pg_advisory_unlock, which any role may call), is refused (54000), so
+-- that max_blocks_per_node bounds what one session can lease. SECURITY
+-- DEFINER: it reads the blocks' sessions, which the lease role may not.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
+        'node', node,
+        'other_node_locked', EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.pid = pg_catalog.pg_backend_pid()
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname = pg_catalog.current_database())
+               AND NOT (l.classid = ((k.key >> 32) & 4294967295)::oid
+                        AND l.objid = (k.key & 4294967295)::oid)),
+        'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object('block', b.block,
+                                                                'holder_node', b.holder_node)
+                                             ORDER BY b.block), '[]')
+                     FROM @extschema@.snowflake_lease_blocks b
+                    WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()),
+        'role', session_user,
+        'client', coalesce('client ' || inet_client_addr()::text, 'local connection')))
+      FROM (SELECT hashtextextended('snowflake_id node ' || node, 0) AS key) k;
+    SELECT pg_catalog.pg_try_advisory_lock(hashtextextended('snowflake_id node ' || node, 0))
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
+  'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory). One node per session.';
 
 -- This server's snowflake_id.registry_standby_name, from the configuration
 -- files only: a session could SET it (a placeholder where the library is
@@ -581,7 +599,8 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_json(text[]
 -- postmaster start, fsync, synchronous_commit, the node's lock, the block
 -- locks of this session and whether others hold any, and after a timeline
 -- change what proves a promotion; fresh names for a new incarnation and a
--- new token key; the session's role and address for the log) and `rows`
+-- new token key; the session's login role, which block rows record and
+-- max_blocks_per_role bounds, and its address for the log) and `rows`
 -- (the registry's row, every block row, the limits' row), as the rules in
 -- core/src/registry take them (times in Unix ms, WAL positions as numbers).
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_facts(node text) RETURNS jsonb
@@ -650,7 +669,8 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'grace_ms', floor(extract(epoch FROM b.grace) * 1000)::bigint,
                 'high_water_ms', b.high_water_ms,
                 'released_at_ms', snowflake_id_internal.snowflake_lease_ms(b.released_at),
-                'leases', b.leases, 'floor_ms', b.floor_ms, 'holder_session', b.holder_session)
+                'leases', b.leases, 'floor_ms', b.floor_ms, 'holder_session', b.holder_session,
+                'holder_role', b.holder_role)
                 ORDER BY b.block), '[]')
                 FROM @extschema@.snowflake_lease_blocks b),
             'limits', (SELECT jsonb_build_object(
@@ -661,7 +681,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'previous_max_ahead_ms', l.previous_max_ahead_ms,
                 'previous_until_ms', snowflake_id_internal.snowflake_lease_ms(l.previous_until),
                 'layout', l.layout, 'unsigned_evidence', l.unsigned_evidence,
-                'reserve_blocks', l.reserve_blocks)
+                'reserve_blocks', l.reserve_blocks, 'max_blocks_per_role', l.max_blocks_per_role)
                 FROM @extschema@.snowflake_lease_limits l LIMIT 1)))
       FROM here h, locks k
 $fn$;
@@ -759,12 +779,13 @@ BEGIN
                expires_at = snowflake_id_internal.snowflake_lease_time(b.expires_at_ms),
                grace = b.grace_ms * interval '1 millisecond', high_water_ms = b.high_water_ms,
                released_at = snowflake_id_internal.snowflake_lease_time(b.released_at_ms),
-               leases = b.leases, floor_ms = b.floor_ms, holder_session = b.holder_session
+               leases = b.leases, floor_ms = b.floor_ms, holder_session = b.holder_session,
+               holder_role = b.holder_role
           FROM jsonb_to_recordset(w->'blocks') AS b(
                block int, first_worker_id int, last_worker_id int, layout text, holder_node text,
                holder_name text, leased_at_ms bigint, renewed_at_ms bigint, expires_at_ms bigint,
                grace_ms bigint, high_water_ms bigint, released_at_ms bigint, leases bigint,
-               floor_ms bigint, holder_session text)
+               floor_ms bigint, holder_session text, holder_role text)
          WHERE t.block = b.block;
     END IF;
     PERFORM pg_catalog.pg_try_advisory_lock(snowflake_id_internal.snowflake_lease_block_class(), b::int)
@@ -959,6 +980,9 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progres
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
+  'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) IS

@@ -87,6 +87,31 @@ def grant_lease_role(r, name: str = "snowflake_lease") -> None:
         r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO {name}")
 
 
+def grant_server_roles(r, servers: list[str], connection_limit: int = 3) -> dict[str, str]:
+    """The configuration docs/operations/fleet.md documents for a hostile
+    lease role: the group role snowflake_lease (NOLOGIN) with the lease
+    role's rights, a login role per server (snowflake_lease_<server>, a
+    member, CONNECTION LIMIT `connection_limit`), and max_blocks_per_role
+    at max_blocks_per_node. Returns each server's role."""
+    schema = r.scalar(
+        "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE p.proname = 'snowflake_lease_begin'")
+    r.sql("CREATE ROLE snowflake_lease NOLOGIN")
+    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease")
+    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
+              "durable(jsonb)"):
+        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO snowflake_lease")
+    roles = {}
+    for server in servers:
+        roles[server] = f"snowflake_lease_{server}"
+        r.sql(f"CREATE ROLE {roles[server]} LOGIN CONNECTION LIMIT {connection_limit}"
+              " IN ROLE snowflake_lease")
+    per_node = r.scalar("SELECT value FROM snowflake_lease_set_limits()"
+                        " WHERE name = 'max_blocks_per_node'")
+    r.sql("SELECT snowflake_lease_set_limits(max_blocks_per_role => %s)", per_node)
+    return roles
+
+
 # The default layout as holders send it (and as a registry with the default
 # settings takes as the fleet's until the DBA fixes one).
 DEFAULT_LAYOUT = ("63 total bits, 10 worker bits, 12 sequence bits, 1 ms per tick,"

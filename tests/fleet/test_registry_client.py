@@ -18,7 +18,8 @@ import pytest
 
 from harness import AS_ROOT, PG_MAJOR, other_pg_bindir, pg_config, pg_ids, wait_until
 from helpers import can_make_id, config, ids, lease_schema, old_release, sql_error
-from fleet_helpers import LEASE, LEASE_S, holder, leases, registry_server, resume
+from fleet_helpers import (LEASE, LEASE_S, grant_server_roles, holder, leases, registry_server,
+                           resume)
 
 
 def server_pids(c) -> list[int]:
@@ -427,16 +428,20 @@ def holder_0_7_0_bindir() -> str:
     return subprocess.check_output([pgc, "--bindir"], text=True).strip()
 
 
-def test_a_0_7_0_holder_leases_from_this_registry(make_cluster):
+@pytest.mark.parametrize("roles", ["superuser", "per_server"])
+def test_a_0_7_0_holder_leases_from_this_registry(make_cluster, roles):
     """A rolling upgrade (issue 42): a server of 0.7.0 (its lease worker
     sends no token) leases from a registry of this build, renews its block
     for more than two lease times in the registry's first incarnation,
-    unfenced, and makes IDs throughout."""
+    unfenced, and makes IDs throughout. per_server: as its own login role,
+    with max_blocks_per_role set (docs/operations/fleet.md), which the
+    registry records with its block."""
     r = registry_server(make_cluster)
     r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
           " max_ahead_ms => 70000)")
+    user = grant_server_roles(r, ["a"])["a"] if roles == "per_server" else "postgres"
     incarnation = r.scalar("SELECT incarnation FROM snowflake_lease_registry")
-    a = make_cluster(settings={"snowflake_id.registry": r.conninfo(),
+    a = make_cluster(settings={"snowflake_id.registry": r.conninfo(user=user),
                                "snowflake_id.lease_time": LEASE,
                                "snowflake_id.worker_ids": "0-15"},
                      bindir=holder_0_7_0_bindir())
@@ -452,6 +457,7 @@ def test_a_0_7_0_holder_leases_from_this_registry(make_cluster):
     assert sorted(made) == made and len(set(made)) == len(made)
     assert [row[1] for row in leases(r)] == [config(a)["node_id"]]
     assert r.scalar("SELECT count(*) FROM snowflake_lease_blocks WHERE renewed_at > leased_at") == 1
+    assert r.sql("SELECT DISTINCT holder_role FROM snowflake_lease_blocks") == [(user,)]
     assert r.sql("SELECT incarnation, fenced_until FROM snowflake_lease_registry") \
         == [(incarnation, None)]
 

@@ -335,6 +335,11 @@ def test_the_limits_are_checked_kept_after_lowering_and_dumped(make_cluster):
     if "reserve_blocks" in defaults:   # 0.8.0
         assert defaults["reserve_blocks"] == (8, 8, None)
         bad_reserve = ({"reserve_blocks": -1}, {"reserve_blocks": 64})
+    if "max_blocks_per_role" in defaults:   # 0.8.0: none by default, 0 removes it
+        assert defaults["max_blocks_per_role"] == (None, None, None)
+        assert set_limits(r, max_blocks_per_role=8)["max_blocks_per_role"] == (8, 8, None)
+        assert set_limits(r, max_blocks_per_role=0)["max_blocks_per_role"] == (None, None, None)
+        bad_reserve += ({"max_blocks_per_role": -1}, {"max_blocks_per_role": 65})
     for bad in ({"max_lease_ms": 1000}, {"max_lease_ms": 86_400_001},
                 {"max_grace_ms": -1}, {"max_ahead_ms": 2**62}, {"max_blocks_per_node": 65},
                 *bad_reserve):

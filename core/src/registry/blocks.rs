@@ -14,7 +14,15 @@
 //!   under made-up node ids cannot leave a new server without a block
 //!   while fewer than `reserve_blocks` of them arrive holding none.
 //!   Re-assertions during a fence are bounded by `max_blocks_per_node`
-//!   only: they restore blocks holders may be using.
+//!   (and `max_blocks_per_role`) only: they restore blocks holders may be
+//!   using.
+//! - The sessions of one login role (`session_user`, recorded with each
+//!   block) hold no more than `max_blocks_per_role` blocks whose lease
+//!   runs, counted as `max_blocks_per_node` counts a node's: whatever the
+//!   node ids its sessions make up, a role takes at most its share. (A
+//!   block it lets lapse stays from others for its grace, a fifth of the
+//!   lease, as any lapsed block; counting it too would keep a server that
+//!   lost its blocks in an outage from new ones for as long.)
 //! - While a holder keeps a block, its mark only rises
 //!   ([`Invariant::MarkRisesWhileHeld`]); a new holder's floor is the mark
 //!   it found.
@@ -63,6 +71,10 @@ pub struct BlockRow {
     pub floor_ms: i64,
     #[serde(default)]
     pub holder_session: Option<String>,
+    /// The login role of the session that leased or last renewed it
+    /// (`None`: a row of a registry before 0.8.0, until renewed).
+    #[serde(default)]
+    pub holder_role: Option<String>,
 }
 
 impl BlockRow {
@@ -78,6 +90,14 @@ impl BlockRow {
             || self
                 .expires_at_ms
                 .is_none_or(|e| e.saturating_add(self.grace_ms) < now_ms)
+    }
+
+    /// Leased or renewed by a session of login role `role`, its lease
+    /// running at `now_ms`: what [`InForce::max_blocks_per_role`] bounds.
+    pub fn counts_for_role(&self, role: &str, now_ms: i64) -> bool {
+        self.holder_role.as_deref() == Some(role)
+            && self.holder_node.is_some()
+            && self.expires_at_ms.is_some_and(|e| e > now_ms)
     }
 
     /// Leased to `node` in `session` or the one it names as its previous
@@ -133,12 +153,23 @@ impl Context<'_> {
         }
     }
 
+    /// The blocks `node` may take: within `max_blocks_per_node`, and
+    /// within `max_blocks_per_role` for this session's login role.
     fn room(&self, rows: &[BlockRow], node: &str) -> i64 {
-        let held = rows
-            .iter()
-            .filter(|b| b.held_by(node, self.server.now_ms))
-            .count() as i64;
-        (self.limits.max_blocks_per_node - held).max(0)
+        let now = self.server.now_ms;
+        let held = rows.iter().filter(|b| b.held_by(node, now)).count() as i64;
+        let node_room = (self.limits.max_blocks_per_node - held).max(0);
+        match self.limits.max_blocks_per_role {
+            Some(max) if !super::mutation::active(super::mutation::Mutation::NoRoleLimit) => {
+                node_room.min((max - role_held(rows, &self.server.role, now)).max(0))
+            }
+            _ => node_room,
+        }
+    }
+
+    /// The login role of this session, as block rows record it.
+    fn role(&self) -> Option<String> {
+        (!self.server.role.is_empty()).then(|| self.server.role.clone())
     }
 
     /// The blocks of the fleet that no node holds at `now`, among the
@@ -168,6 +199,14 @@ impl Context<'_> {
             .map(|b| b.block)
             .collect()
     }
+}
+
+/// The blocks the sessions of login role `role` hold at `now_ms`, their
+/// leases running.
+pub fn role_held(rows: &[BlockRow], role: &str, now_ms: i64) -> i64 {
+    rows.iter()
+        .filter(|b| b.counts_for_role(role, now_ms))
+        .count() as i64
 }
 
 /// What a rule did.
@@ -213,7 +252,7 @@ pub fn acquire(
     let room = ctx.room(rows, &req.node);
     let want = if req.want > room {
         done.log.push(format!(
-            "node {} asked for {} blocks; it may hold {room} more (max_blocks_per_node)",
+            "node {} asked for {} blocks; it may hold {room} more (max_blocks_per_node, max_blocks_per_role)",
             req.node, req.want
         ));
         room
@@ -263,6 +302,7 @@ pub fn acquire(
         r.leased_at_ms = Some(now);
         r.renewed_at_ms = Some(now);
         r.holder_session = Some(ctx.server.session.clone());
+        r.holder_role = ctx.role();
         r.expires_at_ms = Some(now.saturating_add(req.lease_ms));
         r.grace_ms = req.grace_ms;
         // Invariant::MarkRisesWhileHeld (and the new holder starts above
@@ -334,7 +374,7 @@ pub fn renew(req: &RenewRequest, ctx: &Context, rows: &mut Vec<BlockRow>) -> Don
             .collect();
         if taken.len() as i64 > room {
             done.log.push(format!(
-                "node {} re-asserted {} blocks it does not hold; it may hold {room} more (max_blocks_per_node)",
+                "node {} re-asserted {} blocks it does not hold; it may hold {room} more (max_blocks_per_node, max_blocks_per_role)",
                 req.node,
                 taken.len()
             ));
@@ -353,6 +393,7 @@ pub fn renew(req: &RenewRequest, ctx: &Context, rows: &mut Vec<BlockRow>) -> Don
         let old = r.high_water_ms;
         r.holder_node = Some(req.node.clone());
         r.holder_session = Some(me.to_string());
+        r.holder_role = ctx.role();
         if !mine {
             r.leased_at_ms = Some(now);
             r.leases += 1;

@@ -11,11 +11,18 @@
 //! under made-up node ids cannot leave a new server without one
 //! ([`super::blocks::acquire`]).
 //!
+//! `max_blocks_per_role` bounds the blocks the sessions of one login role
+//! hold together (`None`: no bound): with a login role per server, a
+//! leaked credential takes at most that server's share, however many
+//! sessions and made-up node ids it opens. One role shared by every
+//! server cannot be bounded so (it would bound the whole fleet).
+//!
 //! A lowered limit keeps bounding fences (the `previous_*` values) until
 //! every grant made under the higher one has run out (`previous_until`).
 //!
 //! [`Invariant::FenceFromLimits`]: crate::protocol::Invariant::FenceFromLimits
 
+use super::mutation::{self, Mutation};
 use super::{Call, Refusal, SqlState};
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +71,10 @@ pub struct LimitsRow {
     /// Free blocks kept for nodes that hold none (`None`: the default).
     #[serde(default)]
     pub reserve_blocks: Option<i64>,
+    /// The blocks all sessions of one login role may hold (`None`: no
+    /// bound).
+    #[serde(default)]
+    pub max_blocks_per_role: Option<i64>,
 }
 
 /// The limits in force, and the higher ones fences still use.
@@ -74,6 +85,7 @@ pub struct InForce {
     pub max_ahead_ms: i64,
     pub max_blocks_per_node: i64,
     pub reserve_blocks: i64,
+    pub max_blocks_per_role: Option<i64>,
     pub fence_lease_ms: i64,
     pub fence_grace_ms: i64,
     pub fence_ahead_ms: i64,
@@ -131,6 +143,9 @@ pub fn in_force(row: Option<&LimitsRow>, now_ms: i64) -> InForce {
         max_ahead_ms: ahead,
         max_blocks_per_node: blocks,
         reserve_blocks: reserve,
+        max_blocks_per_role: row
+            .and_then(|r| r.max_blocks_per_role)
+            .map(|m| clamp(m, BLOCKS_RANGE)),
         fence_lease_ms: lease.max(prev(|r| r.previous_max_lease_ms, LEASE_RANGE.1)),
         fence_grace_ms: grace.max(prev(|r| r.previous_max_grace_ms, GRACE_RANGE.1)),
         fence_ahead_ms: ahead.max(prev(|r| r.previous_max_ahead_ms, AHEAD_RANGE.1)),
@@ -186,9 +201,18 @@ impl Asked {
     }
 }
 
+/// The blocks a node and the login role of its session hold now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The node's blocks whose lease runs.
+    pub node: i64,
+    /// The blocks of the role of the session, their leases running.
+    pub role: i64,
+}
+
 /// Refuses a request beyond the limits, or with values no holder sends,
-/// before anything changes. `held`: the blocks the node holds now.
-pub fn check(call: &Call, lim: &InForce, held: i64, now_ms: i64) -> Result<(), Refusal> {
+/// before anything changes.
+pub fn check(call: &Call, lim: &InForce, held: Held, now_ms: i64) -> Result<(), Refusal> {
     let node = call.node();
     let Asked {
         named,
@@ -262,6 +286,8 @@ pub fn check(call: &Call, lim: &InForce, held: i64, now_ms: i64) -> Result<(), R
         );
     }
     if let Some(want) = want {
+        let held_role = held.role;
+        let held = held.node;
         if want > lim.max_blocks_per_node || held >= lim.max_blocks_per_node {
             let problem = if want > lim.max_blocks_per_node {
                 format!(
@@ -274,6 +300,15 @@ pub fn check(call: &Call, lim: &InForce, held: i64, now_ms: i64) -> Result<(), R
             return beyond(
                 problem,
                 format!("Lower snowflake_id.max_blocks on that server to at most {}, or raise the limit on the registry with snowflake_lease_set_limits(max_blocks_per_node => ...).", lim.max_blocks_per_node),
+            );
+        }
+        if let Some(max) = lim
+            .max_blocks_per_role
+            .filter(|&m| held_role >= m && !mutation::active(Mutation::NoRoleLimit))
+        {
+            return beyond(
+                format!("the sessions of its login role hold {held_role} blocks already: the registry's limit max_blocks_per_role is {max}"),
+                format!("Give each server a login role of its own (docs/operations/fleet.md), or raise the limit on the registry with snowflake_lease_set_limits(max_blocks_per_role => ...); blocks of a server rebuilt under the same role count until their lease runs out (at most {} ms).", lim.max_lease_ms),
             );
         }
     }

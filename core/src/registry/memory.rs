@@ -5,7 +5,7 @@
 //! here passes against the rules the registry runs.
 
 use super::durable::{self, CandidatesRow, Standby};
-use super::{token, Call, IncarnationRow, LimitsRow, Refusal, Rows, Server, SqlState};
+use super::{token, Call, IncarnationRow, LimitsRow, Refusal, Rows, Server};
 use crate::protocol::{format_lsn, Durability, ReleaseReply, Reply, ReplyHead};
 use std::collections::BTreeMap;
 
@@ -17,10 +17,11 @@ pub struct Tables {
     pub candidates: Option<CandidatesRow>,
 }
 
-/// One registry session: its pid, start, and advisory locks.
+/// One registry session: its pid, start, login role and advisory locks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Session {
     pub id: String,
+    pub role: String,
     pub node: Option<String>,
     pub blocks: Vec<u32>,
 }
@@ -162,12 +163,18 @@ impl Store {
         self.lsn
     }
 
-    /// A new session; its id, `pid:start`.
+    /// A new session of the lease role; its id, `pid:start`.
     pub fn connect(&mut self, pid: u64, now_ms: i64) -> u64 {
+        self.connect_as(pid, now_ms, "snowflake_lease")
+    }
+
+    /// A new session of login role `role`.
+    pub fn connect_as(&mut self, pid: u64, now_ms: i64, role: &str) -> u64 {
         self.sessions.insert(
             pid,
             Session {
                 id: format!("{pid}:{now_ms}"),
+                role: role.to_string(),
                 node: None,
                 blocks: Vec::new(),
             },
@@ -175,14 +182,40 @@ impl Store {
         pid
     }
 
+    /// `pg_advisory_unlock` of the session's node lock (any role may).
+    pub fn unlock_node(&mut self, pid: u64) {
+        if let Some(s) = self.sessions.get_mut(&pid) {
+            s.node = None;
+        }
+    }
+
     /// A session ends: its advisory locks go.
     pub fn disconnect(&mut self, pid: u64) {
         self.sessions.remove(&pid);
     }
 
-    /// `snowflake_lease_hello`: takes the node's lock; false when another
-    /// session holds it.
+    /// `snowflake_lease_hello`: one node per session ([`super::hello`]),
+    /// then the node's lock; false when another session holds it.
     pub fn hello(&mut self, pid: u64, node: &str) -> Result<bool, Refusal> {
+        let Some(me) = self.sessions.get(&pid) else {
+            return Ok(false);
+        };
+        let facts = super::hello::HelloFacts {
+            node: node.to_string(),
+            other_node_locked: me.node.as_deref().is_some_and(|n| n != node),
+            blocks: self
+                .tables
+                .rows
+                .blocks
+                .iter()
+                .filter(|b| b.holder_session.as_deref() == Some(me.id.as_str()))
+                .map(|b| super::hello::SessionBlock {
+                    block: b.block,
+                    holder_node: b.holder_node.clone(),
+                })
+                .collect(),
+        };
+        super::hello::hello(&facts)?;
         if self
             .sessions
             .iter()
@@ -190,22 +223,10 @@ impl Store {
         {
             return Ok(false);
         }
-        let Some(s) = self.sessions.get_mut(&pid) else {
-            return Ok(false);
-        };
-        match s.node.as_deref() {
-            Some(n) if n != node => Err(Refusal::new(
-                SqlState::ProgramLimitExceeded,
-                format!(
-                    "lease request of node {node} refused: this session is another node already"
-                ),
-            )
-            .hint("A lease worker introduces one node per session; max_blocks_per_node bounds each node.")),
-            _ => {
-                s.node = Some(node.to_string());
-                Ok(true)
-            }
+        if let Some(s) = self.sessions.get_mut(&pid) {
+            s.node = Some(node.to_string());
         }
+        Ok(true)
     }
 
     fn server(&mut self, pid: u64, node: &str, now_ms: i64) -> Server {
@@ -219,6 +240,7 @@ impl Store {
             timeline: self.timeline,
             insert_lsn: self.lsn,
             session: session.id.clone(),
+            role: session.role.clone(),
             postmaster_start_ms: self.postmaster_start_ms,
             fsync_off: self.fsync_off,
             synchronous_commit_off: false,

@@ -12,11 +12,12 @@
 //! Every call, in one transaction that holds the registry's lease lock (so
 //! that calls are decided one at a time, each on the rows the last one
 //! wrote):
-//! 1. [`begin::begin`]: the session holds the node's lock, the request is
-//!    within the limits ([`limits::check`]), and the incarnation: a new one
-//!    when this registry may have forgotten grants, fenced when holders may
-//!    be using them ([`Invariant::FenceFromLimits`],
-//!    [`Invariant::PromotionNeedsProof`]).
+//! 1. [`begin::begin`]: the session holds the node's lock (taken by
+//!    `snowflake_lease_hello`, one node per session: [`hello`]), the
+//!    request is within the limits ([`limits::check`]), and the
+//!    incarnation: a new one when this registry may have forgotten grants,
+//!    fenced when holders may be using them
+//!    ([`Invariant::FenceFromLimits`], [`Invariant::PromotionNeedsProof`]).
 //! 2. The call's own rule ([`blocks`]): acquire, renew, release.
 //! 3. The reply's WAL position and [`token`] are added after the writes.
 //!
@@ -30,6 +31,7 @@
 pub mod begin;
 pub mod blocks;
 pub mod durable;
+pub mod hello;
 pub mod limits;
 pub mod memory;
 pub mod mutation;
@@ -123,6 +125,10 @@ pub struct Server {
     pub insert_lsn: u64,
     /// This session, `pid:start` (`snowflake_lease_session()`).
     pub session: String,
+    /// This session's login role (`session_user`): block rows record it,
+    /// and `max_blocks_per_role` bounds what its sessions hold.
+    #[serde(default)]
+    pub role: String,
     /// `pg_postmaster_start_time()`, Unix ms.
     pub postmaster_start_ms: i64,
     /// `fsync = off` on this server.
@@ -232,11 +238,14 @@ pub struct Outcome {
 /// Decides one lease call from the facts gathered for it.
 pub fn decide(call: &Call, server: &Server, rows: &Rows) -> Result<Outcome, Refusal> {
     let limits = limits::in_force(rows.limits.as_ref(), server.now_ms);
-    let held = rows
-        .blocks
-        .iter()
-        .filter(|b| b.held_by(call.node(), server.now_ms))
-        .count() as i64;
+    let held = limits::Held {
+        node: rows
+            .blocks
+            .iter()
+            .filter(|b| b.held_by(call.node(), server.now_ms))
+            .count() as i64,
+        role: blocks::role_held(&rows.blocks, &server.role, server.now_ms),
+    };
     limits::check(call, &limits, held, server.now_ms)?;
     let begun = begin::begin(call, server, rows, &limits)?;
     let mut writes = Writes::default();

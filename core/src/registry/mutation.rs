@@ -26,10 +26,16 @@ pub enum Mutation {
     /// Grants are committed asynchronously: a crash of the registry loses
     /// the last ones without the WAL position going back for good.
     AsyncGrantCommit,
+    /// A session that gave up its node's lock may introduce another node
+    /// while it holds blocks of the first (`snowflake_lease_hello`).
+    ManyNodesPerSession,
+    /// `max_blocks_per_role` bounds nothing: the sessions of one login
+    /// role lease as many nodes' worth as they open sessions.
+    NoRoleLimit,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 9] = [
         Mutation::TrustCancelledCommit,
         Mutation::FenceFromRequests,
         Mutation::ReleaseBelowFloor,
@@ -37,6 +43,8 @@ impl Mutation {
         Mutation::CandidateFromSession,
         Mutation::ValidUntilBack,
         Mutation::AsyncGrantCommit,
+        Mutation::ManyNodesPerSession,
+        Mutation::NoRoleLimit,
     ];
 }
 

@@ -685,3 +685,235 @@ fn a_registry_restored_in_place_is_caught_by_its_grant_count() {
         .unwrap();
     assert!(reply.head.fenced_until_ms.is_some(), "{reply:?}");
 }
+
+fn role_limits(per_role: Option<i64>) -> LimitsRow {
+    LimitsRow {
+        max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
+        max_grace_ms: limits::DEFAULT_MAX_GRACE_MS,
+        max_ahead_ms: limits::DEFAULT_MAX_AHEAD_MS,
+        max_blocks_per_node: limits::DEFAULT_MAX_BLOCKS_PER_NODE,
+        max_blocks_per_role: per_role,
+        ..LimitsRow::default()
+    }
+}
+
+/// Sessions 100.. of `role`, each introduced as node `{role}-{i}`.
+fn sessions_of(s: &mut Store, role: &str, first_pid: u64, n: u64) -> Vec<(u64, String)> {
+    (0..n)
+        .map(|i| {
+            let pid = first_pid + i;
+            let node = format!("{role}-{i}");
+            s.connect_as(pid, T0, role);
+            assert_eq!(s.hello(pid, &node), Ok(true));
+            (pid, node)
+        })
+        .collect()
+}
+
+/// Blocks each session of `sessions` takes, one acquire of 8 at a time
+/// until refused or given none.
+fn take_all(s: &mut Store, sessions: &[(u64, String)], now: i64) -> Vec<usize> {
+    sessions
+        .iter()
+        .map(|(pid, node)| {
+            let mut taken = 0;
+            for _ in 0..64 {
+                match s.lease(*pid, &acquire(node, 8, Seen::default(), now), now) {
+                    Ok(r) if !r.blocks.is_empty() => taken += r.blocks.len(),
+                    _ => break,
+                }
+            }
+            taken
+        })
+        .collect()
+}
+
+#[test]
+fn the_sessions_of_one_login_role_hold_no_more_than_its_limit() {
+    // The lease role's 20 sessions (its documented CONNECTION LIMIT), each
+    // a made-up node, took every block but the one a holder had, and a new
+    // server got none: with max_blocks_per_role they take one server's
+    // share, whatever their number.
+    let mut s = Store::created(T0, 7);
+    s.set_limits(Some(role_limits(Some(8))));
+    let a = sessions_of(&mut s, "server_a", 100, 1);
+    assert_eq!(take_all(&mut s, &a, T0), vec![8]);
+    let leaked = sessions_of(&mut s, "server_x", 200, 20);
+    let taken = take_all(&mut s, &leaked, T0);
+    assert_eq!(taken.iter().sum::<usize>(), 8, "{taken:?}");
+    // The role at its limit is refused, saying which limit.
+    let refused = s
+        .lease(210, &acquire("server_x-10", 1, Seen::default(), T0), T0)
+        .unwrap_err();
+    assert_eq!(refused.code, SqlState::ProgramLimitExceeded);
+    assert!(
+        refused.message.ends_with(
+            "the sessions of its login role hold 8 blocks already: the registry's limit max_blocks_per_role is 8"
+        ),
+        "{}",
+        refused.message
+    );
+    // A new server of its own role gets what it asks for.
+    let b = sessions_of(&mut s, "server_b", 300, 1);
+    assert_eq!(take_all(&mut s, &b, T0), vec![8]);
+    // The role's blocks count while their lease runs, as a node's do;
+    // then the role leases again (blocks free by then: past their grace).
+    let rows = &s.tables.rows.blocks;
+    assert_eq!(blocks::role_held(rows, "server_x", T0 + LEASE - 1), 8);
+    assert_eq!(blocks::role_held(rows, "server_x", T0 + LEASE), 0);
+    let later = T0 + LEASE + GRACE + 1;
+    let r = s
+        .lease(
+            205,
+            &acquire("server_x-5", 8, Seen::default(), later),
+            later,
+        )
+        .unwrap();
+    assert_eq!(r.blocks.len(), 8);
+}
+
+#[test]
+fn one_shared_login_role_is_bounded_per_node_only() {
+    // No max_blocks_per_role (the default): the sessions of one role shared
+    // by every server are told apart by nothing but their node ids, which
+    // they make up: 20 of them leave a new server nothing beyond the
+    // reserve's last blocks (outside the assumptions: docs/operations/fleet.md).
+    let mut s = Store::created(T0, 7);
+    s.set_limits(Some(role_limits(None)));
+    let a = sessions_of(&mut s, "snowflake_lease", 100, 1);
+    take_all(&mut s, &a, T0);
+    let xs: Vec<(u64, String)> = (0..20u64)
+        .map(|i| {
+            let (pid, node) = (200 + i, format!("made-up-{i}"));
+            s.connect_as(pid, T0, "snowflake_lease");
+            assert_eq!(s.hello(pid, &node), Ok(true));
+            (pid, node)
+        })
+        .collect();
+    let taken: usize = take_all(&mut s, &xs, T0).iter().sum();
+    assert_eq!(taken, 64 - 8);
+    let free = 64 - s.tables.rows.blocks.iter().filter(|b| !b.free(T0)).count();
+    assert_eq!(free, 0);
+}
+
+#[test]
+fn a_row_recorded_before_roles_counts_once_renewed() {
+    // A 0.7.0 registry's rows have no role; a renewal records the role of
+    // the renewing session.
+    let mut s = Store::created(T0, 7);
+    s.set_limits(Some(role_limits(Some(2))));
+    let a = sessions_of(&mut s, "server_a", 100, 1);
+    let r = s
+        .lease(100, &acquire("server_a-0", 2, Seen::default(), T0), T0)
+        .unwrap();
+    for b in &mut s.tables.rows.blocks {
+        b.holder_role = None;
+    }
+    assert_eq!(blocks::role_held(&s.tables.rows.blocks, "server_a", T0), 0);
+    let held: Vec<u32> = r.blocks.iter().map(|b| b.block).collect();
+    s.lease(100, &renew(&a[0].1, &held, seen_of(&r.head), T0), T0)
+        .unwrap();
+    assert_eq!(blocks::role_held(&s.tables.rows.blocks, "server_a", T0), 2);
+}
+
+#[test]
+fn a_session_that_gave_up_its_nodes_lock_is_no_other_node() {
+    let mut s = store_with(&["a"]);
+    s.lease(100, &acquire("a", 2, Seen::default(), T0), T0)
+        .unwrap();
+    s.unlock_node(100);
+    let refused = s.hello(100, "b").unwrap_err();
+    assert_eq!(refused.code, SqlState::ProgramLimitExceeded);
+    // Its own node again: yes.
+    assert_eq!(s.hello(100, "a"), Ok(true));
+    // Holding another node's lock, with no block: refused too.
+    s.connect(101, T0);
+    assert_eq!(s.hello(101, "c"), Ok(true));
+    assert!(s.hello(101, "d").is_err());
+}
+
+#[derive(Clone, Debug)]
+enum RoleStep {
+    /// Session `i` (of role `i % 3`) acquires `want`.
+    Acquire {
+        i: usize,
+        want: i64,
+    },
+    /// Session `i` gives up its node's lock and introduces node `node`.
+    Become {
+        i: usize,
+        node: usize,
+    },
+    /// Session `i` ends, and a new one of its role takes its place.
+    Reconnect {
+        i: usize,
+    },
+    Advance {
+        ms: i64,
+    },
+}
+
+fn role_step() -> impl Strategy<Value = RoleStep> {
+    prop_oneof![
+        (0..6usize, 1..9i64).prop_map(|(i, want)| RoleStep::Acquire { i, want }),
+        (0..6usize, 0..12usize).prop_map(|(i, node)| RoleStep::Become { i, node }),
+        (0..6usize).prop_map(|i| RoleStep::Reconnect { i }),
+        (1..4_000i64).prop_map(|ms| RoleStep::Advance { ms }),
+    ]
+}
+
+proptest! {
+    /// Six sessions of three login roles, each session introducing any of
+    /// twelve nodes and leasing what it may: no session holds blocks of
+    /// two nodes, and no role holds more than max_blocks_per_role.
+    #[test]
+    fn one_node_per_session_and_the_role_limit_hold(
+        steps in proptest::collection::vec(role_step(), 1..80),
+        per_role in 1..20i64,
+    ) {
+        let mut s = Store::created(T0, 7);
+        s.set_limits(Some(role_limits(Some(per_role))));
+        let roles = ["r0", "r1", "r2"];
+        let mut pids: Vec<u64> = (0..6u64).map(|i| 100 + i).collect();
+        for (i, &pid) in pids.iter().enumerate() {
+            s.connect_as(pid, T0, roles[i % 3]);
+        }
+        let mut next_pid = 200;
+        let mut now = T0;
+        for st in steps {
+            match st {
+                RoleStep::Advance { ms } => now += ms,
+                RoleStep::Reconnect { i } => {
+                    s.disconnect(pids[i]);
+                    pids[i] = s.connect_as(next_pid, now, roles[i % 3]);
+                    next_pid += 1;
+                }
+                RoleStep::Become { i, node } => {
+                    s.unlock_node(pids[i]);
+                    let _ = s.hello(pids[i], &format!("n{node}"));
+                }
+                RoleStep::Acquire { i, want } => {
+                    let node = s.sessions.get(&pids[i]).and_then(|x| x.node.clone());
+                    if let Some(node) = node {
+                        let _ = s.lease(pids[i], &acquire(&node, want, Seen::default(), now), now);
+                    }
+                }
+            }
+            let rows = &s.tables.rows.blocks;
+            for r in roles {
+                prop_assert!(blocks::role_held(rows, r, now) <= per_role, "role {} above its limit", r);
+            }
+            for x in s.sessions.values() {
+                let mut nodes: Vec<&str> = rows
+                    .iter()
+                    .filter(|b| b.holder_session.as_deref() == Some(x.id.as_str()) && !b.free(now))
+                    .filter_map(|b| b.holder_node.as_deref())
+                    .collect();
+                nodes.dedup();
+                nodes.sort_unstable();
+                nodes.dedup();
+                prop_assert!(nodes.len() <= 1, "session {} holds blocks of nodes {:?}", x.id, nodes);
+            }
+        }
+    }
+}
