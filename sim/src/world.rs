@@ -82,6 +82,10 @@ struct Reg {
     kind: Kind,
     down_until: i64,
     stalled_until: i64,
+    /// Its clock when its rows were last restored or made anew: rows
+    /// leased before come from a dump or a snapshot, and name sessions as
+    /// they were then.
+    restored_ms: i64,
     /// Snapshots of its rows, one a second (for restores, and for the
     /// crash of a registry that committed asynchronously).
     history: VecDeque<(i64, Tables, u64)>,
@@ -430,6 +434,7 @@ impl World {
                 kind,
                 down_until: 0,
                 stalled_until: 0,
+                restored_ms: i64::MIN,
                 history: VecDeque::new(),
             });
         }
@@ -904,6 +909,7 @@ impl World {
                 };
                 r.store.tables = tables;
                 r.store.lsn = lsn;
+                r.restored_ms = pnow;
                 r.store.sessions.clear();
                 r.store.postmaster_start_ms = pnow;
                 r.down_until = t + 1_000;
@@ -914,6 +920,7 @@ impl World {
             Fault::DropCreate => {
                 // The DBA's script sets the fleet's limits again.
                 let limits = self.regs[p].store.tables.rows.limits.clone();
+                self.regs[p].restored_ms = pnow;
                 self.regs[p].store.create_extension(pnow);
                 self.regs[p].store.set_limits(limits);
             }
@@ -923,6 +930,7 @@ impl World {
                 else {
                     return;
                 };
+                self.regs[p].restored_ms = pnow;
                 self.regs[p].store.restore_dump(&dumped, pnow);
             }
             Fault::CopyDataDir { holder, detected } => {
@@ -1300,7 +1308,12 @@ impl World {
         let rows = &self.regs[p].store.tables.rows;
         let mut by_session: BTreeMap<&str, &str> = BTreeMap::new();
         let mut broken = None;
-        for b in &rows.blocks {
+        let restored_ms = self.regs[p].restored_ms;
+        for b in rows
+            .blocks
+            .iter()
+            .filter(|b| b.leased_at_ms.is_some_and(|l| l > restored_ms))
+        {
             if let (Some(s), Some(n)) = (b.holder_session.as_deref(), b.holder_node.as_deref()) {
                 match by_session.insert(s, n) {
                     Some(m) if m != n => {
