@@ -43,7 +43,7 @@ pub use fleet::{
 };
 pub use generate::{
     bad_batch_size, behind_floor, behind_server, borrowed_lead, floor_in_this_tick, generator,
-    registry_not_read, workers_exhausted,
+    registry_not_read, reservation_not_replicated, workers_exhausted,
 };
 pub use layout::{
     invalid_layout, layout_cannot_rise, layout_changed, layout_ends_soon, layout_unusable_now,

@@ -5,7 +5,7 @@
 
 use super::define::{
     EPOCH, LAYOUT_END_WARNING, MAX_DRIFT_LIMIT_MS, MAX_DRIFT_MS, PRESET, SEQUENCE_BITS,
-    TIME_UNIT_MS, TOTAL_BITS, WORKER_BITS,
+    STANDBY_CLOCK_SKEW_MS, TIME_UNIT_MS, TOTAL_BITS, WORKER_BITS,
 };
 use super::load::{hook_layout, loaded, reject};
 use crate::errors;
@@ -78,6 +78,11 @@ pub fn max_drift_ms() -> i64 {
     // only writer is PostgreSQL's GUC code on this thread, never during
     // this read.
     i64::from(unsafe { MAX_DRIFT_MS.as_ptr().read() })
+}
+
+/// `snowflake_id.standby_clock_skew` in milliseconds.
+pub fn standby_clock_skew_ms() -> i64 {
+    i64::from(STANDBY_CLOCK_SKEW_MS.get())
 }
 
 /// Whether some `snowflake_id.max_drift` covers one tick of `unit_ms`.

@@ -1,7 +1,11 @@
 """Physical standbys: a standby promoted after its primary crashed never
 repeats an ID the primary issued, also when its clock is behind the
-primary's (the reservation reaches the standby through WAL); a hot standby
-makes IDs from its own worker-id range.
+primary's: through the reservation's WAL records when it received them, and
+when it lagged (asynchronous replication) through the floor at promotion
+(its clock plus snowflake_id.standby_clock_skew plus max_drift); a
+synchronous standby has every reservation the primary used, because a
+reservation waits for it. A hot standby makes IDs from its own worker-id
+range.
 
 Run: .venv/bin/pytest tests/durability/test_standbys.py -ra -q  (add -s for
 the numbers each test prints).
@@ -10,6 +14,7 @@ the numbers each test prints).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -114,23 +119,50 @@ FAILOVER_CASES = {
     # catches up.)
     "standby_clock_behind": dict(offset="-3s", lagging=False),
     # S's clock 3 s behind, and S stopped receiving WAL 2 s before P crashed
-    # (a network partition, then failover to the lagging standby).
+    # (a network partition, then failover to the lagging standby: Patroni's
+    # default, asynchronous replication). P's IDs of those 2 s are above
+    # every reservation S replayed; S starts above its clock plus
+    # standby_clock_skew (1 s) plus max_drift (10 s): above them while the
+    # skew is within that bound.
     "standby_clock_behind_and_lagging": dict(offset="-3s", lagging=True),
 }
+
+# The log line of the end of recovery (src/durability/reservation.rs).
+RECOVERY_END = (r"recovery ended as a new primary: IDs start above (\S+ \S+) \(([^;]+); "
+                r"the replayed reservation ([^,]+), this server's clock (\S+ \S+) "
+                r"\+ standby_clock_skew (\d+) ms \+ max_drift (\d+) ms\)")
+
+
+def _unix_ms(text: str) -> float:
+    """Unix ms of the log's `YYYY-MM-DD HH:MM:SS.fffZ`."""
+    return dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%fZ").replace(
+        tzinfo=dt.timezone.utc).timestamp() * 1000
+
+
+def _promote_and_check_the_clock(s, offset_s: float, skew_ms: int, drift_ms: int):
+    """Promotes `s`, and checks the floor its startup process computed: from
+    its own clock (libfaketime's offset reaches that process), plus the
+    skew bound and max_drift. Returns the floor (Unix ms)."""
+    mark = s.log_mark()
+    before = time.time() * 1000
+    s.promote()
+    after = time.time() * 1000
+    m = s.wait_for_log(RECOVERY_END, since=mark)
+    floor_ms, clock_ms = _unix_ms(m.group(1)), _unix_ms(m.group(4))
+    assert int(m.group(5)) == skew_ms and int(m.group(6)) == drift_ms, m.group(0)
+    # The clock read where the floor is computed carries the test's offset.
+    assert before + offset_s * 1000 - 500 <= clock_ms <= after + offset_s * 1000 + 500, \
+        (m.group(0), before, after)
+    assert floor_ms >= clock_ms + skew_ms + drift_ms - 1, m.group(0)
+    return floor_ms
 
 
 @pytest.mark.parametrize("case", [
     "same_clock",
     pytest.param("standby_clock_behind", marks=pytest.mark.skipif(
         LIBFAKETIME is None, reason="libfaketime not installed")),
-    pytest.param("standby_clock_behind_and_lagging", marks=[
-        pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed"),
-        pytest.mark.xfail(strict=True, reason=(
-            "DESIGN GAP: the reservation reaches a standby only through "
-            "asynchronous WAL streaming; IDs the primary issued after the "
-            "standby's last received reservation record can be repeated "
-            "(or undercut per worker id) by the promoted standby when its "
-            "clock is behind"))]),
+    pytest.param("standby_clock_behind_and_lagging", marks=pytest.mark.skipif(
+        LIBFAKETIME is None, reason="libfaketime not installed")),
 ])
 def test_promoted_standby_never_repeats_the_primary(make_cluster, case):
     offset, lagging = FAILOVER_CASES[case]["offset"], FAILOVER_CASES[case]["lagging"]
@@ -185,7 +217,8 @@ def test_promoted_standby_never_repeats_the_primary(make_cluster, case):
     assert len(issued) == len(set(issued))
     t_crash = time.monotonic()
 
-    s.promote()
+    drift_ms = 10_000 if offset else 60_000
+    _promote_and_check_the_clock(s, -3 if offset else 0, 1000, drift_ms)
     phase("promote")
     # The same range on the promoted standby: it takes over P's worker ids.
     # (P used 0 before the backup, then 1 and 2; S's fresh server hands out
@@ -270,3 +303,99 @@ def test_hot_standby_generates_from_its_own_range(make_cluster):
     print(f"\n[hot standby] S made {len(on_s)} IDs with worker ids "
           f"{sorted(s_workers)} while P made {len(p_ids)} with "
           f"{sorted({worker_of(i) for i in p_ids})}; none shared")
+
+
+class _Selecter(_Generator):
+    """Like _Generator, with SELECT: no transaction commit waits for a
+    standby, so an ID the server returned is in use at once."""
+
+    def run(self):
+        try:
+            while not self.stop_flag.is_set():
+                rows = self.conn.execute(
+                    "SELECT snowflake_nextval() FROM generate_series(1, %s)",
+                    (ID_BATCH,)).fetchall()
+                self.ids.extend(r[0] for r in rows)
+                time.sleep(PAUSE)
+        except psycopg.Error as e:
+            self.error = e
+
+
+@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed")
+def test_promoted_synchronous_standby_never_repeats_the_primary(make_cluster):
+    """P names S in synchronous_standby_names. S's clock is 3 s behind P's,
+    and its floor at promotion gives no margin (standby_clock_skew 0,
+    max_drift 1 s): only the reservations S has keep it above P's IDs. S is
+    cut off (a partition); P's sessions keep asking for IDs with SELECT (no
+    commit waits). A reservation waits for S like a commit, so P's sessions
+    stop at the last reservation S flushed, waiting (wait event SyncRep),
+    and a cancel fails the call (57014) rather than hand out IDs S may lack.
+    Then P crashes and S is promoted: none of its IDs repeats or undercuts
+    P's. (Before 0.8.0, P went on making IDs under reservations S never
+    received, and S repeated them.)"""
+    p = make_cluster(settings={"snowflake_id.worker_ids": P_RANGE}, create_extension=True)
+    s = make_cluster(basebackup_from=p, start=False, settings={
+        "snowflake_id.worker_ids": P_RANGE, "hot_standby": True,
+        "snowflake_id.standby_clock_skew": 0, "snowflake_id.max_drift": "1s"})
+    with open(os.path.join(s.datadir, "postgresql.auto.conf"), "a") as f:
+        f.write(f"primary_conninfo = 'host={p.dir} port={p.port} user=postgres"
+                f" application_name=s1'\n")
+    s.start(env={"LD_PRELOAD": LIBFAKETIME, "FAKETIME": "-3s",
+                 "FAKETIME_DONT_RESET": "1", "FAKETIME_NO_CACHE": "1"})
+    wait_until(lambda: p.scalar("SELECT count(*) FROM pg_stat_replication "
+                                "WHERE application_name = 's1' AND state = 'streaming'") == 1,
+               60, "s1 streaming")
+    p.configure(synchronous_standby_names="s1")
+    p.reload()
+    wait_until(lambda: p.scalar("SELECT sync_state FROM pg_stat_replication "
+                                "WHERE application_name = 's1'") == "sync", 60, "s1 sync")
+
+    gens = [_Selecter(p, "p") for _ in range(2)]
+    for g in gens:
+        g.start()
+    time.sleep(1.0)
+    wait_until(lambda: _standby_caught_up(p, s), 30, "standby replay")
+    s.sql("ALTER SYSTEM SET primary_conninfo = ''")
+    s.sql("SELECT pg_reload_conf()")
+    wait_until(lambda: not s.sql("SELECT 1 FROM pg_stat_wal_receiver"), 30,
+               "the standby's WAL receiver to stop")
+    # P's sessions reach the end of the reservation S has within about a
+    # second (RESERVE_MS), then wait for S as a commit would.
+    time.sleep(2.5)
+    counts = [len(g.ids) for g in gens]
+    time.sleep(0.5)
+    assert [len(g.ids) for g in gens] == counts, "P made IDs its standby lacks the reservation of"
+    assert p.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
+                    "AND query LIKE '%%snowflake_nextval%%'") == 1
+    # A cancel ends the wait: the call fails, no ID is handed out.
+    mark = p.log_mark()
+    p.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+          "WHERE query LIKE '%%snowflake_nextval%%' AND pid <> pg_backend_pid()")
+    p.wait_for_log("the snowflake ID reservation was not confirmed by the synchronous "
+                   "standbys: the wait was cancelled", since=mark)
+    for g in gens:
+        g.join(30)
+        assert isinstance(g.error, psycopg.errors.QueryCanceled), g.error
+    issued = [i for g in gens for i in g.ids]
+    # Another session also waits, and a statement timeout ends it.
+    with p.connect() as conn:
+        conn.execute("SET statement_timeout = '1s'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            for _ in range(100):
+                conn.execute("SELECT snowflake_nextval() FROM generate_series(1, 10000)")
+    for g in gens:
+        g.conn.close()
+    p.stop(mode="immediate")
+
+    floor_ms = _promote_and_check_the_clock(s, -3, 0, 1000)
+    after = _generate_on(s, connections=3, seconds=1.5)
+    assert len(after) == len(set(after))
+    assert not set(after) & set(issued), "IDs repeated after promotion"
+    undercut = {w for w in {worker_of(i) for i in after}
+                if min(i for i in after if worker_of(i) == w)
+                <= max([i for i in issued if worker_of(i) == w], default=-1)}
+    print(f"\n[synchronous failover] P issued {len(issued)} IDs, the last at "
+          f"{ms_of(max(issued))}; S's floor {floor_ms:.0f}, S made {len(after)} "
+          f"IDs from {ms_of(min(after))}")
+    assert not undercut, f"per worker id, IDs went back after promotion: {undercut}"
+    assert max(ms_of(i) for i in issued) <= floor_ms + 1
