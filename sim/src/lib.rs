@@ -27,6 +27,7 @@
 pub mod checker;
 pub mod faults;
 pub mod rng;
+pub mod single;
 pub mod world;
 
 use faults::{Fault, Scenario};

@@ -142,7 +142,7 @@ pub(super) fn accepted_values(name: &str, max_worker_id: u32) -> Option<String> 
         "snowflake_id.worker_ids" => format!(
             "ids and ranges from 0 to {max_worker_id}, e.g. 0-511 or 0-15,32-47 (empty: all)"
         ),
-        "snowflake_id.max_drift" => {
+        "snowflake_id.max_drift" | "snowflake_id.standby_clock_skew" => {
             format!("0 to {MAX_DRIFT_LIMIT_MS} milliseconds, or with a unit: 500ms, 2s, 1min, 1h")
         }
         _ => return None,
