@@ -159,7 +159,7 @@ pub fn run(seed: u64, fault: Fault, mutation: Option<Mutation>) -> Outcome {
         let now_ms = T0 + t;
         let want = if t >= burst_from { 8 } else { rng.range(0, 3) };
         for _ in 0..want {
-            let before = gen.clone();
+            let before = gen;
             let step = gen.step(&layout, 0, layout.tick_at(now_ms), max_drift_ticks, || {
                 i64::MIN
             });
