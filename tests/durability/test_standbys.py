@@ -154,6 +154,14 @@ def _promote_and_check_the_clock(s, offset_s: float, skew_ms: int, drift_ms: int
     assert before + offset_s * 1000 - 500 <= clock_ms <= after + offset_s * 1000 + 500, \
         (m.group(0), before, after)
     assert floor_ms >= clock_ms + skew_ms + drift_ms - 1, m.group(0)
+    # A session's first ID: above the floor, after a wait of up to the skew
+    # bound (the floor is that much beyond max_drift), with no error.
+    t = time.monotonic()
+    first = s.scalar("SELECT snowflake_nextval()")
+    print(f"\n  first ID {time.monotonic() - t:.2f}s after the promotion finished, "
+          f"{ms_of(first) - time.time() * 1000 - offset_s * 1000:+.0f} ms from the promoted "
+          f"server's clock; floor {floor_ms - clock_ms:+.0f} ms from its clock at the end of recovery")
+    assert ms_of(first) > floor_ms
     return floor_ms
 
 
