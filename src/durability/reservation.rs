@@ -222,11 +222,17 @@ fn replay(until_ms: i64) {
 /// primary whose last reservations never reached this server
 /// (`snowflake_core::promotion`). Runs in the startup process, before any
 /// backend can make IDs as a primary; the state file is written right
-/// after (`persist_replayed`), so a restart keeps the floor.
+/// after (`persist_replayed`), so a restart keeps the floor. The first ID
+/// above the floor extends the reservation (it is within
+/// `EXTEND_AHEAD_MS` of it), so the floor reaches this server's WAL and
+/// its synchronous standbys before any ID above it is returned.
 fn recovery_end(end: RecoveryEnd) {
     let Some(header) = shmem::header() else {
         return;
     };
+    if end == RecoveryEnd::Crash {
+        return;
+    }
     let replayed_ms = header
         .floor_ms
         .load(Acquire)
@@ -239,9 +245,6 @@ fn recovery_end(end: RecoveryEnd) {
         max_drift_ms: settings::max_drift_ms(),
     };
     let floor = promotion::floor_at_recovery_end(&at);
-    if end == RecoveryEnd::Crash {
-        return;
-    }
     if let Floor::ClockBound(ms) = floor {
         let layout = settings::layout();
         let tick = layout.tick_at(ms);
