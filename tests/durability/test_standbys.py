@@ -358,7 +358,11 @@ def test_promoted_synchronous_standby_never_repeats_the_primary(make_cluster):
     wait_until(lambda: p.scalar("SELECT sync_state FROM pg_stat_replication "
                                 "WHERE application_name = 's1'") == "sync", 60, "s1 sync")
 
-    gens = [_Selecter(p, "p") for _ in range(2)]
+    # One session, with synchronous_commit off: it extends every
+    # reservation, and its own commits would not wait for s1, but a
+    # reservation covers every session's IDs and waits all the same.
+    gens = [_Selecter(p, "p")]
+    gens[0].conn.execute("SET synchronous_commit = off")
     for g in gens:
         g.start()
     time.sleep(1.0)
@@ -379,18 +383,23 @@ def test_promoted_synchronous_standby_never_repeats_the_primary(make_cluster):
     mark = p.log_mark()
     p.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
           "WHERE query LIKE '%%snowflake_nextval%%' AND pid <> pg_backend_pid()")
-    p.wait_for_log("the snowflake ID reservation was not confirmed by the synchronous "
-                   "standbys: the wait was cancelled", since=mark)
+    p.wait_for_log("canceling wait for synchronous replication", since=mark)
     for g in gens:
         g.join(30)
         assert isinstance(g.error, psycopg.errors.QueryCanceled), g.error
+        assert "not confirmed by the synchronous standbys" in str(g.error), g.error
+        # The session's own setting is back.
+        assert g.conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
     issued = [i for g in gens for i in g.ids]
-    # Another session also waits, and a statement timeout ends it.
+    # Another session (synchronous_commit on) extends in turn, waits, and a
+    # statement timeout ends the wait with the same error.
     with p.connect() as conn:
         conn.execute("SET statement_timeout = '1s'")
-        with pytest.raises(psycopg.errors.QueryCanceled):
+        with pytest.raises(psycopg.errors.QueryCanceled,
+                           match="not confirmed by the synchronous standbys"):
             for _ in range(100):
-                conn.execute("SELECT snowflake_nextval() FROM generate_series(1, 10000)")
+                issued += [r[0] for r in conn.execute(
+                    "SELECT snowflake_nextval() FROM generate_series(1, 10000)")]
     for g in gens:
         g.conn.close()
     p.stop(mode="immediate")
