@@ -206,14 +206,14 @@ pub fn wait_for_sync_standbys(lsn: u64) -> WaitEnd {
 }
 
 /// Writes backfill grant records, one per `(bucket, grants)`: `grants` of
-/// `bucket` are handed out; flushed once after the last. Does nothing
-/// during recovery (backfill is refused there).
-pub fn log_backfill_grants(counts: &[(u32, u32)]) {
+/// `bucket` are handed out; flushed once after the last, whose end it
+/// returns. Does nothing during recovery (backfill is refused there).
+pub fn log_backfill_grants(counts: &[(u32, u32)]) -> Option<u64> {
     // SAFETY: plain calls into the WAL machinery with records of our own
     // resource manager; each data pointer is valid for its call.
     unsafe {
         if pg_sys::RecoveryInProgress() {
-            return;
+            return None;
         }
         let mut last = 0;
         for &(bucket, grants) in counts {
@@ -227,6 +227,7 @@ pub fn log_backfill_grants(counts: &[(u32, u32)]) {
         if last != 0 {
             pg_sys::XLogFlush(last);
         }
+        (last != 0).then_some(last)
     }
 }
 

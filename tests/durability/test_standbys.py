@@ -329,6 +329,32 @@ class _Selecter(_Generator):
             self.error = e
 
 
+def _synchronous_standby(make_cluster, p, settings, env=None):
+    """A standby of `p` streaming as s1, which `p`'s
+    synchronous_standby_names then names."""
+    s = make_cluster(basebackup_from=p, start=False, settings=settings)
+    with open(os.path.join(s.datadir, "postgresql.auto.conf"), "a") as f:
+        f.write(f"primary_conninfo = 'host={p.dir} port={p.port} user=postgres"
+                f" application_name=s1'\n")
+    s.start(env=env)
+    wait_until(lambda: p.scalar("SELECT count(*) FROM pg_stat_replication "
+                                "WHERE application_name = 's1' AND state = 'streaming'") == 1,
+               60, "s1 streaming")
+    p.configure(synchronous_standby_names="s1")
+    p.reload()
+    wait_until(lambda: p.scalar("SELECT sync_state FROM pg_stat_replication "
+                                "WHERE application_name = 's1'") == "sync", 60, "s1 sync")
+    return s
+
+
+def _cut_off(s):
+    """The standby stops receiving WAL (a partition)."""
+    s.sql("ALTER SYSTEM SET primary_conninfo = ''")
+    s.sql("SELECT pg_reload_conf()")
+    wait_until(lambda: not s.sql("SELECT 1 FROM pg_stat_wal_receiver"), 30,
+               "the standby's WAL receiver to stop")
+
+
 @pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed")
 def test_promoted_synchronous_standby_never_repeats_the_primary(make_cluster):
     """P names S in synchronous_standby_names. S's clock is 3 s behind P's,
@@ -342,21 +368,11 @@ def test_promoted_synchronous_standby_never_repeats_the_primary(make_cluster):
     P's. (Before 0.8.0, P went on making IDs under reservations S never
     received, and S repeated them.)"""
     p = make_cluster(settings={"snowflake_id.worker_ids": P_RANGE}, create_extension=True)
-    s = make_cluster(basebackup_from=p, start=False, settings={
+    s = _synchronous_standby(make_cluster, p, {
         "snowflake_id.worker_ids": P_RANGE, "hot_standby": True,
-        "snowflake_id.standby_clock_skew": 0, "snowflake_id.max_drift": "1s"})
-    with open(os.path.join(s.datadir, "postgresql.auto.conf"), "a") as f:
-        f.write(f"primary_conninfo = 'host={p.dir} port={p.port} user=postgres"
-                f" application_name=s1'\n")
-    s.start(env={"LD_PRELOAD": LIBFAKETIME, "FAKETIME": "-3s",
-                 "FAKETIME_DONT_RESET": "1", "FAKETIME_NO_CACHE": "1"})
-    wait_until(lambda: p.scalar("SELECT count(*) FROM pg_stat_replication "
-                                "WHERE application_name = 's1' AND state = 'streaming'") == 1,
-               60, "s1 streaming")
-    p.configure(synchronous_standby_names="s1")
-    p.reload()
-    wait_until(lambda: p.scalar("SELECT sync_state FROM pg_stat_replication "
-                                "WHERE application_name = 's1'") == "sync", 60, "s1 sync")
+        "snowflake_id.standby_clock_skew": 0, "snowflake_id.max_drift": "1s"},
+        env={"LD_PRELOAD": LIBFAKETIME, "FAKETIME": "-3s",
+             "FAKETIME_DONT_RESET": "1", "FAKETIME_NO_CACHE": "1"})
 
     # One session, with synchronous_commit off: it extends every
     # reservation, and its own commits would not wait for s1, but a
@@ -367,10 +383,7 @@ def test_promoted_synchronous_standby_never_repeats_the_primary(make_cluster):
         g.start()
     time.sleep(1.0)
     wait_until(lambda: _standby_caught_up(p, s), 30, "standby replay")
-    s.sql("ALTER SYSTEM SET primary_conninfo = ''")
-    s.sql("SELECT pg_reload_conf()")
-    wait_until(lambda: not s.sql("SELECT 1 FROM pg_stat_wal_receiver"), 30,
-               "the standby's WAL receiver to stop")
+    _cut_off(s)
     # P's sessions reach the end of the reservation S has within about a
     # second (RESERVE_MS), then wait for S as a commit would.
     time.sleep(2.5)
@@ -416,3 +429,29 @@ def test_promoted_synchronous_standby_never_repeats_the_primary(make_cluster):
           f"IDs from {ms_of(min(after))}")
     assert not undercut, f"per worker id, IDs went back after promotion: {undercut}"
     assert max(ms_of(i) for i in issued) <= floor_ms + 1
+
+
+def test_backfill_grant_waits_for_the_synchronous_standby(make_cluster):
+    """A backfill grant, like a reservation, is used only once the
+    synchronous standby flushed it: with s1 cut off, snowflake_at() waits,
+    and a statement timeout fails it (57014) without an ID. In a
+    transaction, so that no commit waits for s1 before the ID is returned
+    (before 0.8.0 the ID came back at once)."""
+    p = make_cluster(settings={"snowflake_id.worker_ids": P_RANGE,
+                               "snowflake_id.backfill_worker_ids": "1023"},
+                     create_extension=True)
+    s = _synchronous_standby(make_cluster, p, {
+        "snowflake_id.worker_ids": S_STANDBY_RANGE,
+        "snowflake_id.backfill_worker_ids": "1023"})
+    assert p.scalar("SELECT snowflake_at('2025-01-01')") > 0
+    _cut_off(s)
+    with p.connect(autocommit=False) as conn:
+        conn.execute("SET statement_timeout = '1s'")
+        with pytest.raises(psycopg.errors.QueryCanceled,
+                           match="backfill grant was not confirmed by the synchronous standbys"):
+            conn.execute("SELECT snowflake_at('2024-06-01')").fetchone()
+        conn.rollback()
+    # No standby named any more: the waits end (the registry worker's
+    # commits wait too), and the server stops at once.
+    p.configure(synchronous_standby_names="")
+    p.reload()
