@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from harness import wait_until
+from harness import AS_ROOT, pg_ids, wait_until
 from helpers import LIBFAKETIME
 
 # The classic layout (the default every server here runs).
@@ -455,3 +455,44 @@ def test_backfill_grant_waits_for_the_synchronous_standby(make_cluster):
     # commits wait too), and the server stops at once.
     p.configure(synchronous_standby_names="")
     p.reload()
+
+
+def test_crash_recovery_keeps_ids_near_the_clock(make_cluster):
+    """Crash recovery replays the server's own WAL, which has every
+    reservation it used: no clock bound (IDs do not jump max_drift ahead),
+    and no line about a new primary."""
+    p = _make_primary(make_cluster)
+    p.sql("INSERT INTO ids (origin) SELECT 'p' FROM generate_series(1, 1000)")
+    p.stop(mode="immediate")
+    mark = p.log_mark()
+    p.start()
+    first = p.scalar("SELECT snowflake_nextval()")
+    # The reservation is 1 s ahead of the last ID; max_drift is a minute.
+    assert ms_of(first) < time.time() * 1000 + 5_000, ms_of(first) - time.time() * 1000
+    assert "recovery ended as a new primary" not in p.log(since=mark)
+
+
+def test_restored_backup_ending_archive_recovery_starts_above_the_clock_bound(make_cluster):
+    """A base backup restored with recovery.signal (point-in-time recovery
+    that ends at the end of its WAL) ends archive recovery as a new
+    primary: like a promotion, its IDs start above its clock plus
+    standby_clock_skew plus max_drift, since the original may have made
+    IDs after the backup's WAL ends."""
+    p = _make_primary(make_cluster)
+    r = make_cluster(basebackup_from=p, start=False, settings={
+        "snowflake_id.worker_ids": P_RANGE, "restore_command": "false",
+        "snowflake_id.max_drift": "5s"})
+    os.remove(os.path.join(r.datadir, "standby.signal"))
+    with open(os.path.join(r.datadir, "recovery.signal"), "w"):
+        pass
+    if AS_ROOT:
+        os.chown(os.path.join(r.datadir, "recovery.signal"), *pg_ids())
+    mark = r.log_mark()
+    before = time.time() * 1000
+    r.start()
+    m = r.wait_for_log(RECOVERY_END, since=mark)
+    floor_ms, clock_ms = _unix_ms(m.group(1)), _unix_ms(m.group(4))
+    assert before - 500 <= clock_ms <= time.time() * 1000 + 500, m.group(0)
+    assert floor_ms >= clock_ms + 1000 + 5000 - 1, m.group(0)
+    assert not r.scalar("SELECT pg_is_in_recovery()")
+    assert ms_of(r.scalar("SELECT snowflake_nextval()")) > floor_ms
