@@ -17,6 +17,7 @@
 //! - `node`       a node's identity over restarts and copies: which saved leases a start uses
 //! - `protocol`   the fleet wire protocol: requests, replies, the named invariants
 //! - `registry`   the registry side of leases: decisions over gathered facts, and the rules over rows in memory
+//! - `promotion`  one server's failover: the floor at promotion, the reservation's wait for synchronous standbys
 //! - `public_id`  the keyed, reversible text form of IDs
 //! - `key_file`   reading and checking the public key file's contents
 //! - `conninfo`   reading libpq connection strings (secrets, problems)
@@ -35,6 +36,7 @@ pub mod key_file;
 pub mod layout;
 pub mod lease;
 pub mod node;
+pub mod promotion;
 pub mod protocol;
 pub mod public_id;
 pub mod ranges;

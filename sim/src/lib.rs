@@ -25,10 +25,16 @@
 //! table the docs are checked against; runs with faults outside them must
 //! be able to show duplicates (the checker can fail), and each mutation
 //! (`registry::mutation`) must make some seed fail.
+//!
+//! [`single`] is one server's failover without a registry: a primary, its
+//! reservation records and a standby (asynchronous or synchronous), under
+//! the rules of `snowflake_core::promotion`, with its own labelled faults
+//! and planted bugs.
 
 pub mod checker;
 pub mod faults;
 pub mod rng;
+pub mod single;
 pub mod world;
 
 use faults::{Fault, Scenario};

@@ -6,10 +6,12 @@
 
 use crate::clock;
 use crate::durability::{reservation, wal};
+use crate::errors;
 use crate::settings;
 use crate::shmem::{self, Header};
 use snowflake_core::backfill::{to_hand_out, Space};
 use snowflake_core::backfill_ids;
+use snowflake_core::promotion::WaitEnd;
 use std::sync::atomic::Ordering::*;
 
 /// Registers WAL replay of grants. Called from `_PG_init` while preloading.
@@ -83,12 +85,19 @@ fn record(header: &Header, bucket: u32, cell: &std::sync::atomic::AtomicU32, gra
 }
 
 /// Makes counts just raised in shared memory durable: state file, then
-/// WAL (flushed). The caller holds `reserve_lock`.
+/// WAL (flushed), then on the synchronous standbys where they are named
+/// (as a reservation: a promoted one has every grant handed out). An
+/// interrupted wait fails the call: the grants stay counted, so they are
+/// lost, never handed out twice. The caller holds `reserve_lock`.
 fn persist(header: &Header, counts: &[(u32, u32)]) {
     header.backfill().used.store(true, Release);
     header.backfill().changes.fetch_add(1, Relaxed);
     reservation::rewrite_state_file(header);
-    wal::log_backfill_grants(counts);
+    if let Some(lsn) = wal::log_backfill_grants(counts) {
+        if wal::wait_for_sync_standbys(lsn) == WaitEnd::Interrupted {
+            errors::backfill_grant_not_replicated();
+        }
+    }
 }
 
 /// Raises this server's grants from a record of another life of it (the

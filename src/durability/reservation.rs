@@ -24,6 +24,7 @@ use crate::shmem::{self, Header, Startup};
 use pgrx::pg_sys;
 use serde::{Deserialize, Serialize};
 use snowflake_core::layout::Layout;
+use snowflake_core::promotion::{self, Floor, RecoveryEnd, WaitEnd};
 use std::ffi::CStr;
 use std::sync::atomic::Ordering::*;
 
@@ -90,7 +91,7 @@ impl Default for BackfillRecord {
 
 /// Registers WAL replay. Called from `_PG_init` while preloading.
 pub fn init() {
-    wal::init(replay, persist_replayed);
+    wal::init(replay, recovery_end, persist_replayed);
 }
 
 /// Makes sure the state file reserves at least up to `unix_ms`, writing
@@ -135,7 +136,16 @@ fn extend(header: &Header, unix_ms: i64, layout: &Layout) {
             // ahead rather than past; a restart then skips that tick.)
             let until = (unix_ms + RESERVE_MS).max(header.floor_ms.load(Acquire));
             write_state_file(header, &layout_to_record(header, layout), until);
-            wal::log_reservation(until);
+            if let Some(lsn) = wal::log_reservation(until) {
+                // Where synchronous standbys are named, a promoted one must
+                // have every reservation an ID was handed out under. An
+                // interrupted wait fails closed: the reservation in force
+                // stays the one before (the state file's higher value only
+                // raises this server's own floor).
+                if wal::wait_for_sync_standbys(lsn) == WaitEnd::Interrupted {
+                    errors::reservation_not_replicated();
+                }
+            }
             header.reserved_until_ms.store(until, Release);
             return;
         }
@@ -204,6 +214,62 @@ fn replay(until_ms: i64) {
     };
     header.floor_ms.fetch_max(until_ms, AcqRel);
     persist_at_restartpoint();
+}
+
+/// The end of recovery: after archive recovery (a promotion, a restore
+/// ending recovery) IDs start above this server's clock plus
+/// `standby_clock_skew` plus `max_drift` too, which covers the IDs of a
+/// primary whose last reservations never reached this server
+/// (`snowflake_core::promotion`). Runs in the startup process, before any
+/// backend can make IDs as a primary; the state file is written right
+/// after (`persist_replayed`), so a restart keeps the floor. The first ID
+/// above the floor extends the reservation (it is within
+/// `EXTEND_AHEAD_MS` of it), so the floor reaches this server's WAL and
+/// its synchronous standbys before any ID above it is returned.
+fn recovery_end(end: RecoveryEnd) {
+    let Some(header) = shmem::header() else {
+        return;
+    };
+    if end == RecoveryEnd::Crash {
+        return;
+    }
+    let replayed_ms = header
+        .floor_ms
+        .load(Acquire)
+        .max(header.reserved_until_ms.load(Acquire));
+    let at = promotion::AtRecoveryEnd {
+        end,
+        replayed_ms,
+        now_ms: clock::unix_ms(),
+        standby_clock_skew_ms: settings::standby_clock_skew_ms(),
+        max_drift_ms: settings::max_drift_ms(),
+    };
+    let floor = promotion::floor_at_recovery_end(&at);
+    if let Floor::ClockBound(ms) = floor {
+        let layout = settings::layout();
+        let tick = layout.tick_at(ms);
+        let end_ms = layout
+            .tick_start_unix_ms(tick)
+            .saturating_add(layout.unit_ms - 1);
+        header.floor_ms.fetch_max(end_ms, AcqRel);
+        header.newest_tick.fetch_max(tick + 1, AcqRel);
+    }
+    pgrx::log!(
+        "snowflake_id: recovery ended as a new primary: IDs start above {} ({}; the replayed reservation {}, this server's clock {} + standby_clock_skew {} ms + max_drift {} ms)",
+        snowflake_core::layout::format_unix_ms(floor.ms()),
+        match floor {
+            Floor::ClockBound(_) => "the clock bound",
+            Floor::Replayed(_) => "the replayed reservation",
+        },
+        if replayed_ms == i64::MIN {
+            "none".to_string()
+        } else {
+            snowflake_core::layout::format_unix_ms(replayed_ms)
+        },
+        snowflake_core::layout::format_unix_ms(at.now_ms),
+        at.standby_clock_skew_ms,
+        at.max_drift_ms,
+    );
 }
 
 /// During replay: writes the replayed state to the state file when a

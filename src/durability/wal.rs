@@ -17,7 +17,8 @@
 //! recovery) must preload snowflake_id, as they must anyway.
 
 use pgrx::pg_sys;
-use std::ffi::{c_char, CStr};
+use snowflake_core::promotion::{self, RecoveryEnd, ReservationWait, SyncCommit, WaitEnd};
+use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// Our custom resource manager id (128..=255 are for extensions).
 pub const RMGR_ID: u8 = 173;
@@ -30,20 +31,24 @@ const XLOG_SNOWFLAKE_BACKFILL: u8 = 0x10;
 /// process exits, a standby shutting down). Written once by `init`.
 struct Callbacks {
     on_redo: Option<fn(i64)>,
+    on_recovery_end: Option<fn(RecoveryEnd)>,
     on_redo_end: Option<fn()>,
     on_backfill: Option<fn(u32, u32)>,
 }
 
 static CALLBACKS: parking_lot::RwLock<Callbacks> = parking_lot::const_rwlock(Callbacks {
     on_redo: None,
+    on_recovery_end: None,
     on_redo_end: None,
     on_backfill: None,
 });
 
 /// Registers the resource manager. `on_redo` receives each replayed
-/// reservation; `on_redo_end` runs when replay ends (end of recovery or
-/// exit of the startup process). Called from `_PG_init` while preloading.
-pub fn init(on_redo: fn(i64), on_redo_end: fn()) {
+/// reservation; `on_recovery_end` runs when recovery ends (not when a
+/// standby shuts down), told how; then `on_redo_end` runs when replay ends
+/// (end of recovery or exit of the startup process). Called from
+/// `_PG_init` while preloading.
+pub fn init(on_redo: fn(i64), on_recovery_end: fn(RecoveryEnd), on_redo_end: fn()) {
     let rmgr = Box::leak(Box::new(pg_sys::RmgrData {
         rm_name: RMGR_NAME.as_ptr(),
         rm_redo: Some(redo),
@@ -55,6 +60,7 @@ pub fn init(on_redo: fn(i64), on_redo_end: fn()) {
     }));
     let mut callbacks = CALLBACKS.write();
     callbacks.on_redo = Some(on_redo);
+    callbacks.on_recovery_end = Some(on_recovery_end);
     callbacks.on_redo_end = Some(on_redo_end);
     drop(callbacks);
     // SAFETY: called while loading shared_preload_libraries, as PostgreSQL
@@ -94,26 +100,120 @@ unsafe extern "C-unwind" fn redo_exit(_code: std::ffi::c_int, _arg: pg_sys::Datu
     redo_end();
 }
 
+/// The end of recovery (PostgreSQL calls every resource manager's cleanup
+/// once redo is done, before the server accepts writes; not when a standby
+/// shuts down).
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn redo_cleanup() {
+    // SAFETY: a plain read of a flag the startup process set when it read
+    // the signal files, before redo began.
+    let end = if unsafe { pg_sys::ArchiveRecoveryRequested } {
+        RecoveryEnd::Archive
+    } else {
+        RecoveryEnd::Crash
+    };
+    let on_recovery_end = CALLBACKS.read().on_recovery_end;
+    if let Some(on_recovery_end) = on_recovery_end {
+        on_recovery_end(end);
+    }
     redo_end();
 }
 
-/// Writes and flushes a reservation record. Does nothing during recovery
-/// (a hot standby making IDs with its own range cannot write WAL).
-pub fn log_reservation(until_ms: i64) {
-    log(XLOG_SNOWFLAKE_RESERVE, until_ms.to_le_bytes());
+/// Writes and flushes a reservation record; returns its end, or `None`
+/// during recovery (a hot standby making IDs with its own range cannot
+/// write WAL).
+pub fn log_reservation(until_ms: i64) -> Option<u64> {
+    log(XLOG_SNOWFLAKE_RESERVE, until_ms.to_le_bytes())
+}
+
+extern "C-unwind" {
+    /// PostgreSQL's assign hook of `synchronous_commit` (syncrep.c, in
+    /// every supported version): sets the mode `SyncRepWaitForLSN` waits in.
+    fn assign_synchronous_commit(newval: c_int, extra: *mut c_void);
+}
+
+/// This session's `synchronous_commit` raised to `on` until dropped, so
+/// that `SyncRepWaitForLSN` waits for the standbys' flush whatever the
+/// session asked for its own commits.
+struct SyncCommitRaised(c_int);
+
+impl SyncCommitRaised {
+    fn raise() -> Self {
+        // SAFETY: the GUC variable and its assign hook, on this backend's
+        // thread; restored in `drop`, also when an error unwinds.
+        unsafe {
+            let old = pg_sys::synchronous_commit;
+            let on = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH as c_int;
+            pg_sys::synchronous_commit = on;
+            assign_synchronous_commit(on, std::ptr::null_mut());
+            SyncCommitRaised(old)
+        }
+    }
+}
+
+impl Drop for SyncCommitRaised {
+    fn drop(&mut self) {
+        // SAFETY: as in `raise`.
+        unsafe {
+            pg_sys::synchronous_commit = self.0;
+            assign_synchronous_commit(self.0, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Waits until the synchronous standbys `synchronous_standby_names` names
+/// have flushed the WAL up to `lsn` (a reservation record's end), as a
+/// commit waits: a cancel, `statement_timeout` or termination ends the wait
+/// (`WaitEnd::Interrupted`: PostgreSQL logs a WARNING; the caller must not
+/// use the reservation). No wait where none is named (`NotRequired`). The
+/// caller holds an LWLock, so interrupts are held off, as
+/// `SyncRepWaitForLSN` requires.
+pub fn wait_for_sync_standbys(lsn: u64) -> WaitEnd {
+    // SAFETY: reads of GUC variables of this backend.
+    let (in_recovery, senders, named, session) = unsafe {
+        let names = pg_sys::SyncRepStandbyNames;
+        (
+            pg_sys::RecoveryInProgress(),
+            pg_sys::max_wal_senders,
+            !names.is_null() && *names != 0,
+            SyncCommit::from_pg(pg_sys::synchronous_commit),
+        )
+    };
+    let ReservationWait::Standbys {
+        raise_session_to_flush,
+    } = promotion::reservation_wait(in_recovery, senders, named, session)
+    else {
+        return WaitEnd::NotRequired;
+    };
+    let raised = raise_session_to_flush.then(SyncCommitRaised::raise);
+    // SAFETY: PostgreSQL's commit-time wait, with interrupts held off (the
+    // caller's LWLock); `commit = false` waits for the standbys' flush.
+    unsafe { pg_sys::SyncRepWaitForLSN(lsn, false) };
+    drop(raised);
+    // SAFETY: WalSndCtl is PostgreSQL's shared memory (set when there are
+    // WAL senders, checked non-null); the flush position is one aligned
+    // 64-bit word that walsenders write under SyncRepLock, read here once.
+    let (flushed, interrupted) = unsafe {
+        let ctl = pg_sys::WalSndCtl;
+        let flushed = if ctl.is_null() {
+            0
+        } else {
+            std::ptr::read_volatile(&raw const (*ctl).lsn[pg_sys::SYNC_REP_WAIT_FLUSH as usize])
+        };
+        (flushed, pg_sys::InterruptPending != 0)
+    };
+    promotion::wait_end(flushed, lsn, interrupted)
 }
 
 /// Writes backfill grant records, one per `(bucket, grants)`: `grants` of
-/// `bucket` are handed out; flushed once after the last. Does nothing
-/// during recovery (backfill is refused there).
-pub fn log_backfill_grants(counts: &[(u32, u32)]) {
+/// `bucket` are handed out; flushed once after the last, whose end it
+/// returns. Does nothing during recovery (backfill is refused there).
+pub fn log_backfill_grants(counts: &[(u32, u32)]) -> Option<u64> {
     // SAFETY: plain calls into the WAL machinery with records of our own
     // resource manager; each data pointer is valid for its call.
     unsafe {
         if pg_sys::RecoveryInProgress() {
-            return;
+            return None;
         }
         let mut last = 0;
         for &(bucket, grants) in counts {
@@ -127,15 +227,16 @@ pub fn log_backfill_grants(counts: &[(u32, u32)]) {
         if last != 0 {
             pg_sys::XLogFlush(last);
         }
+        (last != 0).then_some(last)
     }
 }
 
-fn log(info: u8, data: [u8; 8]) {
+fn log(info: u8, data: [u8; 8]) -> Option<u64> {
     // SAFETY: plain calls into the WAL machinery with a record of our own
     // resource manager; the data pointer is valid for the call.
     unsafe {
         if pg_sys::RecoveryInProgress() {
-            return;
+            return None;
         }
         pg_sys::XLogBeginInsert();
         // The pointer and length types differ between versions (char * and
@@ -143,6 +244,7 @@ fn log(info: u8, data: [u8; 8]) {
         pg_sys::XLogRegisterData(data.as_ptr() as _, data.len() as _);
         let lsn = pg_sys::XLogInsert(RMGR_ID, info);
         pg_sys::XLogFlush(lsn);
+        Some(lsn)
     }
 }
 

@@ -128,3 +128,15 @@ pub fn backfill_needs_registry(database: Option<&str>) -> ! {
         Some("Set snowflake_id.registry_database to a database with CREATE EXTENSION snowflake_id (default postgres) and restart; run ALTER EXTENSION snowflake_id UPDATE there if it is older than 0.6.0; the log's snowflake_id registry lines say more.".into()),
     )
 }
+
+/// 57014: the wait for the synchronous standbys to flush a backfill grant
+/// was cancelled: the grant is not used (nor handed out again).
+#[track_caller]
+pub fn backfill_grant_not_replicated() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
+        "the snowflake backfill grant was not confirmed by the synchronous standbys: the wait was cancelled".into(),
+        Some("Backfill IDs are made only under grants flushed on the standbys synchronous_standby_names names, so that a promoted standby cannot hand the grant out again. No ID was returned; the grant is not used.".into()),
+        Some("Check that the synchronous standbys are connected (pg_stat_replication), then retry; or remove them from synchronous_standby_names.".into()),
+    )
+}

@@ -164,3 +164,16 @@ pub fn registry_not_read(waited_ms: i64) -> ! {
         Some("Check the server log for \"snowflake_id registry\" messages (a missing database, no free background worker slot). To run without the registry, set snowflake_id.registry_database = '' and restart.".into()),
     )
 }
+
+/// 57014: the wait for the synchronous standbys to flush a new reservation
+/// was cancelled (a cancel, `statement_timeout`, a termination): IDs under
+/// it are not handed out.
+#[track_caller]
+pub fn reservation_not_replicated() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
+        "the snowflake ID reservation was not confirmed by the synchronous standbys: the wait was cancelled".into(),
+        Some("IDs are handed out only once the reservation that covers them is flushed on the standbys synchronous_standby_names names, so that a promoted standby cannot repeat them. No ID was returned.".into()),
+        Some("Check that the synchronous standbys are connected (pg_stat_replication), then retry; or remove them from synchronous_standby_names.".into()),
+    )
+}

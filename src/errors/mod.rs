@@ -30,9 +30,9 @@ mod settings;
 mod state_file;
 
 pub use backfill::{
-    backfill_bucket_full, backfill_ids_changed, backfill_ids_overlap, backfill_needs_registry,
-    backfill_off, backfill_on_standby, backfill_time, backfill_time_full, backfill_with_leases,
-    bad_backfill_ids,
+    backfill_bucket_full, backfill_grant_not_replicated, backfill_ids_changed,
+    backfill_ids_overlap, backfill_needs_registry, backfill_off, backfill_on_standby,
+    backfill_time, backfill_time_full, backfill_with_leases, bad_backfill_ids,
 };
 pub use decode::{
     beyond_timestamp_range, infinite_timestamp, part_out_of_range, timestamp_out_of_range,
@@ -43,7 +43,7 @@ pub use fleet::{
 };
 pub use generate::{
     bad_batch_size, behind_floor, behind_server, borrowed_lead, floor_in_this_tick, generator,
-    registry_not_read, workers_exhausted,
+    registry_not_read, reservation_not_replicated, workers_exhausted,
 };
 pub use layout::{
     invalid_layout, layout_cannot_rise, layout_changed, layout_ends_soon, layout_unusable_now,

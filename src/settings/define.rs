@@ -47,6 +47,9 @@ pub(super) static BACKFILL_WORKER_IDS: Text = Text::new(None);
 pub(super) static MAX_DRIFT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 /// The largest `snowflake_id.max_drift`, in milliseconds.
 pub(super) const MAX_DRIFT_LIMIT_MS: i32 = 3_600_000;
+/// `snowflake_id.standby_clock_skew`: how far a standby's clock may be
+/// behind its primary's (ms), for the floor of a promotion.
+pub(super) static STANDBY_CLOCK_SKEW_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 /// `snowflake_id.layout_end_warning`: warn when the layout's time field runs
 /// out within this many years (0: never).
 pub(super) static LAYOUT_END_WARNING: GucSetting<i32> = GucSetting::<i32>::new(10);
@@ -276,6 +279,19 @@ pub(super) fn define_the_rest(preloading: bool) {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
         (Some(check_max_drift), Some(assign_max_drift), None),
+    );
+    int(
+        c"snowflake_id.standby_clock_skew",
+        c"How far a standby's clock may be behind its primary's.",
+        c"A server that ends recovery as a new primary (a promoted standby, a restore) starts \
+          its IDs above its clock plus this plus max_drift: above every ID a primary whose \
+          clock was at most this far ahead can have made, including IDs whose reservation \
+          never reached this server.",
+        &STANDBY_CLOCK_SKEW_MS,
+        (0, MAX_DRIFT_LIMIT_MS),
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+        (None, None, None),
     );
     int(
         c"snowflake_id.layout_end_warning",

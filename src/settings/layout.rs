@@ -5,7 +5,7 @@
 
 use super::define::{
     EPOCH, LAYOUT_END_WARNING, MAX_DRIFT_LIMIT_MS, MAX_DRIFT_MS, PRESET, SEQUENCE_BITS,
-    TIME_UNIT_MS, TOTAL_BITS, WORKER_BITS,
+    STANDBY_CLOCK_SKEW_MS, TIME_UNIT_MS, TOTAL_BITS, WORKER_BITS,
 };
 use super::load::{hook_layout, loaded, reject};
 use crate::errors;
@@ -80,6 +80,11 @@ pub fn max_drift_ms() -> i64 {
     i64::from(unsafe { MAX_DRIFT_MS.as_ptr().read() })
 }
 
+/// `snowflake_id.standby_clock_skew` in milliseconds.
+pub fn standby_clock_skew_ms() -> i64 {
+    i64::from(STANDBY_CLOCK_SKEW_MS.get())
+}
+
 /// Whether some `snowflake_id.max_drift` covers one tick of `unit_ms`.
 pub fn drift_can_cover(unit_ms: i64) -> bool {
     unit_ms <= i64::from(MAX_DRIFT_LIMIT_MS)
@@ -137,7 +142,7 @@ pub(super) fn accepted_values(name: &str, max_worker_id: u32) -> Option<String> 
         "snowflake_id.worker_ids" => format!(
             "ids and ranges from 0 to {max_worker_id}, e.g. 0-511 or 0-15,32-47 (empty: all)"
         ),
-        "snowflake_id.max_drift" => {
+        "snowflake_id.max_drift" | "snowflake_id.standby_clock_skew" => {
             format!("0 to {MAX_DRIFT_LIMIT_MS} milliseconds, or with a unit: 500ms, 2s, 1min, 1h")
         }
         _ => return None,

@@ -32,7 +32,8 @@ pub use fleet::{
     Fleet,
 };
 pub use layout::{
-    drift_can_cover, layout_end_warning_years, max_drift_ms, preset_name, warn_if_layout_ends_soon,
+    drift_can_cover, layout_end_warning_years, max_drift_ms, preset_name, standby_clock_skew_ms,
+    warn_if_layout_ends_soon,
 };
 pub use public_keys::{public_key_stamp, public_keys};
 pub use worker_ids::worker_ranges;

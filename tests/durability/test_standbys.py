@@ -1,7 +1,11 @@
 """Physical standbys: a standby promoted after its primary crashed never
 repeats an ID the primary issued, also when its clock is behind the
-primary's (the reservation reaches the standby through WAL); a hot standby
-makes IDs from its own worker-id range.
+primary's: through the reservation's WAL records when it received them, and
+when it lagged (asynchronous replication) through the floor at promotion
+(its clock plus snowflake_id.standby_clock_skew plus max_drift); a
+synchronous standby has every reservation the primary used, because a
+reservation waits for it. A hot standby makes IDs from its own worker-id
+range.
 
 Run: .venv/bin/pytest tests/durability/test_standbys.py -ra -q  (add -s for
 the numbers each test prints).
@@ -10,6 +14,7 @@ the numbers each test prints).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from harness import wait_until
+from harness import AS_ROOT, pg_ids, wait_until
 from helpers import LIBFAKETIME
 
 # The classic layout (the default every server here runs).
@@ -114,23 +119,58 @@ FAILOVER_CASES = {
     # catches up.)
     "standby_clock_behind": dict(offset="-3s", lagging=False),
     # S's clock 3 s behind, and S stopped receiving WAL 2 s before P crashed
-    # (a network partition, then failover to the lagging standby).
+    # (a network partition, then failover to the lagging standby: Patroni's
+    # default, asynchronous replication). P's IDs of those 2 s are above
+    # every reservation S replayed; S starts above its clock plus
+    # standby_clock_skew (1 s) plus max_drift (10 s): above them while the
+    # skew is within that bound.
     "standby_clock_behind_and_lagging": dict(offset="-3s", lagging=True),
 }
+
+# The log line of the end of recovery (src/durability/reservation.rs).
+RECOVERY_END = (r"recovery ended as a new primary: IDs start above (\S+ \S+) \(([^;]+); "
+                r"the replayed reservation ([^,]+), this server's clock (\S+ \S+) "
+                r"\+ standby_clock_skew (\d+) ms \+ max_drift (\d+) ms\)")
+
+
+def _unix_ms(text: str) -> float:
+    """Unix ms of the log's `YYYY-MM-DD HH:MM:SS.fffZ`."""
+    return dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%fZ").replace(
+        tzinfo=dt.timezone.utc).timestamp() * 1000
+
+
+def _promote_and_check_the_clock(s, offset_s: float, skew_ms: int, drift_ms: int):
+    """Promotes `s`, and checks the floor its startup process computed: from
+    its own clock (libfaketime's offset reaches that process), plus the
+    skew bound and max_drift. Returns the floor (Unix ms)."""
+    mark = s.log_mark()
+    before = time.time() * 1000
+    s.promote()
+    after = time.time() * 1000
+    m = s.wait_for_log(RECOVERY_END, since=mark)
+    floor_ms, clock_ms = _unix_ms(m.group(1)), _unix_ms(m.group(4))
+    assert int(m.group(5)) == skew_ms and int(m.group(6)) == drift_ms, m.group(0)
+    # The clock read where the floor is computed carries the test's offset.
+    assert before + offset_s * 1000 - 500 <= clock_ms <= after + offset_s * 1000 + 500, \
+        (m.group(0), before, after)
+    assert floor_ms >= clock_ms + skew_ms + drift_ms - 1, m.group(0)
+    # A session's first ID: above the floor, after a wait of up to the skew
+    # bound (the floor is that much beyond max_drift), with no error.
+    t = time.monotonic()
+    first = s.scalar("SELECT snowflake_nextval()")
+    print(f"\n  first ID {time.monotonic() - t:.2f}s after the promotion finished, "
+          f"{ms_of(first) - time.time() * 1000 - offset_s * 1000:+.0f} ms from the promoted "
+          f"server's clock; floor {floor_ms - clock_ms:+.0f} ms from its clock at the end of recovery")
+    assert ms_of(first) > floor_ms
+    return floor_ms
 
 
 @pytest.mark.parametrize("case", [
     "same_clock",
     pytest.param("standby_clock_behind", marks=pytest.mark.skipif(
         LIBFAKETIME is None, reason="libfaketime not installed")),
-    pytest.param("standby_clock_behind_and_lagging", marks=[
-        pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed"),
-        pytest.mark.xfail(strict=True, reason=(
-            "DESIGN GAP: the reservation reaches a standby only through "
-            "asynchronous WAL streaming; IDs the primary issued after the "
-            "standby's last received reservation record can be repeated "
-            "(or undercut per worker id) by the promoted standby when its "
-            "clock is behind"))]),
+    pytest.param("standby_clock_behind_and_lagging", marks=pytest.mark.skipif(
+        LIBFAKETIME is None, reason="libfaketime not installed")),
 ])
 def test_promoted_standby_never_repeats_the_primary(make_cluster, case):
     offset, lagging = FAILOVER_CASES[case]["offset"], FAILOVER_CASES[case]["lagging"]
@@ -185,7 +225,8 @@ def test_promoted_standby_never_repeats_the_primary(make_cluster, case):
     assert len(issued) == len(set(issued))
     t_crash = time.monotonic()
 
-    s.promote()
+    drift_ms = 10_000 if offset else 60_000
+    _promote_and_check_the_clock(s, -3 if offset else 0, 1000, drift_ms)
     phase("promote")
     # The same range on the promoted standby: it takes over P's worker ids.
     # (P used 0 before the backup, then 1 and 2; S's fresh server hands out
@@ -270,3 +311,188 @@ def test_hot_standby_generates_from_its_own_range(make_cluster):
     print(f"\n[hot standby] S made {len(on_s)} IDs with worker ids "
           f"{sorted(s_workers)} while P made {len(p_ids)} with "
           f"{sorted({worker_of(i) for i in p_ids})}; none shared")
+
+
+class _Selecter(_Generator):
+    """Like _Generator, with SELECT: no transaction commit waits for a
+    standby, so an ID the server returned is in use at once."""
+
+    def run(self):
+        try:
+            while not self.stop_flag.is_set():
+                rows = self.conn.execute(
+                    "SELECT snowflake_nextval() FROM generate_series(1, %s)",
+                    (ID_BATCH,)).fetchall()
+                self.ids.extend(r[0] for r in rows)
+                time.sleep(PAUSE)
+        except psycopg.Error as e:
+            self.error = e
+
+
+def _synchronous_standby(make_cluster, p, settings, env=None):
+    """A standby of `p` streaming as s1, which `p`'s
+    synchronous_standby_names then names."""
+    s = make_cluster(basebackup_from=p, start=False, settings=settings)
+    with open(os.path.join(s.datadir, "postgresql.auto.conf"), "a") as f:
+        f.write(f"primary_conninfo = 'host={p.dir} port={p.port} user=postgres"
+                f" application_name=s1'\n")
+    s.start(env=env)
+    wait_until(lambda: p.scalar("SELECT count(*) FROM pg_stat_replication "
+                                "WHERE application_name = 's1' AND state = 'streaming'") == 1,
+               60, "s1 streaming")
+    p.configure(synchronous_standby_names="s1")
+    p.reload()
+    wait_until(lambda: p.scalar("SELECT sync_state FROM pg_stat_replication "
+                                "WHERE application_name = 's1'") == "sync", 60, "s1 sync")
+    return s
+
+
+def _cut_off(s):
+    """The standby stops receiving WAL (a partition)."""
+    s.sql("ALTER SYSTEM SET primary_conninfo = ''")
+    s.sql("SELECT pg_reload_conf()")
+    wait_until(lambda: not s.sql("SELECT 1 FROM pg_stat_wal_receiver"), 30,
+               "the standby's WAL receiver to stop")
+
+
+@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed")
+def test_promoted_synchronous_standby_never_repeats_the_primary(make_cluster):
+    """P names S in synchronous_standby_names. S's clock is 3 s behind P's,
+    and its floor at promotion gives no margin (standby_clock_skew 0,
+    max_drift 1 s): only the reservations S has keep it above P's IDs. S is
+    cut off (a partition); P's sessions keep asking for IDs with SELECT (no
+    commit waits). A reservation waits for S like a commit, so P's sessions
+    stop at the last reservation S flushed, waiting (wait event SyncRep),
+    and a cancel fails the call (57014) rather than hand out IDs S may lack.
+    Then P crashes and S is promoted: none of its IDs repeats or undercuts
+    P's. (Before 0.8.0, P went on making IDs under reservations S never
+    received, and S repeated them.)"""
+    p = make_cluster(settings={"snowflake_id.worker_ids": P_RANGE}, create_extension=True)
+    s = _synchronous_standby(make_cluster, p, {
+        "snowflake_id.worker_ids": P_RANGE, "hot_standby": True,
+        "snowflake_id.standby_clock_skew": 0, "snowflake_id.max_drift": "1s"},
+        env={"LD_PRELOAD": LIBFAKETIME, "FAKETIME": "-3s",
+             "FAKETIME_DONT_RESET": "1", "FAKETIME_NO_CACHE": "1"})
+
+    # One session, with synchronous_commit off: it extends every
+    # reservation, and its own commits would not wait for s1, but a
+    # reservation covers every session's IDs and waits all the same.
+    gens = [_Selecter(p, "p")]
+    gens[0].conn.execute("SET synchronous_commit = off")
+    for g in gens:
+        g.start()
+    time.sleep(1.0)
+    wait_until(lambda: _standby_caught_up(p, s), 30, "standby replay")
+    _cut_off(s)
+    # P's sessions reach the end of the reservation S has within about a
+    # second (RESERVE_MS), then wait for S as a commit would.
+    time.sleep(2.5)
+    counts = [len(g.ids) for g in gens]
+    time.sleep(0.5)
+    assert [len(g.ids) for g in gens] == counts, "P made IDs its standby lacks the reservation of"
+    assert p.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
+                    "AND query LIKE '%%snowflake_nextval%%'") == 1
+    # A cancel ends the wait: the call fails, no ID is handed out.
+    mark = p.log_mark()
+    p.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+          "WHERE query LIKE '%%snowflake_nextval%%' AND pid <> pg_backend_pid()")
+    p.wait_for_log("canceling wait for synchronous replication", since=mark)
+    for g in gens:
+        g.join(30)
+        assert isinstance(g.error, psycopg.errors.QueryCanceled), g.error
+        assert "not confirmed by the synchronous standbys" in str(g.error), g.error
+        # The session's own setting is back.
+        assert g.conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+    issued = [i for g in gens for i in g.ids]
+    # Another session (synchronous_commit on) extends in turn, waits, and a
+    # statement timeout ends the wait with the same error.
+    with p.connect() as conn:
+        conn.execute("SET statement_timeout = '1s'")
+        with pytest.raises(psycopg.errors.QueryCanceled,
+                           match="not confirmed by the synchronous standbys"):
+            for _ in range(100):
+                issued += [r[0] for r in conn.execute(
+                    "SELECT snowflake_nextval() FROM generate_series(1, 10000)")]
+    for g in gens:
+        g.conn.close()
+    p.stop(mode="immediate")
+
+    floor_ms = _promote_and_check_the_clock(s, -3, 0, 1000)
+    after = _generate_on(s, connections=3, seconds=1.5)
+    assert len(after) == len(set(after))
+    assert not set(after) & set(issued), "IDs repeated after promotion"
+    undercut = {w for w in {worker_of(i) for i in after}
+                if min(i for i in after if worker_of(i) == w)
+                <= max([i for i in issued if worker_of(i) == w], default=-1)}
+    print(f"\n[synchronous failover] P issued {len(issued)} IDs, the last at "
+          f"{ms_of(max(issued))}; S's floor {floor_ms:.0f}, S made {len(after)} "
+          f"IDs from {ms_of(min(after))}")
+    assert not undercut, f"per worker id, IDs went back after promotion: {undercut}"
+    assert max(ms_of(i) for i in issued) <= floor_ms + 1
+
+
+def test_backfill_grant_waits_for_the_synchronous_standby(make_cluster):
+    """A backfill grant, like a reservation, is used only once the
+    synchronous standby flushed it: with s1 cut off, snowflake_at() waits,
+    and a statement timeout fails it (57014) without an ID. In a
+    transaction, so that no commit waits for s1 before the ID is returned
+    (before 0.8.0 the ID came back at once)."""
+    p = make_cluster(settings={"snowflake_id.worker_ids": P_RANGE,
+                               "snowflake_id.backfill_worker_ids": "1023"},
+                     create_extension=True)
+    s = _synchronous_standby(make_cluster, p, {
+        "snowflake_id.worker_ids": S_STANDBY_RANGE,
+        "snowflake_id.backfill_worker_ids": "1023"})
+    assert p.scalar("SELECT snowflake_at('2025-01-01')") > 0
+    _cut_off(s)
+    with p.connect(autocommit=False) as conn:
+        conn.execute("SET statement_timeout = '1s'")
+        with pytest.raises(psycopg.errors.QueryCanceled,
+                           match="backfill grant was not confirmed by the synchronous standbys"):
+            conn.execute("SELECT snowflake_at('2024-06-01')").fetchone()
+        conn.rollback()
+    # No standby named any more: the waits end (the registry worker's
+    # commits wait too), and the server stops at once.
+    p.configure(synchronous_standby_names="")
+    p.reload()
+
+
+def test_crash_recovery_keeps_ids_near_the_clock(make_cluster):
+    """Crash recovery replays the server's own WAL, which has every
+    reservation it used: no clock bound (IDs do not jump max_drift ahead),
+    and no line about a new primary."""
+    p = _make_primary(make_cluster)
+    p.sql("INSERT INTO ids (origin) SELECT 'p' FROM generate_series(1, 1000)")
+    p.stop(mode="immediate")
+    mark = p.log_mark()
+    p.start()
+    first = p.scalar("SELECT snowflake_nextval()")
+    # The reservation is 1 s ahead of the last ID; max_drift is a minute.
+    assert ms_of(first) < time.time() * 1000 + 5_000, ms_of(first) - time.time() * 1000
+    assert "recovery ended as a new primary" not in p.log(since=mark)
+
+
+def test_restored_backup_ending_archive_recovery_starts_above_the_clock_bound(make_cluster):
+    """A base backup restored with recovery.signal (point-in-time recovery
+    that ends at the end of its WAL) ends archive recovery as a new
+    primary: like a promotion, its IDs start above its clock plus
+    standby_clock_skew plus max_drift, since the original may have made
+    IDs after the backup's WAL ends."""
+    p = _make_primary(make_cluster)
+    r = make_cluster(basebackup_from=p, start=False, settings={
+        "snowflake_id.worker_ids": P_RANGE, "restore_command": "false",
+        "snowflake_id.max_drift": "5s"})
+    os.remove(os.path.join(r.datadir, "standby.signal"))
+    with open(os.path.join(r.datadir, "recovery.signal"), "w"):
+        pass
+    if AS_ROOT:
+        os.chown(os.path.join(r.datadir, "recovery.signal"), *pg_ids())
+    mark = r.log_mark()
+    before = time.time() * 1000
+    r.start()
+    m = r.wait_for_log(RECOVERY_END, since=mark)
+    floor_ms, clock_ms = _unix_ms(m.group(1)), _unix_ms(m.group(4))
+    assert before - 500 <= clock_ms <= time.time() * 1000 + 500, m.group(0)
+    assert floor_ms >= clock_ms + 1000 + 5000 - 1, m.group(0)
+    assert not r.scalar("SELECT pg_is_in_recovery()")
+    assert ms_of(r.scalar("SELECT snowflake_nextval()")) > floor_ms

@@ -37,6 +37,8 @@ BAD_VALUES = [
     ("snowflake_id.worker_ids", "0-5000", "0-511"),
     ("snowflake_id.max_drift", "2h", "0 to 3600000"),
     ("snowflake_id.max_drift", "soon", "0 to 3600000"),
+    ("snowflake_id.standby_clock_skew", "2h", "0 to 3600000"),
+    ("snowflake_id.standby_clock_skew", "-1", "0 to 3600000"),
 ]
 # snowflake_id.registry_database accepts any name; a missing database is
 # the registry worker's business (tests/fleet/test_registry.py).
@@ -147,6 +149,25 @@ def test_valid_values_with_units_and_case_start(make_cluster):
     assert c.scalar("SELECT preset FROM snowflake_layout()") == "js53"
     assert c.scalar("SELECT max_drift_ms FROM snowflake_config()") == 2000
     assert c.scalar("SELECT worker_ids FROM snowflake_config()") == "0-3"
+
+
+def test_standby_clock_skew_is_a_reloadable_duration(make_cluster):
+    """snowflake_id.standby_clock_skew: 1 s by default, a duration in ms,
+    changed by a reload (not by a session), an invalid reload ignored."""
+    c = make_cluster(create_extension=True)
+    row = c.sql("SELECT setting, unit, boot_val, min_val, max_val, context "
+                "FROM pg_settings WHERE name = 'snowflake_id.standby_clock_skew'")
+    assert row == [("1000", "ms", "1000", "0", "3600000", "sighup")], row
+    with pytest.raises(psycopg.errors.CantChangeRuntimeParam):
+        c.sql("SET snowflake_id.standby_clock_skew = '5s'")
+    c.configure(**{"snowflake_id.standby_clock_skew": "250ms"})
+    c.reload()
+    assert c.scalar("SHOW snowflake_id.standby_clock_skew") == "250ms"
+    c.configure(**{"snowflake_id.standby_clock_skew": "2h"})
+    mark = c.log_mark()
+    c.reload()
+    c.wait_for_log(r"snowflake_id\.standby_clock_skew", since=mark)
+    assert c.scalar("SHOW snowflake_id.standby_clock_skew") == "250ms"
 
 
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
