@@ -184,6 +184,11 @@ impl Link<'_> {
                 text: "no answer".into(),
             });
         }
+        if !self.regs[self.p].store.sessions.contains_key(&self.pid) {
+            // The registry restarted (or ended the session) meanwhile: the
+            // connection is gone, as libpq reports it.
+            return Err(CallError::Lost("server closed the connection".into()));
+        }
         Ok(())
     }
 
