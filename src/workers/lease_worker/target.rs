@@ -62,7 +62,7 @@ impl Worker {
 
 /// A connection string without its password, for messages: its hosts,
 /// ports and database as libpq reads them.
-fn redact(conninfo: &str) -> String {
+pub(crate) fn redact(conninfo: &str) -> String {
     match registry_client::parse_conninfo(conninfo) {
         Ok(options) => {
             let get = |key: &str| {
