@@ -154,6 +154,7 @@ def test_a_registry_failover_in_the_middle_of_two_imports_repeats_no_grant(make_
                 rounds[name] += 1
             except psycopg.Error as e:
                 failures[name].append(f"{e.sqlstate}: {e.diag.message_primary}")
+                stop.wait(0.2)
 
     threads = [threading.Thread(target=work, args=(n, c, i))
                for i, (n, c) in enumerate([("A", a), ("B", b)])]
@@ -161,7 +162,13 @@ def test_a_registry_failover_in_the_middle_of_two_imports_repeats_no_grant(make_
         t.start()
     try:
         wait_until(lambda: min(rounds.values()) >= 3, timeout=120, what="imports on P")
-        before = _grants(p)
+        # The grants P handed out so far, once s1 has replayed them (the
+        # ones after, unreplayed, no holder used).
+        with p.connect() as conn:
+            before = dict(conn.execute("SELECT bucket, grants FROM snowflake_backfill()").fetchall())
+            lsn = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+        wait_until(lambda: s.scalar("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", lsn),
+                   timeout=60, what="s1 replaying P's grants")
         p.stop(mode="immediate")
         s.promote()
         at_failover = dict(rounds)
@@ -182,6 +189,43 @@ def test_a_registry_failover_in_the_middle_of_two_imports_repeats_no_grant(make_
         assert "registry" in line or "snowflake_at" in line, line
     print(f"\n[failover] rounds {rounds}, failures {sum(map(len, failures.values()))},"
           f" IDs {sum(map(len, made.values()))}")
+
+
+def test_the_registry_never_leases_a_block_holding_a_set_aside_id(make_cluster):
+    """X holds block 62 (ids 992-1007); Y, whose live ids are 1000-1023
+    (blocks 62 and 63, no backfill of its own), gets no block while X
+    holds 62: block 63 holds the registry's set-aside ids. Once X stops,
+    Y gets 62, and makes no ID of a set-aside id."""
+    r = registry_server(make_cluster, **SET_ASIDE)
+    lease_limits(r)
+    x = holder(make_cluster, r, **{"snowflake_id.worker_ids": "992-1007"})
+    _live(x)
+    y = holder(make_cluster, r, **{"snowflake_id.worker_ids": "1000-1023"})
+    x.stop()
+    _live(y)
+    with y.connect() as conn:
+        got = [row[0] for row in conn.execute(
+            "SELECT d.worker_id FROM generate_series(1, 2000),"
+            " snowflake_decode(snowflake_nextval()) d").fetchall()]
+    assert set(got) <= set(range(1000, 1008)), sorted(set(got))
+    assert [block for block, *_ in leases(r)] == [62], leases(r)
+    assert r.scalar("SELECT count(*) FROM snowflake_lease_blocks WHERE block = 63") == 0
+
+
+def test_a_registry_without_backfill_grants_is_named(make_cluster):
+    """A registry whose extension has no snowflake_backfill_grant (before
+    0.8.0; here the function is dropped from it) refuses clearly."""
+    r = registry_server(make_cluster, **SET_ASIDE)
+    lease_limits(r)
+    r.sql("ALTER EXTENSION snowflake_id DROP FUNCTION snowflake_id_internal.snowflake_backfill_grant(jsonb)")
+    r.sql("DROP FUNCTION snowflake_id_internal.snowflake_backfill_grant(jsonb)")
+    c = holder(make_cluster, r, **SET_ASIDE)
+    _live(c)
+    with c.connect() as conn:
+        e = sql_error(conn, "SELECT snowflake_at('2024-06-01')")
+    assert e.sqlstate == "55000", str(e)
+    assert "hands out no backfill grants" in e.diag.message_primary, e.diag.message_primary
+    assert "ALTER EXTENSION snowflake_id UPDATE" in e.diag.message_hint
 
 
 def test_backfill_on_the_registry_itself_shares_the_fleets_counters(make_cluster):
