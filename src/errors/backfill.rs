@@ -37,14 +37,14 @@ pub fn backfill_off() -> ! {
     )
 }
 
-/// 55000: backfill while this server's worker ids come from Citus (or are not known yet).
+/// 55000: backfill before this server knows its registry or coordinator.
 #[track_caller]
 pub fn backfill_with_leases(mode: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         format!("snowflake_at() cannot make IDs while this server's worker ids come from {mode}"),
-        Some("Backfill grants of a fleet come from its registry (snowflake_id.registry); a Citus node's coordinator does not hand them out yet, and a server whose lease worker has not started yet knows neither.".into()),
-        Some("Backfill on a server leasing from a registry (snowflake_id.registry), or on one with hand-set snowflake_id.worker_ids and snowflake_id.backfill_worker_ids that no server of the fleet uses; or wait for the lease worker to start.".into()),
+        Some("Backfill grants of a fleet come from its registry (snowflake_id.registry) or Citus coordinator, which this server does not know yet.".into()),
+        Some("Wait for the lease worker to find it (snowflake_config() shows the registry), and run the statement again.".into()),
     )
 }
 

@@ -46,11 +46,11 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         errors::layout_changed(&header.recorded_layout.differences(settings::layout()));
     }
     claims::wait_for_registry(header);
-    // With a registry, grants come from it (`backfill_fleet`).
+    // With a registry or a Citus coordinator, grants come from it
+    // (`backfill_fleet`).
     let fleet = match header.lease.mode(Acquire) {
         LeaseMode::Local => false,
-        LeaseMode::Registry => true,
-        LeaseMode::Citus => errors::backfill_with_leases("a Citus coordinator"),
+        LeaseMode::Registry | LeaseMode::Citus => true,
         LeaseMode::Undecided => {
             errors::backfill_with_leases("a lease worker that has not started yet")
         }

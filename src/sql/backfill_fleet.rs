@@ -10,9 +10,10 @@
 //!   follows, in the same session, checks a position at or past it.
 //! - The holder's side: [`grant`], called by `snowflake_at()` when this
 //!   server leases from a registry. Its session backend asks the registry
-//!   itself, on a connection of its own (libpq, `registry_client`, waiting
-//!   on the latch, each call within `CALL_TIMEOUT_MS`), kept for the next
-//!   batch, then asks whether the grant is durable, and uses it only then.
+//!   itself, on a connection of its own for the call (libpq,
+//!   `registry_client`, waiting on the latch, each call within
+//!   `CALL_TIMEOUT_MS`), then asks whether the grant is durable, and uses
+//!   it only then.
 
 use crate::errors;
 use crate::settings;
@@ -25,7 +26,6 @@ use snowflake_core::holder::{CallError, Durability, DurabilityMode, Replication}
 use snowflake_core::protocol::parse_lsn;
 use snowflake_core::registry::backfill::{plan, Facts, GrantReply, GrantRequest};
 use snowflake_core::registry::BlockRow;
-use std::cell::RefCell;
 use std::sync::atomic::Ordering::Acquire;
 use std::time::Instant;
 
@@ -149,15 +149,10 @@ const FIND_SCHEMA: &str = "SELECT quote_ident(n.nspname) \
 /// there).
 const DURABLE_WAIT_MS: u128 = 30_000;
 
-/// This backend's session on the registry, kept for its next batch.
+/// A backend's session on the registry, for one grant call.
 struct Session {
-    conninfo: String,
     conn: Connection,
     schema: String,
-}
-
-thread_local! {
-    static SESSION: RefCell<Option<Session>> = const { RefCell::new(None) };
 }
 
 /// Grants of `buckets` from the registry (`first`: this backend holds none
@@ -166,11 +161,8 @@ thread_local! {
 /// Raises when the registry cannot be reached, refuses, or the grants are
 /// not durable in time (they are then lost, never used).
 pub fn grant(buckets: &[u32], first: &[bool]) -> GrantReply {
-    let Some(conninfo) = settings::registry() else {
-        errors::backfill_with_leases("a registry that is no longer set")
-    };
-    let display = crate::workers::lease_worker::redact(&conninfo);
     let header = shmem::header();
+    let (conninfo, display) = registry_conninfo(header);
     let req = GrantRequest {
         node: header.map(|h| h.lease.node_id.get()).unwrap_or_default(),
         name: crate::workers::lease_worker::node_name(),
@@ -181,35 +173,25 @@ pub fn grant(buckets: &[u32], first: &[bool]) -> GrantReply {
     };
     let body = serde_json::to_string(&req)
         .unwrap_or_else(|e| errors::internal(&format!("a backfill request does not encode: {e}")));
-    // The session is out of its cell during the calls: an error raised
-    // meanwhile drops (closes) it.
-    let kept = SESSION
-        .with_borrow_mut(Option::take)
-        .filter(|s| s.conninfo == conninfo);
-    let mut session = kept;
+    // A connection per call, closed after it (also when an error is
+    // raised: it is a local): sessions that import do not hold the lease
+    // role's connections, which its CONNECTION LIMIT keeps for the lease
+    // workers, while they do other work. One retry on a new connection.
     for attempt in 0..2 {
-        let mut s = match session.take() {
-            Some(s) => s,
-            None => connect(&conninfo, &display),
-        };
+        let mut s = connect(&conninfo, &display);
         match ask(&mut s, &body) {
-            Ok(reply) => {
-                let reply = durable(&mut s, reply, &display);
-                SESSION.with_borrow_mut(|cell| *cell = Some(s));
-                return reply;
-            }
+            Ok(reply) => return durable(&mut s, reply, &display),
             Err(CallError::Refused(r)) if r.sqlstate.is_some() => {
                 if r.functions_gone() {
                     errors::backfill_registry_too_old(&display);
                 }
-                SESSION.with_borrow_mut(|cell| *cell = Some(s));
                 errors::backfill_registry_refused(&display, &r.message, r.hint);
             }
             Err(e) => {
                 drop(s);
                 interrupted();
                 if attempt == 1 {
-                    errors::backfill_registry_unreachable(&display, &e.text());
+                    errors::backfill_registry_unreachable(&display, e.text());
                 }
             }
         }
@@ -221,6 +203,25 @@ pub fn grant(buckets: &[u32], first: &[bool]) -> GrantReply {
 /// is closed by then).
 fn interrupted() {
     pgrx::check_for_interrupts!();
+}
+
+/// The registry's connection string and how messages show it: that of
+/// `snowflake_id.registry`, else the Citus coordinator the lease worker
+/// follows.
+fn registry_conninfo(header: Option<&shmem::Header>) -> (String, String) {
+    if let Some(conninfo) = settings::registry() {
+        let display = crate::workers::lease_worker::redact(&conninfo);
+        return (conninfo, display);
+    }
+    let Some(lease) = header.map(|h| &h.lease) else {
+        errors::backfill_with_leases("a registry that is not known")
+    };
+    let conninfo = lease.coordinator.get();
+    // Empty: not known yet; 1023 bytes: cut by shared memory.
+    if conninfo.is_empty() || conninfo.len() >= 1023 {
+        errors::backfill_with_leases("a Citus coordinator that is not known yet")
+    }
+    (conninfo, lease.registry.get())
 }
 
 fn connect(conninfo: &str, display: &str) -> Session {
@@ -237,7 +238,7 @@ fn connect(conninfo: &str, display: &str) -> Session {
     )
     .unwrap_or_else(|e| {
         interrupted();
-        errors::backfill_registry_unreachable(display, &e.text())
+        errors::backfill_registry_unreachable(display, e.text())
     });
     let schema = conn
         .value(FIND_SCHEMA, &[])
@@ -245,17 +246,13 @@ fn connect(conninfo: &str, display: &str) -> Session {
     let Some(schema) = schema else {
         errors::backfill_registry_too_old(display)
     };
-    Session {
-        conninfo: conninfo.to_string(),
-        conn,
-        schema,
-    }
+    Session { conn, schema }
 }
 
 #[cold]
 fn drop_and_raise(display: &str, e: &CallError) -> ! {
     interrupted();
-    errors::backfill_registry_unreachable(display, &e.text())
+    errors::backfill_registry_unreachable(display, e.text())
 }
 
 fn ask(s: &mut Session, body: &str) -> Result<GrantReply, CallError> {
@@ -300,7 +297,7 @@ fn durable(s: &mut Session, reply: GrantReply, display: &str) -> GrantReply {
             Ok(d) => d,
             Err(e) => {
                 interrupted();
-                errors::backfill_registry_unreachable(display, &e.text())
+                errors::backfill_registry_unreachable(display, e.text())
             }
         };
         let reaches = parse_lsn(&d.lsn).is_some_and(|lsn| lsn >= needed);
