@@ -191,6 +191,29 @@ def test_a_registry_failover_in_the_middle_of_two_imports_repeats_no_grant(make_
           f" IDs {sum(map(len, made.values()))}")
 
 
+def test_grants_not_durable_on_the_registrys_synchronous_standby_are_not_used(make_cluster):
+    """The registry P's synchronous standby s1 is stopped: P hands out
+    grants (in its WAL, flushed) that s1 does not have, so the holder does
+    not use them: snowflake_at() fails (55000) once the registry has not
+    said they are durable for 30 s, and no ID is made."""
+    p = make_cluster(tcp=True, settings={"fsync": True, **SET_ASIDE})
+    p.create_extension()
+    lease_limits(p)
+    s = named_standby(make_cluster, p, "s1", "s1", **SET_ASIDE)
+    require_sync(p, "FIRST 1 (s1)", "s1")
+    a = holder(make_cluster, p, **SET_ASIDE)
+    _live(a)
+    s.stop(mode="immediate")
+    with a.connect() as conn:
+        e = sql_error(conn, "SELECT snowflake_at('2024-06-01')")
+    assert e.sqlstate == "55000", str(e)
+    assert "were not durable on its synchronous standbys" in e.diag.message_primary, \
+        e.diag.message_primary
+    assert "0 of 1 synchronous standbys" in e.diag.message_detail, e.diag.message_detail
+    # P handed them out all the same: they are lost, never used.
+    assert p.scalar("SELECT sum(grants) FROM snowflake_backfill()") >= 1
+
+
 def test_the_registry_never_leases_a_block_holding_a_set_aside_id(make_cluster):
     """X holds block 62 (ids 992-1007); Y, whose live ids are 1000-1023
     (blocks 62 and 63, no backfill of its own), gets no block while X

@@ -140,8 +140,9 @@ enum Want {
 /// call, so that the worker exits) while waiting; in a session backend,
 /// gives the call up on a pending interrupt.
 fn check_signals() -> Result<(), CallError> {
-    // SAFETY: a plain read of PostgreSQL's process flag.
-    if !unsafe { pg_sys::IsBackgroundWorker } {
+    // SAFETY: a plain read of this process's type (IsBackgroundWorker is
+    // gone in PostgreSQL 18).
+    if unsafe { pg_sys::MyBackendType } != pg_sys::BackendType::B_BG_WORKER {
         // A session backend (backfill's grant calls) gives the call up on
         // a cancel or a termination; its caller serves the interrupt once
         // the connection is closed.
