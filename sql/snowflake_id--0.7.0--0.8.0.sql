@@ -1116,3 +1116,21 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_grant(jsonb)
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_grant_take(text, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_backfill_grant_take(text, jsonb) IS
   'Used by snowflake_backfill_grant: the registry''s rules (core/src/registry/backfill.rs) decide a backfill grant call, and this server''s backfill counters hand it out.';
+-- The roles that may renew (the lease role) may take backfill grants too,
+-- as a fresh install's GRANT (docs/operations/fleet.md) lets them.
+DO $grant$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT a.grantee::regrole::text AS role
+               FROM pg_catalog.pg_proc p,
+                    LATERAL pg_catalog.aclexplode(p.proacl) a
+              WHERE p.oid = 'snowflake_id_internal.snowflake_lease_renew(jsonb)'::regprocedure
+                AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0
+                AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_grant(jsonb) TO %s',
+                       r.role);
+    END LOOP;
+END
+$grant$;
