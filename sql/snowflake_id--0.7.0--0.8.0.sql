@@ -1100,3 +1100,63 @@ COMMENT ON FUNCTION snowflake_backfill_dump() IS
   'The rows a dump of snowflake_backfill_grants carries: the table''s rows and this server''s backfill grants now.';
 SELECT pg_catalog.pg_extension_config_dump('snowflake_backfill_grants',
   'WHERE false UNION ALL SELECT * FROM @extschema@.snowflake_backfill_dump()');
+
+-- Backfill in a fleet (issue 44): a holder leasing from a registry takes
+-- backfill grants from it (src/sql/backfill_fleet.sql).
+CREATE FUNCTION snowflake_id_internal.snowflake_backfill_grant_take(request text, facts jsonb)
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_backfill_grant_take_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_backfill_grant(req jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    -- Its text's size: pg_column_size() would count a compressed value.
+    size int := pg_catalog.octet_length(req::text);
+    reply jsonb;
+BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
+    IF size > 65536 THEN
+        RAISE LOG 'snowflake_id registry: refused a backfill grant request of % bytes (role %, %)',
+            size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
+        RAISE EXCEPTION 'backfill grant request of % bytes refused: the limit is 65536', size
+            USING ERRCODE = '54000',
+                  HINT = 'snowflake_at() never sends such a request: who called snowflake_backfill_grant by hand?';
+    END IF;
+    reply := snowflake_id_internal.snowflake_backfill_grant_take(req::text, jsonb_build_object(
+        'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.now()),
+        'role', session_user,
+        'client', coalesce('client ' || inet_client_addr()::text, 'local connection'),
+        'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                       'block', b.block, 'first_worker_id', b.first_worker_id,
+                       'last_worker_id', b.last_worker_id, 'layout', b.layout,
+                       'holder_node', b.holder_node,
+                       'expires_at_ms', snowflake_id_internal.snowflake_lease_ms(b.expires_at),
+                       'grace_ms', floor(extract(epoch FROM b.grace) * 1000)::bigint,
+                       'high_water_ms', b.high_water_ms)), '[]')
+                     FROM @extschema@.snowflake_lease_blocks b)));
+    RETURN reply || jsonb_build_object('lsn', pg_catalog.pg_current_wal_flush_lsn()::text);
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_backfill_grant(jsonb) IS
+  'Called by a holder''s snowflake_at(): hands out backfill grants of the fleet''s set-aside worker ids, durable in this server''s WAL before the reply.';
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_grant(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_grant_take(text, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_backfill_grant_take(text, jsonb) IS
+  'Used by snowflake_backfill_grant: the registry''s rules (core/src/registry/backfill.rs) decide a backfill grant call, and this server''s backfill counters hand it out.';
+-- The roles that may renew (the lease role) may take backfill grants too,
+-- as a fresh install's GRANT (docs/operations/fleet.md) lets them.
+DO $grant$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT a.grantee::regrole::text AS role
+               FROM pg_catalog.pg_proc p,
+                    LATERAL pg_catalog.aclexplode(p.proacl) a
+              WHERE p.oid = 'snowflake_id_internal.snowflake_lease_renew(jsonb)'::regprocedure
+                AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0
+                AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_grant(jsonb) TO %s',
+                       r.role);
+    END LOOP;
+END
+$grant$;

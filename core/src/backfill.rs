@@ -16,7 +16,9 @@
 //! every tick of the stretch. Grants are handed out once, in increasing
 //! order, by a per-stretch counter that only grows and is made durable
 //! before any ID of the grant is returned (the extension keeps it in shared
-//! memory, the state file and WAL).
+//! memory, the state file and WAL). In a fleet the counters are the
+//! registry's, and a holder's grants come from it
+//! ([`crate::registry::backfill`]).
 //!
 //! Open stretches. A grant belongs to the one backend that took it, which
 //! keeps it in its [`Open`] table with how many IDs it made at each tick:

@@ -37,14 +37,60 @@ pub fn backfill_off() -> ! {
     )
 }
 
-/// 55000: backfill while this server's worker ids are leased.
+/// 55000: backfill before this server knows its registry or coordinator.
 #[track_caller]
-pub fn backfill_with_leases() -> ! {
+pub fn backfill_with_leases(mode: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        "snowflake_at() cannot make IDs while this server leases its worker ids".into(),
-        Some("The registry may lease the ids set aside here to another server of the fleet, whose live IDs could then equal backfill IDs.".into()),
-        Some("Make backfill IDs on a server that uses hand-set snowflake_id.worker_ids (no snowflake_id.registry, no Citus), with snowflake_id.backfill_worker_ids that no server of the fleet uses.".into()),
+        format!("snowflake_at() cannot make IDs while this server's worker ids come from {mode}"),
+        Some("Backfill grants of a fleet come from its registry (snowflake_id.registry) or Citus coordinator, which this server does not know yet.".into()),
+        Some("Wait for the lease worker to find it (snowflake_config() shows the registry), and run the statement again.".into()),
+    )
+}
+
+/// 08006: the registry did not answer a backfill grant call.
+#[track_caller]
+pub fn backfill_registry_unreachable(registry: &str, problem: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+        format!("snowflake_at() could not get backfill grants from the registry {registry}: {problem}"),
+        Some("In a fleet, backfill grants come from the registry, durable on its synchronous standbys before an ID is made with them.".into()),
+        Some("Check that the registry is up and reachable with snowflake_id.registry's connection string; the statement may be run again (grants already taken are kept by this session).".into()),
+    )
+}
+
+/// 55000: the registry's extension has no backfill grant function.
+#[track_caller]
+pub fn backfill_registry_too_old(registry: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("the registry {registry} hands out no backfill grants"),
+        Some("Its snowflake_id extension predates 0.8.0, or the connecting role may not use snowflake_id_internal.snowflake_backfill_grant(jsonb).".into()),
+        Some("Run ALTER EXTENSION snowflake_id UPDATE on the registry, and GRANT EXECUTE ON FUNCTION snowflake_id_internal.snowflake_backfill_grant(jsonb) to the lease role.".into()),
+    )
+}
+
+/// 55000: the registry refused a backfill grant call.
+#[track_caller]
+pub fn backfill_registry_refused(registry: &str, message: &str, hint: Option<String>) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("the registry {registry} refused backfill grants: {message}"),
+        Some("In a fleet, backfill grants come from the registry.".into()),
+        Some(
+            hint.unwrap_or_else(|| "See the registry's log (snowflake_id registry lines).".into()),
+        ),
+    )
+}
+
+/// 55000: backfill grants not durable on the registry's standbys in time.
+#[track_caller]
+pub fn backfill_grants_not_durable(registry: &str, detail: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("backfill grants from the registry {registry} were not durable on its synchronous standbys in time"),
+        Some(format!("A grant is used only once a failover of the registry keeps it, as leases are: {detail}.")),
+        Some("Check the registry's synchronous standbys (pg_stat_replication there); run the statement again once they keep up.".into()),
     )
 }
 

@@ -30,9 +30,11 @@ mod settings;
 mod state_file;
 
 pub use backfill::{
-    backfill_bucket_full, backfill_grant_not_replicated, backfill_ids_changed,
-    backfill_ids_overlap, backfill_needs_registry, backfill_off, backfill_on_standby,
-    backfill_time, backfill_time_full, backfill_with_leases, bad_backfill_ids,
+    backfill_bucket_full, backfill_grant_not_replicated, backfill_grants_not_durable,
+    backfill_ids_changed, backfill_ids_overlap, backfill_needs_registry, backfill_off,
+    backfill_on_standby, backfill_registry_refused, backfill_registry_too_old,
+    backfill_registry_unreachable, backfill_time, backfill_time_full, backfill_with_leases,
+    bad_backfill_ids,
 };
 pub use decode::{
     beyond_timestamp_range, infinite_timestamp, part_out_of_range, timestamp_out_of_range,

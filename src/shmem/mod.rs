@@ -205,6 +205,10 @@ pub struct LeaseState {
     pub registry: ShmText<160>,
     /// This data directory's node id.
     pub node_id: ShmText<40>,
+    /// The connection string of the Citus coordinator leased from (built
+    /// from Citus's metadata and `snowflake_id.registry_options`, which
+    /// refuses passwords), for backfill's grant calls; empty otherwise.
+    pub coordinator: ShmText<1024>,
     /// The last problem with the registry, for messages: room for the
     /// longest (what is wrong, the registry's address of up to 159 bytes,
     /// and what to do, as `problems::not_durable_text` writes it; 256

@@ -23,6 +23,9 @@ thread_local! {
     /// Borrowed only for a lookup or an insert, never across a call that
     /// can raise an error.
     static OPEN: RefCell<Open> = RefCell::new(Open::new());
+    /// With a registry: the fleet's floor its last answer gave (times at
+    /// or before it are refused), `i64::MIN` before the first.
+    static FLEET_AFTER_MS: std::cell::Cell<i64> = const { std::cell::Cell::new(i64::MIN) };
 }
 
 /// An ID that decodes to `ts` (the start of its tick) and equals no other
@@ -43,12 +46,15 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         errors::layout_changed(&header.recorded_layout.differences(settings::layout()));
     }
     claims::wait_for_registry(header);
-    match header.lease.mode(Acquire) {
-        LeaseMode::Local => {}
-        LeaseMode::Undecided | LeaseMode::Registry | LeaseMode::Citus => {
-            errors::backfill_with_leases();
+    // With a registry or a Citus coordinator, grants come from it
+    // (`backfill_fleet`).
+    let fleet = match header.lease.mode(Acquire) {
+        LeaseMode::Local => false,
+        LeaseMode::Registry | LeaseMode::Citus => true,
+        LeaseMode::Undecided => {
+            errors::backfill_with_leases("a lease worker that has not started yet")
         }
-    }
+    };
     let backfill = header.backfill();
     if !backfill.history_read.load(Acquire) {
         wait_for_history(header);
@@ -58,12 +64,17 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
     }
     let layout = settings::layout();
     let unix_ms = to_unix_ms(ts, layout);
+    let after_ms = if fleet {
+        backfill.after_ms.load(Acquire).max(FLEET_AFTER_MS.get())
+    } else {
+        backfill.after_ms.load(Acquire)
+    };
     let tick = tick_for(
         layout,
         unix_ms,
         crate::clock::unix_ms(),
         settings::max_drift_ms(),
-        backfill.after_ms.load(Acquire),
+        after_ms,
     )
     .unwrap_or_else(|e| errors::backfill_time(&e.to_string()));
     // A time ahead of the reservation (up to max_drift ahead of the clock)
@@ -80,8 +91,12 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
         match OPEN.with_borrow_mut(|open| open.take(space, tick)) {
             Take::Id { grant, index } => break (grant, index),
             Take::NeedGrant { bucket } => {
-                let usable = usable_buckets(layout, backfill.after_ms.load(Acquire));
+                let usable = usable_buckets(layout, after_ms);
                 let buckets = OPEN.with_borrow(|open| open.to_take(bucket, usable));
+                if fleet {
+                    take_from_registry(space, layout, &buckets, bucket, tick);
+                    continue;
+                }
                 // Grants a restore just brought into this database's table
                 // (its triggers off, say) count before any is taken.
                 raise_from_table(header, layout, &buckets);
@@ -107,7 +122,12 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
                 });
                 // Checked before it is taken: a refusal takes nothing.
                 if taken.first().copied().flatten().is_none() {
-                    refuse(header, space, layout, bucket, tick);
+                    let handed_out = header
+                        .backfill()
+                        .grants
+                        .get(bucket as usize)
+                        .map_or(space.grants_per_bucket(), |n| n.load(Acquire));
+                    refuse(space, layout, bucket, tick, handed_out);
                 }
             }
         }
@@ -124,7 +144,7 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
 /// every grant handed out (a first grant), or all but the reserve (a
 /// further one, for IDs sharing a time).
 #[cold]
-fn refuse(header: &shmem::Header, space: &Space, layout: &Layout, bucket: u32, tick: i64) -> ! {
+fn refuse(space: &Space, layout: &Layout, bucket: u32, tick: i64, handed_out: u32) -> ! {
     let (held, made) = OPEN.with_borrow(|open| (open.held(bucket), open.made_at(tick)));
     let capacity = space.grants_per_bucket();
     if held == 0 {
@@ -137,11 +157,6 @@ fn refuse(header: &shmem::Header, space: &Space, layout: &Layout, bucket: u32, t
             space.per_tick(),
         )
     }
-    let handed_out = header
-        .backfill()
-        .grants
-        .get(bucket as usize)
-        .map_or(capacity, |n| n.load(Acquire));
     errors::backfill_time_full(
         &format_unix_ms(layout.tick_start_unix_ms(tick)),
         made,
@@ -150,6 +165,36 @@ fn refuse(header: &shmem::Header, space: &Space, layout: &Layout, bucket: u32, t
         space.reserve(),
         space.per_tick(),
     )
+}
+
+/// Takes grants of `buckets` from the fleet's registry (durable on its
+/// synchronous standbys before the answer is used) into this backend's
+/// table; raises as a local grant would when the first, `bucket`, gets
+/// none, and for `tick` at or before the fleet's floor.
+fn take_from_registry(space: &Space, layout: &Layout, buckets: &[u32], bucket: u32, tick: i64) {
+    let first: Vec<bool> =
+        OPEN.with_borrow(|open| buckets.iter().map(|&b| open.held(b) == 0).collect());
+    let reply = super::backfill_fleet::grant(buckets, &first);
+    FLEET_AFTER_MS.set(FLEET_AFTER_MS.get().max(reply.after_ms));
+    OPEN.with_borrow_mut(|open| {
+        for (&b, g) in buckets.iter().zip(&reply.grants) {
+            if let Some(g) = g {
+                open.add(b, *g);
+            }
+        }
+    });
+    if reply.grants.first().copied().flatten().is_none() {
+        refuse(space, layout, bucket, tick, reply.handed_out);
+    }
+    let tick_ms = layout.tick_start_unix_ms(tick);
+    if tick_ms <= reply.after_ms {
+        errors::backfill_time(
+            &snowflake_core::backfill::TimeError::NotAfter {
+                from_ms: reply.after_ms,
+            }
+            .to_string(),
+        );
+    }
 }
 
 /// Raises this server's grants from the rows of this database's
@@ -225,7 +270,7 @@ const HISTORY_WAIT_MS: i64 = 30_000;
 /// carried by pg_upgrade or a restore, the set-aside ids' live history),
 /// or raises 55000 naming what it needs.
 #[cold]
-fn wait_for_history(header: &shmem::Header) {
+pub(super) fn wait_for_history(header: &shmem::Header) {
     let Some(database) = settings::registry_database() else {
         errors::backfill_needs_registry(None)
     };

@@ -89,6 +89,9 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
     server
         .layout
         .get_or_insert_with(|| snowflake_core::lease::layout_text(crate::settings::layout()));
+    // The ids it sets aside for backfill: blocks holding one are never
+    // leased (snowflake_core::registry::backfill).
+    server.backfill_ids = crate::settings::backfill_ids_text();
     let rows: Rows = facts(rows.0, "rows");
     match registry::decide(&call, &server, &rows) {
         Ok(outcome) => to_jsonb(&outcome),

@@ -2,6 +2,7 @@
 //!
 //! - `api`        generators, decoders, the monitoring functions and views
 //! - `backfill`   `snowflake_at()` (IDs for past times) and `snowflake_backfill()`
+//! - `backfill_fleet` backfill grants from a fleet's registry (`backfill_fleet.sql`)
 //! - `health`     `snowflake_health()`: one row per check (the decisions: `snowflake_core::health`)
 //! - `public_ids` `snowflake_to_public()` / `snowflake_from_public()`
 //! - `tools`      SQL-language functions (`tools.sql`: decode row, convert a
@@ -21,6 +22,7 @@
 
 pub mod api;
 pub mod backfill;
+pub mod backfill_fleet;
 pub mod health;
 pub mod lease_lock;
 pub mod leases;

@@ -186,10 +186,12 @@ def duplicates(made: dict[str, list[int]]) -> list[str]:
 
 
 # ------------------------------------------- a registry with a synchronous standby
-def named_standby(make_cluster, primary, name: str, registry_name: str | None):
+def named_standby(make_cluster, primary, name: str, registry_name: str | None, **settings):
     """A physical standby of `primary` streaming as application_name `name`,
-    its snowflake_id.registry_standby_name `registry_name` (None: unset)."""
-    s = make_cluster(basebackup_from=primary, tcp=True, start=False, settings={"fsync": True})
+    its snowflake_id.registry_standby_name `registry_name` (None: unset),
+    with `settings`."""
+    s = make_cluster(basebackup_from=primary, tcp=True, start=False,
+                     settings={"fsync": True, **settings})
     with open(os.path.join(s.datadir, "postgresql.auto.conf"), "a") as f:
         f.write(f"primary_conninfo = 'host={primary.dir} port={primary.port} user=postgres"
                 f" application_name={name}'\n")

@@ -18,6 +18,8 @@ itself: the test servers have no TLS.
 
 from __future__ import annotations
 
+import datetime as dt
+import random
 import threading
 import time
 
@@ -244,3 +246,45 @@ def test_a_locked_pg_dist_node_does_not_stop_renewals(make_cluster):
         finally:
             lock.execute("ROLLBACK")
     assert mode(w) == "citus"
+
+
+def test_backfill_through_the_coordinator(make_cluster):
+    """Backfill on a Citus cluster (docs/guides/backfill.md, in a fleet):
+    every node sets aside the same ids; each node's sessions take grants
+    from the coordinator, the cluster's registry, and the three nodes
+    backfilling the same times at once make no ID twice."""
+    set_aside = {"snowflake_id.backfill_worker_ids": "1008-1023"}
+    nodes = citus_cluster(make_cluster, lambda i, c: set_aside)
+    for n in nodes:
+        wait_until(lambda n=n: mode(n) == "citus", timeout=60, what=f"citus mode on {n.port}")
+        with n.connect() as conn:
+            wait_until(lambda conn=conn: can_make_id(conn), timeout=60, what=f"IDs on {n.port}")
+    start = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
+    times = [start + dt.timedelta(minutes=97 * i, milliseconds=i % 5) for i in range(600)]
+    made: dict[int, list[int]] = {}
+    errors: list[str] = []
+
+    def work(i, n):
+        order = times[:]
+        random.Random(i).shuffle(order)
+        try:
+            with n.connect() as conn:
+                made[i] = [r[0] for r in conn.execute(
+                    "SELECT snowflake_at(t) FROM unnest(%s::timestamptz[]) t", (order,)).fetchall()]
+        except psycopg.Error as e:
+            errors.append(f"node {i}: {e.sqlstate} {e}")
+
+    threads = [threading.Thread(target=work, args=(i, n)) for i, n in enumerate(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    every = [i for ids in made.values() for i in ids]
+    assert len(every) == 3 * len(times)
+    assert len(set(every)) == len(every), f"{len(every) - len(set(every))} IDs made twice"
+    workers = {w for (w,) in nodes[0].sql(
+        "SELECT DISTINCT snowflake_worker_id(i) FROM unnest(%s::bigint[]) i", every)}
+    assert workers <= set(range(1008, 1024)), workers
+    # The coordinator counted them.
+    assert nodes[0].scalar("SELECT sum(grants) FROM snowflake_backfill()") >= 3 * 50

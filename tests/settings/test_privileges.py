@@ -168,6 +168,7 @@ SAMPLE = {"jsonb": "'{}'::jsonb", "text": "'x'::text",
 # facts and applies decisions, the Rust decisions it calls, the checks the
 # decoders call by OID and the trigger functions.
 INTERNAL_FUNCTIONS = sorted([
+    "snowflake_backfill_grant", "snowflake_backfill_grant_take",
     "snowflake_backfill_merge", "snowflake_backfill_restored", "snowflake_layout_id",
     "snowflake_layout_shift", "snowflake_layout_ticks", "snowflake_lease_acquire",
     "snowflake_lease_autocommit", "snowflake_lease_begin", "snowflake_lease_block_class", "snowflake_lease_call",

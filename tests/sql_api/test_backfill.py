@@ -212,14 +212,19 @@ def test_configurations_that_could_repeat_ids_are_refused(make_cluster):
     c.scalar("SELECT snowflake_at('2025-01-01')")
 
 
-def test_no_backfill_while_worker_ids_are_leased(make_cluster):
+def test_backfill_with_leased_worker_ids_asks_the_registry_and_names_it_when_unreachable(
+        make_cluster):
+    """With leased worker ids the grants come from the registry
+    (tests/fleet/test_backfill_fleet.py); one that cannot be reached is
+    named, and nothing is made."""
     c = make_cluster(settings={**SET_ASIDE,
                                "snowflake_id.registry": "host=127.0.0.1 port=1 dbname=nowhere"},
                      create_extension=True)
     with c.connect() as conn:
         e = sql_error(conn, "SELECT snowflake_at('2025-01-01')")
-        assert e.sqlstate == "55000", str(e)
-        assert "leases its worker ids" in e.diag.message_primary
+        assert e.sqlstate == "08006", str(e)
+        assert "could not get backfill grants from the registry" in e.diag.message_primary
+        assert "port=1" in e.diag.message_primary
 
 
 def test_a_promoted_standby_continues_above_the_primarys_grants(make_cluster):

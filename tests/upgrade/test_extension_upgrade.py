@@ -207,3 +207,25 @@ def test_update_from_0_5_0_moves_internal_functions_and_keeps_what_uses_them(clu
             got = conn.execute("SELECT snowflake_nextval()").fetchone()[0]
             assert got > conn.execute("SELECT snowflake_from_timestamp(now() + interval"
                                       " '1.9 seconds')").fetchone()[0]
+
+
+def test_update_from_0_7_0_lets_the_lease_role_take_backfill_grants(cluster):
+    """A role that may renew leases on a 0.7.0 registry may call
+    snowflake_backfill_grant after the update (a holder's snowflake_at()
+    calls it: docs/guides/backfill.md, in a fleet); PUBLIC may not."""
+    with old_release("0.7.0"):
+        cluster.create_db("from070")
+        with cluster.connect(dbname="from070") as conn:
+            conn.execute("CREATE EXTENSION snowflake_id VERSION '0.7.0'")
+            conn.execute("CREATE ROLE lessee070")
+            conn.execute("GRANT USAGE ON SCHEMA snowflake_id_internal TO lessee070")
+            conn.execute("GRANT EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text),"
+                         " snowflake_id_internal.snowflake_lease_renew(jsonb) TO lessee070")
+            conn.execute("ALTER EXTENSION snowflake_id UPDATE")
+            may = conn.execute(
+                "SELECT has_function_privilege(r, 'snowflake_id_internal.snowflake_backfill_grant(jsonb)',"
+                " 'EXECUTE') FROM unnest(ARRAY['lessee070', 'public']) r").fetchall()
+            assert may == [(True,), (False,)], may
+            conn.execute("DROP EXTENSION snowflake_id")
+            conn.execute("DROP OWNED BY lessee070")
+            conn.execute("DROP ROLE lessee070")

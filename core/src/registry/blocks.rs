@@ -179,12 +179,32 @@ impl Context<'_> {
         let now = self.server.now_ms;
         (0..64i64)
             .filter(|&b| b.saturating_mul(block_size) <= max_worker_id)
+            .filter(|&b| !self.set_aside(b, block_size, max_worker_id))
             .filter(|&b| {
                 rows.iter()
                     .find(|r| i64::from(r.block) == b)
                     .is_none_or(|r| r.free(now))
             })
             .count() as i64
+    }
+
+    /// Whether block `b` holds a worker id this registry sets aside for
+    /// backfill: never leased ([`super::backfill`]).
+    fn set_aside(&self, b: i64, block_size: i64, max_worker_id: i64) -> bool {
+        let Some(ids) = self.backfill_ids() else {
+            return false;
+        };
+        let first = b.saturating_mul(block_size);
+        let last = first.saturating_add(block_size - 1).min(max_worker_id);
+        super::backfill::block_has_set_aside(&ids, first, last)
+    }
+
+    fn backfill_ids(&self) -> Option<crate::ranges::WorkerRanges> {
+        let text = self.server.backfill_ids.trim();
+        if text.is_empty() {
+            return None;
+        }
+        crate::ranges::WorkerRanges::parse(text, u32::MAX - 1).ok()
     }
 
     /// The node's rows of this session that it holds, to lock.
@@ -276,6 +296,7 @@ pub fn acquire(
         };
         if a.saturating_mul(req.block_size) > req.max_worker_id
             || candidates.iter().any(|c| c.1 == block)
+            || ctx.set_aside(a, req.block_size, req.max_worker_id)
         {
             continue;
         }

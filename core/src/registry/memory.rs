@@ -43,6 +43,8 @@ pub struct Store {
     pub synchronous_standby_names: String,
     /// Its own layout settings.
     pub layout: Option<String>,
+    /// Its `snowflake_id.backfill_worker_ids` (empty: none).
+    pub backfill_ids: String,
     pub sessions: BTreeMap<u64, Session>,
     /// Where fresh incarnation names and keys come from (deterministic).
     pub seed: u64,
@@ -63,6 +65,7 @@ impl Store {
             history: None,
             synchronous_standby_names: String::new(),
             layout: Some("classic".into()),
+            backfill_ids: String::new(),
             sessions: BTreeMap::new(),
             seed,
             names: 0,
@@ -253,6 +256,7 @@ impl Store {
                 history: self.history.clone(),
             },
             layout: self.layout.clone(),
+            backfill_ids: self.backfill_ids.clone(),
             fresh_incarnation: self.fresh_name(),
             fresh_key: self.fresh_key(),
         }
@@ -377,6 +381,7 @@ impl Store {
             )),
             synchronous_standby_names: String::new(),
             layout: Some("classic".into()),
+            backfill_ids: String::new(),
             sessions: BTreeMap::new(),
             seed,
             names: 0,

@@ -28,6 +28,7 @@
 //! [`Invariant::PromotionNeedsProof`]: crate::protocol::Invariant::PromotionNeedsProof
 //! [`Invariant::DurableBeforeUse`]: crate::protocol::Invariant::DurableBeforeUse
 
+pub mod backfill;
 pub mod begin;
 pub mod blocks;
 pub mod durable;
@@ -155,6 +156,11 @@ pub struct Server {
     /// rows and none fixed by the DBA, so that no request can fix it.
     #[serde(default)]
     pub layout: Option<String>,
+    /// The worker ids this registry server sets aside for backfill
+    /// (`snowflake_id.backfill_worker_ids`, as ranges; empty: none): blocks
+    /// holding one are never leased ([`backfill`]).
+    #[serde(default)]
+    pub backfill_ids: String,
     /// A fresh random name, used when a new incarnation begins.
     pub fresh_incarnation: String,
     /// A fresh random token key, used when the registry's row is made

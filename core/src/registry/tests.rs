@@ -251,6 +251,33 @@ fn a_node_leases_no_more_than_its_limit() {
 }
 
 #[test]
+fn a_block_holding_a_set_aside_id_is_never_leased_nor_counted_free() {
+    // 1020-1023 set aside: block 63 (1008-1023) is never leased; 63 others,
+    // one each to nodes that hold none (the reserve goes to them too).
+    let nodes: Vec<String> = (0..70).map(|i| format!("n{i}")).collect();
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let mut s = store_with(&names);
+    s.backfill_ids = "1020-1023".into();
+    let mut leased = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        if let Ok(r) = s.lease(100 + i as u64, &acquire(n, 1, Seen::default(), T0), T0) {
+            leased.extend(r.blocks.iter().map(|b| b.block));
+        }
+    }
+    assert!(!leased.contains(&63), "{leased:?}");
+    assert_eq!(leased.len(), 63, "{leased:?}");
+    // A node that may use block 63 only gets nothing, even the first.
+    let mut s = store_with(&["a"]);
+    s.backfill_ids = "1020-1023".into();
+    let Call::Acquire(mut only) = acquire("a", 1, Seen::default(), T0) else {
+        unreachable!()
+    };
+    only.allowed = vec![63];
+    let r = s.lease(100, &Call::Acquire(only), T0).unwrap();
+    assert!(r.blocks.is_empty(), "{:?}", r.blocks);
+}
+
+#[test]
 fn the_last_free_blocks_go_only_to_servers_that_hold_none() {
     // 0.7.0: eight sessions of the lease role, each a made-up node with
     // max_blocks_per_node blocks, held 63 of 64 and a new server got none.

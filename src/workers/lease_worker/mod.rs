@@ -54,6 +54,9 @@ mod host;
 mod problems;
 mod registry;
 mod start;
+
+pub(crate) use start::node_name;
+pub(crate) use target::redact;
 mod target;
 
 use file::FileContext;

@@ -176,7 +176,7 @@ fn saved_leases(
 }
 
 /// This server's name in the registry: `cluster_name`, or host:port.
-fn node_name() -> String {
+pub(crate) fn node_name() -> String {
     // SAFETY: reading PostgreSQL's GUC variables and the port number.
     let (cluster, port) = unsafe {
         let p = pgrx::pg_sys::cluster_name;

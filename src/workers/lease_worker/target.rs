@@ -40,6 +40,11 @@ impl Worker {
         match &target {
             Some(t) => {
                 lease.registry.set(&t.display);
+                lease.coordinator.set(if t.mode == MODE_REGISTRY {
+                    ""
+                } else {
+                    &t.conninfo
+                });
                 if lease.mode(Relaxed) == LeaseMode::Local {
                     set_all_limits(self.header, NO_LEASE);
                 }
@@ -51,6 +56,7 @@ impl Worker {
             }
             None => {
                 lease.registry.set("");
+                lease.coordinator.set("");
                 set_all_limits(self.header, i64::MAX);
                 lease.set_mode(LeaseMode::Local, Release);
             }
@@ -62,7 +68,7 @@ impl Worker {
 
 /// A connection string without its password, for messages: its hosts,
 /// ports and database as libpq reads them.
-fn redact(conninfo: &str) -> String {
+pub(crate) fn redact(conninfo: &str) -> String {
     match registry_client::parse_conninfo(conninfo) {
         Ok(options) => {
             let get = |key: &str| {

@@ -137,8 +137,21 @@ enum Want {
 }
 
 /// Handles SIGHUP (reloads the configuration) and SIGTERM (gives up the
-/// call, so that the worker exits) while waiting.
+/// call, so that the worker exits) while waiting; in a session backend,
+/// gives the call up on a pending interrupt.
 fn check_signals() -> Result<(), CallError> {
+    // SAFETY: a plain read of this process's type (IsBackgroundWorker is
+    // gone in PostgreSQL 18).
+    if unsafe { pg_sys::MyBackendType } != pg_sys::BackendType::B_BG_WORKER {
+        // A session backend (backfill's grant calls) gives the call up on
+        // a cancel or a termination; its caller serves the interrupt once
+        // the connection is closed.
+        // SAFETY: a plain read of PostgreSQL's interrupt flag.
+        if unsafe { pg_sys::InterruptPending } != 0 {
+            return Err(CallError::Lost("interrupted".into()));
+        }
+        return Ok(());
+    }
     if BackgroundWorker::sighup_received() {
         // SAFETY: a plain call, as PostgreSQL's own processes make on SIGHUP.
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
