@@ -27,7 +27,10 @@ pub fn init() {
 /// Like the reservation, it takes the lock without waiting and otherwise
 /// sleeps on the latch for 1 ms, so a cancel is served while another
 /// backend fsyncs.
-pub fn grant(header: &Header, buckets: &[u32], limits: &[u32]) -> Vec<Option<u32>> {
+/// `standbys`: whether to wait for the synchronous standbys here; the
+/// registry's grants for holders do not (each holder asks the registry
+/// whether they are durable before it uses them, and is told `55000`).
+pub fn grant(header: &Header, buckets: &[u32], limits: &[u32], standbys: bool) -> Vec<Option<u32>> {
     let grants = &header.backfill().grants;
     loop {
         if let Some(_guard) = header.try_reserve_lock() {
@@ -50,7 +53,7 @@ pub fn grant(header: &Header, buckets: &[u32], limits: &[u32]) -> Vec<Option<u32
                 })
                 .collect();
             if !counts.is_empty() {
-                persist(header, &counts);
+                persist(header, &counts, standbys);
             }
             return taken;
         }
@@ -81,7 +84,7 @@ pub fn raise(header: &Header, bucket: u32, grants: u32) {
 /// handed out twice.
 fn record(header: &Header, bucket: u32, cell: &std::sync::atomic::AtomicU32, grants: u32) {
     cell.fetch_max(grants, AcqRel);
-    persist(header, &[(bucket, grants)]);
+    persist(header, &[(bucket, grants)], true);
 }
 
 /// Makes counts just raised in shared memory durable: state file, then
@@ -89,12 +92,12 @@ fn record(header: &Header, bucket: u32, cell: &std::sync::atomic::AtomicU32, gra
 /// (as a reservation: a promoted one has every grant handed out). An
 /// interrupted wait fails the call: the grants stay counted, so they are
 /// lost, never handed out twice. The caller holds `reserve_lock`.
-fn persist(header: &Header, counts: &[(u32, u32)]) {
+fn persist(header: &Header, counts: &[(u32, u32)], standbys: bool) {
     header.backfill().used.store(true, Release);
     header.backfill().changes.fetch_add(1, Relaxed);
     reservation::rewrite_state_file(header);
     if let Some(lsn) = wal::log_backfill_grants(counts) {
-        if wal::wait_for_sync_standbys(lsn) == WaitEnd::Interrupted {
+        if standbys && wal::wait_for_sync_standbys(lsn) == WaitEnd::Interrupted {
             errors::backfill_grant_not_replicated();
         }
     }

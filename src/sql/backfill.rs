@@ -112,7 +112,7 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
                         .map(|&b| space.grant_limit(open.held(b)))
                         .collect()
                 });
-                let taken = grant(header, &buckets, &limits);
+                let taken = grant(header, &buckets, &limits, true);
                 OPEN.with_borrow_mut(|open| {
                     for (&b, g) in buckets.iter().zip(&taken) {
                         if let Some(g) = g {

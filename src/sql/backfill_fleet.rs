@@ -102,7 +102,7 @@ fn snowflake_backfill_grant_take(request: &str, facts: JsonB) -> JsonB {
             errors::registry_refusal(refusal)
         }
     };
-    let grants = crate::durability::backfill::grant(header, &plan.buckets, &plan.limits);
+    let grants = crate::durability::backfill::grant(header, &plan.buckets, &plan.limits, false);
     let handed_out = plan
         .buckets
         .first()
