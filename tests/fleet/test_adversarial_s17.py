@@ -18,6 +18,8 @@ Real holder A makes IDs meanwhile. Lease times of 6 s
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 
@@ -170,6 +172,52 @@ def test_a_session_that_made_a_lease_call_is_not_ended_later(make_cluster):
     x.close()
     no_duplicates(A=maker_a)
     assert "kept the registry's lock" not in r.log(mark)
+
+
+def test_a_lease_call_whose_commit_waits_for_a_stalled_synchronous_standby_is_not_ended(
+        make_cluster):
+    """The registry P with its synchronous standby s1 (FIRST 1 (s1)), whose
+    WAL sender is stopped (SIGSTOP): a commit waits for s1. A session of
+    the lease role, as a holder's, acquires a block: its commit waits past
+    the rule's 2 s (disarmed at PreCommit). Wanted: the session is not
+    ended (a session ended there would leave a grant committed locally that
+    its holder never heard of); once s1 goes on, the call returns its
+    block, the session lives and the registry logs no ended session."""
+    p = make_cluster(tcp=True, settings={"fsync": True})
+    p.create_extension()
+    lease_limits(p)
+    grant_lease_role(p)
+    named_standby(make_cluster, p, "s1", "s1")
+    require_sync(p, "FIRST 1 (s1)", "s1")
+    x = Intruder(p, node="holder")
+    mark = p.log_mark()
+    sender = p.scalar("SELECT pid FROM pg_stat_replication WHERE application_name = 's1'")
+    got: dict = {}
+
+    def call():
+        try:
+            got["reply"] = x.acquire()
+        except psycopg.Error as e:
+            got["error"] = f"{e.sqlstate} {e}"
+    os.kill(sender, signal.SIGSTOP)
+    try:
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE usename = 'snowflake_lease'"
+                   " AND wait_event = 'SyncRep'")
+        wait_until(lambda: p.scalar(waiting) == 1, timeout=30, what="the call's commit waiting for s1")
+        time.sleep(4)   # twice the rule's 2 s
+        still = p.scalar(waiting)
+    finally:
+        os.kill(sender, signal.SIGCONT)
+    t.join(timeout=30)
+    alive = x.conn.execute("SELECT 1").fetchone()[0] == 1
+    x.close()
+    print(f"\n[commit waiting for s1] still waiting after 4 s: {still}; {got}")
+    assert still == 1, "the call's session stopped waiting for s1"
+    assert "error" not in got and got["reply"]["blocks"], got
+    assert alive
+    assert "kept the registry's lock" not in p.log(mark)
 
 
 # ----------------------------------------- evidence from a grant that never committed
@@ -365,3 +413,30 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_is_fenced_when_p
           f" C {len(made_c)}; {problems}")
     assert not problems, "; ".join(problems)
     assert row["fenced"], f"s1, promoted, was not fenced: {row['cause']}"
+
+
+@pytest.mark.parametrize("names", ["FIRST 1 (s1)", "*"])
+def test_a_standby_promoted_right_after_create_extension_is_fenced(make_cluster, names):
+    """The registry P with its synchronous standby s1 (named s1 by
+    snowflake_id.registry_standby_name); CREATE EXTENSION on P, whose
+    candidates' row '{*}' s1 receives. Before any holder's call, P dies
+    and s1 is promoted; holder A leases from s1. Wanted: s1's new
+    incarnation is fenced ('*' proves no promotion)."""
+    p = make_cluster(tcp=True, settings={"fsync": True})
+    s1 = named_standby(make_cluster, p, "s1", "s1")
+    require_sync(p, names, "s1")
+    p.create_extension()
+    lease_limits(p)
+    before = registry_row(p)
+    wait_until(lambda: s1.scalar("SELECT to_regclass('snowflake_lease_standbys') IS NOT NULL")
+               and s1.sql("SELECT members FROM snowflake_lease_standbys") == [(["*"],)],
+               timeout=30, what="s1 has the row CREATE EXTENSION made")
+    p.stop(mode="immediate")
+    s1.promote()
+    a = holder(make_cluster, s1)
+    wait_until(lambda: registry_row(s1).get("incarnation") != before["incarnation"], timeout=60,
+               what="s1's new incarnation")
+    row = registry_row(s1)
+    a.stop()
+    print(f"\n[promoted after CREATE EXTENSION, {names}] {row}")
+    assert row["fenced"] and row["previous_incarnation"] is None, row
