@@ -26,11 +26,11 @@ import time
 import psycopg
 import pytest
 
-from harness import wait_until
+from harness import free_port, run_pg, wait_until
 from helpers import Maker, apart_problems
 from fleet_helpers import (duplicates, first_ids_within, grant_lease_role, holder, hosts, Intruder,
                           lease_limits, named_standby, registry_server, registry_state,
-                          require_sync)
+                          require_sync, resume)
 
 HOLD_S = 20
 
@@ -86,7 +86,8 @@ def first_refusal(maker: Maker) -> str | None:
     " SHARE ROW EXCLUSIVE lock. A was refused (55000) from about 11 s on, until the attacker's"
     " transaction ended (10.9 s with the lease role's open transaction)"))
 @pytest.mark.parametrize("who,how", [("lease", "open_transaction"), ("lease", "one_statement"),
-                                     ("app", "open_transaction")])
+                                     ("app", "open_transaction"),
+                                     ("lease", "prepared_transaction")])
 def test_a_statement_prepared_on_the_registry_table_does_not_stop_the_fleet(make_cluster, who,
                                                                           how):
     """A role that may connect to the registry's database names the
@@ -96,8 +97,11 @@ def test_a_statement_prepared_on_the_registry_table_does_not_stop_the_fleet(make
     PREPARE only parses. who: the lease role, or `app`, a role with no
     right but to log in. how: BEGIN; PREPARE; and the transaction left
     open for 20 s; or PREPARE and pg_sleep(20) in one simple query (an
-    implicit transaction, no BEGIN). Wanted: A goes on making IDs."""
-    r, a, maker_a = fleet(make_cluster)
+    implicit transaction, no BEGIN); or BEGIN; PREPARE; PREPARE TRANSACTION
+    (max_prepared_transactions = 2, as Citus wants it), the session closed:
+    the lock outlives it. Wanted: A goes on making IDs."""
+    settings = {"max_prepared_transactions": 2} if how == "prepared_transaction" else {}
+    r, a, maker_a = fleet(make_cluster, **settings)
     schema = r.scalar("SELECT n.nspname FROM pg_class c JOIN pg_namespace n"
                       " ON n.oid = c.relnamespace WHERE c.relname = 'snowflake_lease_registry'")
     user = "snowflake_lease"
@@ -116,6 +120,14 @@ def test_a_statement_prepared_on_the_registry_table_does_not_stop_the_fleet(make
                 conn.execute(prepare)
                 time.sleep(HOLD_S)
                 conn.execute("ROLLBACK")
+            elif how == "prepared_transaction":
+                conn.execute("BEGIN")
+                conn.execute(prepare)
+                conn.execute("PREPARE TRANSACTION 'x'")
+                conn.close()
+                time.sleep(HOLD_S)
+                with r.connect(user=user) as again:
+                    again.execute("ROLLBACK PREPARED 'x'")
             else:
                 conn.execute(f"{prepare}; SELECT pg_sleep({HOLD_S})".encode(), prepare=False)
         except psycopg.Error as e:
@@ -123,9 +135,9 @@ def test_a_statement_prepared_on_the_registry_table_does_not_stop_the_fleet(make
     t = threading.Thread(target=run, daemon=True)
     t.start()
     wait_until(lambda: r.scalar(
-        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid"
+        "SELECT count(*) FROM pg_locks l LEFT JOIN pg_stat_activity s ON s.pid = l.pid"
         " WHERE l.relation = %s::regclass AND l.mode = 'RowExclusiveLock' AND l.granted"
-        " AND s.usename = %s", f"{schema}.snowflake_lease_registry", user) == 1,
+        " AND (s.usename = %s OR l.pid IS NULL)", f"{schema}.snowflake_lease_registry", user) == 1,
         timeout=10, what="the attacker's lock on the registry's table")
     stopped_at = refused_from(maker_a, HOLD_S - 1)
     t.join(timeout=HOLD_S + 10)
@@ -505,3 +517,84 @@ def test_a_standby_promoted_right_after_create_extension_is_fenced(make_cluster,
     a.stop()
     print(f"\n[promoted after CREATE EXTENSION, {names}] {row}")
     assert row["fenced"] and row["previous_incarnation"] is None, row
+
+
+# ----------------------------------------- a snapshot from before DROP/CREATE EXTENSION
+RESTORE = {"snowflake_id.worker_ids": "0-15", "snowflake_id.max_drift": "1s",
+           "snowflake_id.lease_time": "30s"}
+LIMITS_30 = ("SELECT snowflake_lease_set_limits(max_lease_ms => 30000, max_grace_ms => 6000,"
+             " max_ahead_ms => 100000)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grant", ["granted_between", "none_between"])
+def test_a_snapshot_from_before_the_extension_was_made_again_restored_in_place_is_fenced(
+        make_cluster, grant):
+    """Seed 112 on real servers. The registry R (30 s leases); holder A
+    holds block 0 (worker ids 0-15, max_drift 1 s), B wants it too. R is
+    stopped, its data directory copied aside, started again.
+    granted_between: holder C (worker ids 16-31) leases block 1 before the
+    extension is made again (a grant the snapshot lacks);
+    none_between: no grant between. The extension is dropped and created
+    again (the limits in the same transaction); A re-asserts block 0 to
+    the new incarnation (fenced: A's session held block locks). After 45 s
+    (the snapshot's grant of block 0 has run out), A's lease worker is
+    stopped (SIGSTOP; A's sessions go on until its deadline), R stopped,
+    the copy put back, R started elsewhere to write past every position a
+    holder saw, then on its port; A's worker continues 15 s later. Wanted:
+    the restored registry fences (a holder's earlier sighting of the
+    snapshot's incarnation is past it) and no ID is made by A and B."""
+    r = registry_server(make_cluster)
+    r.sql(LIMITS_30)
+    a = holder(make_cluster, r, **RESTORE)
+    maker_a = Maker(a, statement_timeout="60s")
+    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
+    b = holder(make_cluster, r, **RESTORE)
+    maker_b = Maker(b, statement_timeout="60s")
+    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    r.stop()
+    aside = r.dir + "/snapshot"
+    run_pg(["cp", "-a", r.datadir, aside], cwd=r.dir)
+    r.start()
+    snap = registry_state(r)
+    if grant == "granted_between":
+        c = holder(make_cluster, r, **{**RESTORE, "snowflake_id.worker_ids": "16-31"})
+        maker_c = Maker(c, statement_timeout="60s")
+        wait_until(lambda: maker_c.made, timeout=60, what="C's IDs from block 1")
+        maker_c.stop()
+    with r.connect() as conn:
+        conn.execute("DROP EXTENSION snowflake_id CASCADE; CREATE EXTENSION snowflake_id;"
+                     f" {LIMITS_30}")
+    wait_until(lambda: registry_state(r)[0] != snap[0], timeout=60,
+               what="the new incarnation after CREATE EXTENSION")
+    made = len(maker_a.made)
+    wait_until(lambda: len(maker_a.made) > made, timeout=60, what="A's IDs after the re-assertion")
+    time.sleep(45)
+    worker = a.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowflake_id lease'")
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        r.stop()
+        run_pg(["rm", "-rf", r.datadir], cwd=r.dir)
+        run_pg(["cp", "-a", aside, r.datadir], cwd=r.dir)
+        port = r.port
+        r.port = free_port()
+        r.configure()
+        r.start()
+        r.sql("CREATE TABLE filler AS SELECT g, repeat('x', 100) AS pad"
+              " FROM generate_series(1, 400000) g")
+        r.stop()
+        r.port = port
+        r.configure()
+        r.start()
+        time.sleep(15)
+    finally:
+        resume([worker])
+    time.sleep(30)
+    after = registry_state(r)
+    made_all = {"A": maker_a.stop(), "B": maker_b.stop()}
+    problems = duplicates(made_all)
+    print(f"\n[snapshot before CREATE EXTENSION, {grant}] snapshot {snap} -> {after};"
+          f" A made {len(made_all['A'])}, B {len(made_all['B'])}; {problems}")
+    run_pg(["rm", "-rf", aside], cwd=r.dir)
+    assert not problems, "; ".join(problems)
+    assert after[0] != snap[0], f"the restored registry did not start a new incarnation: {after}"
