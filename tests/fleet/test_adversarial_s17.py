@@ -4,16 +4,25 @@ EXTENSION makes, attacked on real servers.
 
 - The registry's lock: a lease call's transaction has 2 s from its
   decision to end (src/sql/lease_lock.rs). Can a role that may connect to
-  the registry keep the lock some other way, or does the rule end a
-  holder's session that did nothing wrong?
+  the registry keep the lock some other way (a statement prepared on the
+  registry's table, a commit made to wait for a standby's replay), does
+  the rule hold for a cursor, a procedure, a COPY, an unread reply, and
+  does it spare a holder's session (a commit waiting for a synchronous
+  standby, later statements)?
 - Evidence: a request's position or grant count past the registry's own,
   under a token it issued, starts a fenced incarnation
   (core/src/registry/begin.rs). Can the lease role make the registry fence
-  again and again with tokens it received itself?
+  again and again with tokens it received itself, and does a snapshot from
+  before DROP/CREATE EXTENSION, restored in place, fence?
+- The candidates' row CREATE EXTENSION makes ('{*}': every standby that
+  may be synchronous, core/src/registry/durable.rs): a standby promoted
+  right after, a listed standby stopped, a candidate cut off just before
+  under synchronous_standby_names = 'ANY 1 (*)'.
 
-Real holder A makes IDs meanwhile. Lease times of 6 s
+Real holders make IDs meanwhile. Lease times of 6 s
 (fleet_helpers.LEASE), the registry's limits set to match (a fence lasts
-7.2 s), unless a test says otherwise."""
+7.2 s), unless a test says otherwise. Strict xfails are open bugs, their
+reasons the numbers measured."""
 
 from __future__ import annotations
 
