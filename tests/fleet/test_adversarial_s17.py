@@ -22,7 +22,9 @@ EXTENSION makes, attacked on real servers.
 Real holders make IDs meanwhile. Lease times of 6 s
 (fleet_helpers.LEASE), the registry's limits set to match (a fence lasts
 7.2 s), unless a test says otherwise. Strict xfails are open bugs, their
-reasons the numbers measured."""
+reasons the numbers measured on PostgreSQL 15; PostgreSQL 18 measured the
+same (A refused from 11.0 s and 10.8 s, 16 fences in 30 s, 82,761 IDs
+made by both B and C)."""
 
 from __future__ import annotations
 
