@@ -21,7 +21,8 @@
 //! holder's call behind such a session still gets the lock.
 //!
 //! The timer is disarmed before the commit (`PreCommit`): a commit waiting
-//! for synchronous standbys is not cut short by it.
+//! for synchronous standbys is not cut short by it; the call's commit waits
+//! for their flush only ([`commit_on_flush`]).
 //!
 //! PostgreSQL's `utils/timeout.h` is not in pgrx's bindings; its three
 //! functions used here are declared below, with the signatures PostgreSQL
@@ -112,6 +113,19 @@ pub fn bound() {
             );
         }
     });
+}
+
+/// The call's commit waits for the synchronous standbys' flush, no more:
+/// `synchronous_commit = on` for this transaction. With `remote_apply`
+/// (any session may set it) the commit, after the timer, waited for a
+/// standby's replay, which a session there can hold back for
+/// `max_standby_streaming_delay`, with the registry's lock held.
+pub fn commit_on_flush() {
+    if let Err(e) = Spi::run("SELECT pg_catalog.set_config('synchronous_commit', 'on', true)") {
+        crate::errors::internal(&format!(
+            "snowflake_id registry: synchronous_commit could not be set for a lease call: {e}"
+        ));
+    }
 }
 
 fn disarm(id: c_int) {

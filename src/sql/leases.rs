@@ -65,6 +65,7 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_decide_wrapper';
 "#)]
 fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB) -> JsonB {
     super::lease_lock::bound();
+    super::lease_lock::commit_on_flush();
     let req = request;
     let call = match call {
         "acquire" => Call::Acquire(self::request::<AcquireRequest>(req, ACQUIRE_KEYS)),

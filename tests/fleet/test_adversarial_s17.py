@@ -342,12 +342,6 @@ def test_a_lease_call_whose_commit_waits_for_a_stalled_synchronous_standby_is_no
     assert "kept the registry's lock" not in p.log(mark)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on PostgreSQL 15: with SET synchronous_commit = remote_apply (any session may) a"
-    " lease call's commit waits for s1 to replay it, after PreCommit (the 2 s timer disarmed) and"
-    " with the registry's lock held; the lease role's REPEATABLE READ snapshot on s1 and one"
-    " CREATE/DROP TEMP TABLE on P stall s1's replay for max_standby_streaming_delay (30 s). The"
-    " call took 30.5 s; A was refused (55000) from 10.8 s on"))
 def test_a_lease_call_whose_commit_waits_for_replay_on_a_standby_does_not_stop_the_fleet(
         make_cluster):
     """The registry P with its synchronous standby s1 (FIRST 1 (s1)), holder
