@@ -264,9 +264,15 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) IS
 
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() RETURNS void
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
-    -- A table lock, not an advisory one: the lease role has no right on the
-    -- table, so it cannot take this lock itself and hold the fleet up.
-    LOCK TABLE @extschema@.snowflake_lease_registry IN SHARE ROW EXCLUSIVE MODE
+    -- A table lock the lease role cannot take: not an advisory one (any
+    -- role may take those), and in a mode no statement takes before its
+    -- rights are checked. A statement prepared on the table (PREPARE, a
+    -- function body, a rule) keeps ROW EXCLUSIVE on it to the end of its
+    -- transaction without any right on it, and that conflicts with SHARE ROW
+    -- EXCLUSIVE; SHARE UPDATE EXCLUSIVE conflicts with neither it nor ROW
+    -- SHARE, but with itself. The registry's other writers (the triggers)
+    -- take it too.
+    LOCK TABLE @extschema@.snowflake_lease_registry IN SHARE UPDATE EXCLUSIVE MODE
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() IS
   'Used by the lease functions: the transaction lock under which lease calls are decided one at a time.';
@@ -666,6 +672,39 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
   'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory). One node per session.';
 
+
+-- The registry's lock in a mode no statement takes before its rights are
+-- checked (a statement prepared on snowflake_lease_registry kept ROW
+-- EXCLUSIVE on it and stopped every lease call); the trigger that starts a
+-- new incarnation takes it too, after any lease call in progress.
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_forget() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    now_ms bigint := (extract(epoch FROM now()) * 1000)::bigint;
+    lim record;
+    new_floor bigint;
+BEGIN
+    -- After any lease call in progress, which would write over this row.
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
+    -- The limits bound every grant the registry confirmed (they are in
+    -- range: no sum below leaves bigint's).
+    SELECT * INTO lim FROM snowflake_id_internal.snowflake_lease_limits_in_force();
+    UPDATE @extschema@.snowflake_lease_registry g
+       SET incarnation = md5(gen_random_uuid()::text), started_at = now(),
+           cause = format('rows of the lease table were %s',
+                          CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted'
+                                     ELSE 'truncated' END),
+           fenced_until = now() + (lim.fence_lease_ms + lim.fence_grace_ms) * interval '1 millisecond',
+           fence_floor_ms = now_ms + lim.fence_ahead_ms + lim.fence_grace_ms
+    RETURNING g.fence_floor_ms INTO new_floor;
+    UPDATE @extschema@.snowflake_lease_blocks b
+       SET high_water_ms = greatest(b.high_water_ms, new_floor)
+     WHERE new_floor IS NOT NULL AND b.high_water_ms < new_floor;
+    RAISE LOG 'snowflake_id registry: the lease table was changed by % (%): new incarnation, fenced',
+        TG_OP, TG_TABLE_NAME;
+    RETURN NULL;
+END
+$fn$;
 
 -- == Getting it, switching to it and watching it (issue 43) ==
 

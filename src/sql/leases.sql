@@ -461,6 +461,8 @@ DECLARE
     lim record;
     new_floor bigint;
 BEGIN
+    -- After any lease call in progress, which would write over this row.
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     -- The limits bound every grant the registry confirmed (they are in
     -- range: no sum below leaves bigint's).
     SELECT * INTO lim FROM snowflake_id_internal.snowflake_lease_limits_in_force();
@@ -692,9 +694,15 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) IS
 -- rows the last one wrote (held to the end of the transaction).
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() RETURNS void
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
-    -- A table lock, not an advisory one: the lease role has no right on the
-    -- table, so it cannot take this lock itself and hold the fleet up.
-    LOCK TABLE @extschema@.snowflake_lease_registry IN SHARE ROW EXCLUSIVE MODE
+    -- A table lock the lease role cannot take: not an advisory one (any
+    -- role may take those), and in a mode no statement takes before its
+    -- rights are checked. A statement prepared on the table (PREPARE, a
+    -- function body, a rule) keeps ROW EXCLUSIVE on it to the end of its
+    -- transaction without any right on it, and that conflicts with SHARE ROW
+    -- EXCLUSIVE; SHARE UPDATE EXCLUSIVE conflicts with neither it nor ROW
+    -- SHARE, but with itself. The registry's other writers (the triggers)
+    -- take it too.
+    LOCK TABLE @extschema@.snowflake_lease_registry IN SHARE UPDATE EXCLUSIVE MODE
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() IS
   'Used by the lease functions: the transaction lock under which lease calls are decided one at a time.';

@@ -90,14 +90,6 @@ def first_refusal(maker: Maker) -> str | None:
 
 
 # ----------------------------------------------- the registry's lock, no lease call
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on PostgreSQL 15: PREPARE p AS DELETE FROM public.snowflake_lease_registry takes"
-    " ROW EXCLUSIVE on the table at parse analysis (privileges are checked only at EXECUTE), and"
-    " its transaction keeps it: no lease call, so no 2 s rule; every lease call waits on its"
-    " SHARE ROW EXCLUSIVE lock. A was refused (55000) from about 11 s on, until the attacker's"
-    " transaction ended: 10.9 s with the lease role's open transaction, 8.0 s in one statement,"
-    " 10.8 s for a role with no right but LOGIN, 11.0 s from a PREPARE TRANSACTION whose session"
-    " had closed"))
 @pytest.mark.parametrize("who,how", [("lease", "open_transaction"), ("lease", "one_statement"),
                                      ("app", "open_transaction"),
                                      ("lease", "prepared_transaction")])
