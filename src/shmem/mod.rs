@@ -108,6 +108,9 @@ pub struct Header {
     pub recorded_layout: Layout,
     /// Fleet leases: mode, registry, blocks held (see `lease_worker`).
     pub lease: LeaseState,
+    /// On a registry: the highest grant count it signed a token for since
+    /// the postmaster started (`snowflake_core::registry::Server::signed_grants`).
+    pub signed_grants: AtomicI64,
 }
 
 /// Where this server's worker ids come from, as [`LeaseState::mode`] holds

@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use snowflake_core::protocol::{AcquireRequest, ReleaseRequest, RenewRequest};
 use snowflake_core::registry::{self, durable, hello, token, Call, Rows, Server};
+use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
 /// What each call's request must have (the detail of `invalid lease
 /// request`).
@@ -85,6 +86,7 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
     };
     let (role, client) = (text("role"), text("client"));
     let mut server: Server = facts(server.0, "server facts");
+    server.signed_grants = crate::shmem::header().map_or(0, |h| h.signed_grants.load(Acquire));
     // This registry server's own layout settings: the fleet's layout on a
     // registry with no rows and none fixed by the DBA.
     server
@@ -181,6 +183,9 @@ RETURNS text IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
 "#)]
 fn snowflake_lease_sign(key: &str, incarnation: &str, lsn: i64, grants: i64) -> String {
+    if let Some(header) = crate::shmem::header() {
+        header.signed_grants.fetch_max(grants, AcqRel);
+    }
     token::sign(
         key,
         incarnation,

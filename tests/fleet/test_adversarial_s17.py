@@ -425,12 +425,6 @@ def renew_req(x: Intruder, block: int, **seen) -> dict:
             "grace_ms": 1200, "high_ms": now_ms() + 66_000, **seen}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on PostgreSQL 15: a renewal in a DO block that then raises answers with a token for"
-    " grants + 1, which never commits; presented (as seen, or in earlier) it is a grant count past"
-    " the registry's own under its own token: a fenced incarnation each time (GrantsBack, 'a holder"
-    " saw 3 grants, this registry has made 2'). Over 30 s: 17 incarnations, 16 fences, new server"
-    " B made no ID (its first 10.6 s after the attack stopped); A went on (re-assertions)"))
 @pytest.mark.parametrize("where", ["seen", "earlier"])
 def test_a_grant_rolled_back_does_not_let_the_lease_role_fence_the_registry(make_cluster, where):
     """The lease role's node leases one block (within the limits), then,

@@ -233,7 +233,8 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 .filter(|e| e.incarnation == r.incarnation && !e.token.is_empty())
                 .find_map(|e| {
                     let lsn = parse_lsn(&e.lsn)?;
-                    let past = lsn > server.insert_lsn || e.grants > r.grants;
+                    let past = lsn > server.insert_lsn
+                        || (e.grants > r.grants && e.grants > server.signed_grants);
                     (past && token::verify(&r.token_key, &e.incarnation, lsn, e.grants, &e.token))
                         .then_some((lsn, e.grants, r.grants))
                 })
@@ -278,6 +279,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         }
         Some(r)
             if seen.grants > r.grants
+                && seen.grants > server.signed_grants
                 && r.previous_incarnation.as_deref() != Some(known)
                 && !seen.token.is_empty()
                 && believed(r, false) =>

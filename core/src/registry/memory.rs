@@ -46,6 +46,9 @@ pub struct Store {
     /// Its `snowflake_id.backfill_worker_ids` (empty: none).
     pub backfill_ids: String,
     pub sessions: BTreeMap<u64, Session>,
+    /// The highest grant count signed, and the postmaster start it was
+    /// signed under (`Server::signed_grants`: none after a restart).
+    signed: (i64, i64),
     /// Where fresh incarnation names and keys come from (deterministic).
     pub seed: u64,
     names: u64,
@@ -67,6 +70,7 @@ impl Store {
             layout: Some("classic".into()),
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
+            signed: (0, 0),
             seed,
             names: 0,
         };
@@ -245,6 +249,11 @@ impl Store {
             session: session.id.clone(),
             role: session.role.clone(),
             postmaster_start_ms: self.postmaster_start_ms,
+            signed_grants: if self.signed.0 == self.postmaster_start_ms {
+                self.signed.1
+            } else {
+                0
+            },
             fsync_off: self.fsync_off,
             synchronous_commit_off: false,
             node_locked: session.node.as_deref() == Some(node),
@@ -304,6 +313,12 @@ impl Store {
             .as_ref()
             .map(|r| r.token_key.clone())
             .unwrap_or_default();
+        let signed = if self.signed.0 == self.postmaster_start_ms {
+            self.signed.1
+        } else {
+            0
+        };
+        self.signed = (self.postmaster_start_ms, signed.max(out.answer.grants));
         let head = ReplyHead {
             token: token::sign(&key, &out.answer.incarnation, lsn, out.answer.grants),
             grants: out.answer.grants,
@@ -383,6 +398,7 @@ impl Store {
             layout: Some("classic".into()),
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
+            signed: (0, 0),
             seed,
             names: 0,
         }

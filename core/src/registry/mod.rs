@@ -132,6 +132,14 @@ pub struct Server {
     pub role: String,
     /// `pg_postmaster_start_time()`, Unix ms.
     pub postmaster_start_ms: i64,
+    /// The highest grant count this server signed a token for since its
+    /// postmaster started (shared memory). A count at or below it may be
+    /// of a call that rolled back after its reply left (a `DO` block that
+    /// shows the reply, then raises): it is no evidence that the registry
+    /// forgot. A registry restored in place, or that lost commits, has
+    /// restarted since, and signed none of it.
+    #[serde(default)]
+    pub signed_grants: i64,
     /// `fsync = off` on this server.
     #[serde(default)]
     pub fsync_off: bool,

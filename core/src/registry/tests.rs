@@ -163,6 +163,7 @@ fn a_signed_position_of_an_earlier_incarnation_fences_a_registry_restored_to_it(
     };
     s.tables = snapshot.0;
     s.lsn = snapshot.1;
+    s.postmaster_start_ms += 1;
     // Past the fence a registry whose row was made anew gives any older
     // incarnation it hears of.
     let now = T0 + limits::DEFAULT_MAX_LEASE_MS + limits::DEFAULT_MAX_GRACE_MS + 1_000;
@@ -692,6 +693,25 @@ fn a_lease_role_holding_blocks_cannot_fence_with_unsigned_claims() {
 }
 
 #[test]
+fn a_count_this_postmaster_signed_is_no_evidence() {
+    // A lease call's reply can leave before its transaction rolls back (a
+    // DO block that shows it, then raises): its signed count was never
+    // committed. Without a restart, presenting it fenced the registry at
+    // will (16 fences in 30 s on real servers).
+    let mut s = store_with(&["a"]);
+    let snapshot = s.tables.clone();
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    // The grant rolled back: its rows are as before, its WAL written.
+    s.tables = snapshot;
+    let reply = s
+        .lease(100, &renew("a", &[], seen_of(&r.head), T0), T0)
+        .unwrap();
+    assert_eq!(reply.head.fenced_until_ms, None, "{reply:?}");
+}
+
+#[test]
 fn a_registry_restored_in_place_is_caught_by_its_grant_count() {
     // 0.7.0: a snapshot restored in place whose WAL then passed every
     // position its holders saw was not detected (71,102 duplicate IDs).
@@ -703,6 +723,8 @@ fn a_registry_restored_in_place_is_caught_by_its_grant_count() {
     assert_eq!(r.head.grants, 1);
     s.tables = snapshot;
     s.lsn += 0x1000_0000;
+    // Restored, so restarted: it signed none of what the holder saw.
+    s.postmaster_start_ms += 1;
     let reply = s
         .lease(
             100,
