@@ -42,17 +42,8 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_backfill_grant_take_wrapper';
 "#)]
 fn snowflake_backfill_grant_take(request: &str, facts: JsonB) -> JsonB {
     const KEYS: &str = "node, layout and ids (strings), buckets (an array of numbers) and first (an array of booleans) are required.";
-    let req: GrantRequest = serde_json::from_str(request)
-        .unwrap_or_else(|e| errors::invalid_lease_request(KEYS, &e.to_string()));
-    let text = |key: &str| {
-        facts
-            .0
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    let (role, client) = (text("role"), text("client"));
+    let req: GrantRequest = super::leases::request(request, KEYS);
+    let caller = super::leases::caller(&facts.0);
     let now_ms = facts.0.get("now_ms").and_then(Value::as_i64).unwrap_or(0);
     let blocks: Vec<BlockRow> = facts
         .0
@@ -95,12 +86,7 @@ fn snowflake_backfill_grant_take(request: &str, facts: JsonB) -> JsonB {
     );
     let plan = match decided {
         Ok(plan) => plan,
-        Err(refusal) => {
-            if let Some(line) = &refusal.log {
-                pgrx::log!("snowflake_id registry: {line} (role {role}, {client})");
-            }
-            errors::registry_refusal(refusal)
-        }
+        Err(refusal) => super::leases::refuse(refusal, &caller),
     };
     let grants = crate::durability::backfill::grant(header, &plan.buckets, &plan.limits, false);
     let handed_out = plan

@@ -32,9 +32,31 @@ const RELEASE_KEYS: &str = "node (a string), block and high_ms (numbers) are req
 /// A request, from its text: parsed here rather than converted by pgrx,
 /// so that a request nested deeper than serde's limit is refused as
 /// invalid (22023) like any other that does not parse.
-fn request<T: DeserializeOwned>(text: &str, keys: &str) -> T {
+pub(super) fn request<T: DeserializeOwned>(text: &str, keys: &str) -> T {
     serde_json::from_str(text)
         .unwrap_or_else(|e| errors::invalid_lease_request(keys, &e.to_string()))
+}
+
+/// Who made the call, for the log: the `role` and `client` the SQL
+/// gathered with the facts.
+pub(super) fn caller(facts: &Value) -> (String, String) {
+    let text = |key: &str| {
+        facts
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    (text("role"), text("client"))
+}
+
+/// A refusal of the rules: its log line, with who made the call, then the
+/// error.
+pub(super) fn refuse(refusal: registry::Refusal, (role, client): &(String, String)) -> ! {
+    if let Some(line) = &refusal.log {
+        pgrx::log!("snowflake_id registry: {line} (role {role}, {client})");
+    }
+    errors::registry_refusal(refusal)
 }
 
 /// Facts the registry's own SQL gathered: one that does not parse is a bug.
@@ -76,15 +98,7 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
             "snowflake_id registry: no lease call is named {other}"
         )),
     };
-    let text = |key: &str| {
-        server
-            .0
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    let (role, client) = (text("role"), text("client"));
+    let caller = caller(&server.0);
     let mut server: Server = facts(server.0, "server facts");
     server.signed_grants = crate::shmem::header().map_or(0, |h| h.signed_grants.load(Acquire));
     // This registry server's own layout settings: the fleet's layout on a
@@ -98,12 +112,7 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
     let rows: Rows = facts(rows.0, "rows");
     match registry::decide(&call, &server, &rows) {
         Ok(outcome) => to_jsonb(&outcome),
-        Err(refusal) => {
-            if let Some(line) = &refusal.log {
-                pgrx::log!("snowflake_id registry: {line} (role {role}, {client})");
-            }
-            errors::registry_refusal(refusal)
-        }
+        Err(refusal) => refuse(refusal, &caller),
     }
 }
 
@@ -118,21 +127,10 @@ RETURNS void VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_hello_decide_wrapper';
 "#)]
 fn snowflake_lease_hello_decide(facts: JsonB) {
-    let text = |key: &str| {
-        facts
-            .0
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    let (role, client) = (text("role"), text("client"));
+    let caller = caller(&facts.0);
     let hello: hello::HelloFacts = self::facts(facts.0, "hello facts");
     if let Err(refusal) = hello::hello(&hello) {
-        if let Some(line) = &refusal.log {
-            pgrx::log!("snowflake_id registry: {line} (role {role}, {client})");
-        }
-        errors::registry_refusal(refusal)
+        refuse(refusal, &caller)
     }
 }
 
