@@ -44,6 +44,10 @@ pub enum Fault {
     RegistryStall { ms: i64 },
     /// Standby `n` stalls (SIGSTOP): its copy and its replies stop.
     StandbyStall { standby: usize, ms: i64 },
+    /// Standby `n` is cut off (its WAL receiver stopped): gone from the
+    /// primary's `pg_stat_replication` until it streams again or is
+    /// promoted.
+    StandbyCut { standby: usize, ms: i64 },
     /// Holder `n` is cut off from the registry.
     Partition { holder: usize, ms: i64 },
     /// Holder `n`'s wall clock steps (its monotonic clock does not).
@@ -90,6 +94,7 @@ pub const FAULTS: &[Row] = &[
     Row { name: "pg_dump restore", label: Label::Kept, why: "restored leased rows fire the trigger's fence; the incarnation is not dumped" },
     Row { name: "copy of a data directory keeping its node id", label: Label::Kept, why: "blocks stay with the registry session that leased them" },
     Row { name: "holder crash and restart", label: Label::Kept, why: "saved blocks are used once a renewal confirms them" },
+    Row { name: "a candidate cut off, then DROP and CREATE EXTENSION under ANY 1 (*)", label: Label::Kept, why: "a row made anew under a `*` holds every report back until any row a dropped registry wrote has expired" },
     Row { name: "stalls of a holder, the registry or a standby", label: Label::Kept, why: "marks bound IDs; the registry hands over after expiry plus grace" },
     Row { name: "partitions and lost answers", label: Label::Kept, why: "a grant is used only once the registry said it is durable" },
     Row { name: "clock offsets and steps", label: Label::Kept, why: "marks are in ID time; a new holder waits for its floor" },
@@ -110,6 +115,10 @@ pub enum Scenario {
     KeptAny,
     /// Kept faults with asynchronous standbys only (no split brain).
     KeptAsync,
+    /// Every fault labelled kept, with a quorum of any standby
+    /// (`ANY 1 (*)`), and a candidate cut off just before the extension
+    /// is made again, then promoted.
+    KeptAnyStar,
     /// Split brain on asynchronous replication (outside).
     SplitBrainAsync,
     /// An old primary left running with a second candidate (`ANY 1`)
@@ -121,7 +130,12 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const KEPT: [Scenario; 3] = [Scenario::KeptFirst, Scenario::KeptAny, Scenario::KeptAsync];
+    pub const KEPT: [Scenario; 4] = [
+        Scenario::KeptFirst,
+        Scenario::KeptAny,
+        Scenario::KeptAsync,
+        Scenario::KeptAnyStar,
+    ];
     pub const OUTSIDE: [Scenario; 3] = [
         Scenario::SplitBrainAsync,
         Scenario::SplitBrainAny,
@@ -139,6 +153,7 @@ impl Scenario {
     pub fn synchronous_standby_names(self) -> &'static str {
         match self {
             Scenario::KeptAny | Scenario::SplitBrainAny => "ANY 1 (s1, s2)",
+            Scenario::KeptAnyStar => "ANY 1 (*)",
             Scenario::KeptAsync | Scenario::SplitBrainAsync => "",
             _ => "FIRST 1 (s1, s2)",
         }
@@ -269,6 +284,28 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
                     to: None,
                 },
             )),
+            Scenario::KeptAnyStar => {
+                // The real-server attack of 0.8.0's review: the candidate
+                // cut off keeps a row naming it; the row made anew does
+                // not know it.
+                let standby = rng.range(0, STANDBYS as i64) as usize;
+                out.push((
+                    at,
+                    Fault::StandbyCut {
+                        standby,
+                        ms: 60_000,
+                    },
+                ));
+                out.push((at + rng.range(100, 5_000), Fault::DropCreate));
+                out.push((
+                    at + rng.range(6_000, 30_000),
+                    Fault::Failover {
+                        named: true,
+                        old_runs: false,
+                        to: Some(standby),
+                    },
+                ));
+            }
             Scenario::UndetectedCopy => {
                 out.push((at, Fault::DropCreate));
                 out.push((

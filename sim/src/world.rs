@@ -198,7 +198,7 @@ impl Link<'_> {
         let mut out = Vec::new();
         let listed: Vec<&str> = ["s1", "s2"]
             .into_iter()
-            .filter(|n| self.names.contains(n))
+            .filter(|n| self.names.contains(n) || self.names.contains('*'))
             .collect();
         let first = self
             .names
@@ -853,6 +853,7 @@ impl World {
                 }
                 let s = self.rng.pick(&standbys);
                 self.regs[s].stalled_until = 0;
+                self.regs[s].down_until = 0;
                 let Kind::Standby { copy, lsn, .. } = self.regs[s].kind.clone() else {
                     return;
                 };
@@ -1009,6 +1010,11 @@ impl World {
             Fault::StandbyStall { standby, ms } => {
                 if let Some(r) = self.regs.get_mut(1 + standby) {
                     r.stalled_until = t + ms;
+                }
+            }
+            Fault::StandbyCut { standby, ms } => {
+                if let Some(r) = self.regs.get_mut(1 + standby) {
+                    r.down_until = t + ms;
                 }
             }
             Fault::Partition { holder, ms } => {

@@ -510,16 +510,7 @@ def registry_row(r) -> dict:
         return dict(zip(names, row)) if row else {}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on PostgreSQL 15: under synchronous_standby_names = 'ANY 1 (*)', '*' of the row"
-    " CREATE EXTENSION makes expands to the standbys streaming then: s1, cut off just before, is"
-    " none of them; B's re-assertion is durable on s2 alone, and s1, promoted within its old row's"
-    " valid_until, proves itself ('standby s1 promoted ..., a failover candidate until ...') and"
-    " is not fenced ('standby s1 promoted at ..., a failover candidate until ...: it has every"
-    " durable grant'), promoted 8 s after the cut: C leased block 0 while B still used it, worker"
-    " id 0 used by both over 3,040 ms, 86,287 IDs made by both"))
-def test_a_candidate_cut_off_before_the_extension_is_made_again_is_fenced_when_promoted(
-        make_cluster):
+def test_a_candidate_cut_off_before_the_extension_is_made_again_shares_no_worker_id(make_cluster):
     """The registry P with two quorum standbys s1 and s2 under
     synchronous_standby_names = 'ANY 1 (*)' (no names listed), both failover
     candidates (named). Holder B holds block 0 (worker ids 0-15, max_drift
@@ -527,12 +518,16 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_is_fenced_when_p
     the last candidates' row it received, which names it for about 25 s
     more. The extension is dropped and created again on P (the limits set
     in the same transaction); B re-asserts block 0 to the new incarnation,
-    and the grant is durable on s2. Once B's IDs pass the mark of block 0
-    that s1 has, P dies and s1 is promoted; holder
-    C, which also wants block 0, leases from s1. Wanted: s1's incarnation
-    is fenced (its last row is from the registry dropped since: it proves
-    nothing of the grants made after), and no worker id is used by B and C
-    over the same milliseconds."""
+    committed on P and flushed by s2. Once B's IDs pass the mark of block 0
+    that s1 has, P dies and s1 is promoted; holder C, which also wants
+    block 0, leases from s1. Wanted: no worker id is used by B and C over
+    the same milliseconds. How (core/src/registry/durable.rs): P cannot
+    name s1 (the setting lists no names, and s1 no longer streams), so the
+    row CREATE EXTENSION made ('{*}') holds every grant back until any row
+    of the dropped registry has expired; B says so, and uses nothing P
+    granted meanwhile. Measured on 0.8.0 before that rule: s1 proved
+    itself, was not fenced, and C leased block 0 while B still used it:
+    86,287 IDs made by both (PostgreSQL 15)."""
     p = make_cluster(tcp=True, settings={"fsync": True})
     p.create_extension()
     lease_limits(p)
@@ -557,10 +552,10 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_is_fenced_when_p
                and [h for (_, h, *_) in p.sql("SELECT block, holder_node FROM snowflake_leases"
                                               " WHERE leased")],
                timeout=30, what="B's block re-asserted to P's new incarnation")
-    wait_until(lambda: candidates(p) == ["s2"], timeout=30, what="s2 alone P's candidate")
-    made = len(maker_b.made)
-    wait_until(lambda: len(maker_b.made) > made, timeout=30, what="B's IDs after the re-assertion")
-    # B goes on past the mark of block 0 that s1 has (renewed on P since).
+    held_back = "made anew under a synchronous_standby_names with *"
+    wait_until(lambda: held_back in (b.scalar("SELECT lease_problem FROM snowflake_config()") or ""),
+               timeout=30, what="B told the re-assertion is held back")
+    # B goes on past the mark of block 0 that s1 has.
     mark = s1.scalar("SELECT max(high_water_ms) FROM snowflake_lease_blocks")
     wait_until(lambda: time.time() * 1000 > mark + 1000, timeout=30, what="B past s1's mark")
     p.stop(mode="immediate")
@@ -579,7 +574,6 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_is_fenced_when_p
           f" s1's incarnation: fenced {row['fenced']}, {row['cause']}; B made {len(made_b)},"
           f" C {len(made_c)}; {problems}")
     assert not problems, "; ".join(problems)
-    assert row["fenced"], f"s1, promoted, was not fenced: {row['cause']}"
 
 
 @pytest.mark.parametrize("names", ["FIRST 1 (s1)", "*"])

@@ -234,11 +234,40 @@ pub fn progress(facts: &Facts) -> Progress {
         .filter(|m| !keeps_up(facts, m))
         .collect();
     behind.sort();
+    let done = flushed >= needed(&facts.synchronous_standby_names) && behind.is_empty();
+    if unnamed_may_be_candidates(facts) {
+        // No wait tells these apart: `done` stays as it is, and the
+        // decision holds the report back.
+        behind.push(EVERY_STANDBY.into());
+    }
     Progress {
-        done: flushed >= needed(&facts.synchronous_standby_names) && behind.is_empty(),
+        done,
         flushed,
         behind,
     }
+}
+
+/// A row made anew ([`EVERY_STANDBY`]) while `synchronous_standby_names`
+/// has `*` (every standby may be synchronous): a standby cut off before
+/// the row was made may be named by a row a registry dropped before, and
+/// no name in the setting lets this server count it behind. Until the
+/// row's `valid_until` plus the margin, no report is durable.
+fn unnamed_may_be_candidates(facts: &Facts) -> bool {
+    facts.candidates.as_ref().is_some_and(|c| {
+        c.timeline == facts.timeline && c.members.iter().any(|m| m == EVERY_STANDBY)
+    }) && lists_every_standby(&facts.synchronous_standby_names)
+        && !super::mutation::active(super::mutation::Mutation::StarCountsStreamingOnly)
+}
+
+/// `synchronous_standby_names` names `*` (unquoted: `"*"` is a standby
+/// called `*`).
+fn lists_every_standby(names: &str) -> bool {
+    let names = names.trim();
+    let inner = match (names.find('('), names.rfind(')')) {
+        (Some(a), Some(b)) if a < b => &names[a + 1..b],
+        _ => names,
+    };
+    inner.split(',').any(|n| n.trim() == EVERY_STANDBY)
 }
 
 /// The decision, after the wait.

@@ -32,10 +32,13 @@ pub enum Mutation {
     /// `max_blocks_per_role` bounds nothing: the sessions of one login
     /// role lease as many nodes' worth as they open sessions.
     NoRoleLimit,
+    /// A row made anew counts, under a `*` in `synchronous_standby_names`,
+    /// only the standbys streaming: one cut off before it is none of them.
+    StarCountsStreamingOnly,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 9] = [
+    pub const ALL: [Mutation; 10] = [
         Mutation::TrustCancelledCommit,
         Mutation::FenceFromRequests,
         Mutation::ReleaseBelowFloor,
@@ -45,6 +48,7 @@ impl Mutation {
         Mutation::AsyncGrantCommit,
         Mutation::ManyNodesPerSession,
         Mutation::NoRoleLimit,
+        Mutation::StarCountsStreamingOnly,
     ];
 }
 

@@ -534,6 +534,56 @@ fn a_candidate_behind_holds_durability_back_until_dropped() {
 }
 
 #[test]
+fn a_row_made_anew_under_a_star_holds_durability_back_until_it_expires() {
+    // s1 was cut off before CREATE EXTENSION: gone from pg_stat_replication,
+    // it may still hold the dropped registry's row naming it (86,287
+    // duplicate IDs on PostgreSQL 15 when the row counted s2 alone).
+    let row = CandidatesRow {
+        members: vec![durable::EVERY_STANDBY.into()],
+        valid_until_ms: T0 + durable::CANDIDATE_TTL_MS,
+        timeline: 1,
+        updated_at_ms: T0,
+    };
+    let mut facts = durable::Facts {
+        now_ms: T0 + 1_000,
+        synchronous_standby_names: "ANY 1 (*)".into(),
+        target: 0x500,
+        timeline: 1,
+        incarnation_here: true,
+        standbys: vec![standby("s2", 0x500, T0 + 1_000)],
+        candidates: Some(row.clone()),
+        me: String::new(),
+    };
+    let d = durable::decide(&facts);
+    assert!(!d.reply.durable);
+    assert_eq!(d.reply.behind, vec![durable::EVERY_STANDBY.to_string()]);
+    assert_eq!(d.write, None);
+    // Waiting for the standbys would not help.
+    assert!(durable::progress(&facts).done);
+    facts.now_ms = row.valid_until_ms + durable::DROP_MARGIN_MS + 1;
+    facts.standbys[0].reply_time_ms = Some(facts.now_ms);
+    let d = durable::decide(&facts);
+    assert!(d.reply.durable);
+    let w = d.write.expect("named");
+    assert_eq!(w.members, vec!["s2".to_string()]);
+    // Once the row names its standbys, it holds nothing back.
+    facts.candidates = Some(w);
+    assert!(durable::decide(&facts).reply.durable);
+    // A plain '*' as well; a standby named "*" (quoted) is a name.
+    for (names, held) in [
+        ("*", true),
+        ("FIRST 1 (s2, *)", true),
+        ("ANY 1 (\"*\")", false),
+    ] {
+        facts.synchronous_standby_names = names.into();
+        facts.candidates = Some(row.clone());
+        facts.now_ms = T0 + 1_000;
+        facts.standbys[0].reply_time_ms = Some(facts.now_ms);
+        assert_eq!(!durable::decide(&facts).reply.durable, held, "{names}");
+    }
+}
+
+#[test]
 fn a_promotion_is_proven_only_before_valid_until_by_its_own_clock() {
     let mut server = Server {
         now_ms: T0,

@@ -124,6 +124,12 @@ fn not_durable_text(display: &str, what: &str, d: &Durability, required: Replica
         && d.flushed >= d.needed
         && (d.mode == DurabilityMode::Synchronous || required == Replication::Auto)
     {
+        if d.behind.iter().any(|b| b == "*") {
+            return format!(
+                "a {what} from the registry {display} is committed there (WAL position {}), but its extension was made anew under a synchronous_standby_names with *: a standby it cannot name may hold a row of the registry dropped before that makes it a failover candidate, so no grant is used until about 45 s after CREATE EXTENSION; wait, or list the standbys by name in synchronous_standby_names there",
+                d.lsn
+            );
+        }
         return format!(
             "a {what} from the registry {display} is committed there but not yet on {} (failover candidates that a promotion trusts to have every durable grant; WAL position {}): it is not used until they have it or, about 45 s after they fell behind, stop being candidates; check the registry's standbys (pg_stat_replication there)",
             d.behind.join(", "),
