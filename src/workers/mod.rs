@@ -35,6 +35,25 @@ pub fn pin_search_path() {
     }
 }
 
+/// The registry worker's commits wait for no standby: its tables are
+/// copies of what the state file and WAL already hold (for dumps and
+/// `pg_upgrade`), and a commit waiting for a synchronous standby that is
+/// down would keep the worker from ever seeing SIGTERM (its handler is
+/// pgrx's flag, which `SyncRepWaitForLSN` does not read): a fast
+/// shutdown would wait for it until `pg_ctl` gave up.
+pub fn commit_locally() {
+    // SAFETY: valid C strings; PostgreSQL copies them. The assign hook of
+    // synchronous_commit only sets a variable: no transaction needed.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"synchronous_commit".as_ptr(),
+            c"local".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
+}
+
 /// The report of an error caught with `PgTryBuilder` in a worker (which
 /// then aborts its transaction, logs and goes on).
 pub(crate) fn caught_report(

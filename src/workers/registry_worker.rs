@@ -293,6 +293,7 @@ pub extern "C-unwind" fn snowflake_id_registry_main(_arg: pg_sys::Datum) {
     };
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     crate::workers::pin_search_path();
+    crate::workers::commit_locally();
     let Some(header) = shmem::header() else {
         return;
     };

@@ -451,10 +451,20 @@ def test_backfill_grant_waits_for_the_synchronous_standby(make_cluster):
                            match="backfill grant was not confirmed by the synchronous standbys"):
             conn.execute("SELECT snowflake_at('2024-06-01')").fetchone()
         conn.rollback()
-    # No standby named any more: the waits end (the registry worker's
-    # commits wait too), and the server stops at once.
-    p.configure(synchronous_standby_names="")
-    p.reload()
+
+
+def test_a_fast_stop_does_not_wait_for_a_synchronous_standby_that_is_gone(make_cluster):
+    """P names s1 in synchronous_standby_names, and s1 is cut off. At a
+    fast stop the registry worker writes its last copy of the claims
+    (snowflake_worker_registry): P stops as PostgreSQL's own processes do,
+    without waiting for s1. Before 0.8.0 that commit waited for s1, and
+    the worker never saw SIGTERM: pg_ctl gave up after its timeout."""
+    p = _make_primary(make_cluster)
+    s = _synchronous_standby(make_cluster, p, {"snowflake_id.worker_ids": S_STANDBY_RANGE})
+    p.sql("INSERT INTO ids (origin) SELECT 'p' FROM generate_series(1, 1000)")
+    _cut_off(s)
+    proc = p._pg_ctl("-m", "fast", "-w", "-t", "40", "stop", check=False, timeout=70)
+    assert proc.returncode == 0, f"a fast stop did not end in 40 s: {proc.stdout}{proc.stderr}"
 
 
 def test_crash_recovery_keeps_ids_near_the_clock(make_cluster):
