@@ -11,7 +11,7 @@
 #                                     every supported one: 15 16 17 18 19)
 #   tests_for_version NN              which pytest tests scripts/test.sh
 #                                     runs on PostgreSQL NN (all, core,
-#                                     core+fencing: tests/conftest.py)
+#                                     core+grants: tests/conftest.py)
 #   pg_config_for NN                  the pg_config of PostgreSQL NN
 #   log / die                         short progress / error lines
 #   require_root                      the scripts install system packages and
@@ -79,8 +79,8 @@ PREVIOUS_RELEASE_COMMIT="68e1fe1596537de42ad4452a3bd96d0dab26f334"
 # minutes on two cores (CONTRIBUTING.md, "What is tested where").
 tests_for_version() {
     case $1 in
-        15) echo all ;;
-        18) echo core+fencing ;;
+        15) echo all-but-durable-grants ;;
+        18) echo core+grants ;;
         *) echo core ;;
     esac
 }

@@ -131,7 +131,7 @@ for v in "${PG_VERSIONS[@]}"; do
     phase_start "PostgreSQL $v: pytest ($tests)"
     log "PostgreSQL $v: pytest tests/ (SNOWFLAKE_TESTS=$tests, $WORKERS workers${SNOWFLAKE_SLOW:+, SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW})"
     SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
-        -n "$WORKERS" --dist loadgroup -m "not serial" \
+        -n "$WORKERS" --dist loadgroup -m "not serial" --durations=25 \
         --junitxml="$RESULTS/pytest-pg$v.xml" "$@"
     rc=$?
     # pytest's 5 is "no test collected": a failure here.

@@ -90,9 +90,10 @@ def first_refusal(maker: Maker) -> str | None:
 
 
 # ----------------------------------------------- the registry's lock, no lease call
-@pytest.mark.parametrize("who,how", [("lease", "open_transaction"), ("lease", "one_statement"),
-                                     ("app", "open_transaction"),
-                                     ("lease", "prepared_transaction")])
+@pytest.mark.parametrize("who,how", [
+    pytest.param("lease", "open_transaction", marks=pytest.mark.slow), ("lease", "one_statement"),
+    pytest.param("app", "open_transaction", marks=pytest.mark.slow),
+    pytest.param("lease", "prepared_transaction", marks=pytest.mark.slow)])
 def test_a_statement_prepared_on_the_registry_table_does_not_stop_the_fleet(make_cluster, who,
                                                                           how):
     """A role that may connect to the registry's database names the
@@ -209,7 +210,8 @@ def idle(pg) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("how", ["cursor_with_hold", "procedure", "trigger_copy", "unread_output"])
+@pytest.mark.parametrize("how", ["cursor_with_hold"] + [
+    pytest.param(h, marks=pytest.mark.slow) for h in ("procedure", "trigger_copy", "unread_output")])
 def test_a_lease_call_kept_open_by_a_cursor_procedure_copy_or_unread_reply_ends_its_session(
         make_cluster, how):
     """The lease role keeps an acquire's transaction open for 20 s: a WITH

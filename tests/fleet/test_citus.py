@@ -29,7 +29,7 @@ from harness import wait_until
 from helpers import CITUS_MARKS, can_make_id
 
 SESSIONS_PER_NODE = 3
-ROWS_PER_SESSION = 20_000
+ROWS_PER_SESSION = 6_000
 BATCH = 500
 
 pytestmark = CITUS_MARKS

@@ -342,7 +342,7 @@ def restore_in_place(c, backup: str) -> None:
     run_pg(["cp", "-a", backup + "/.", c.datadir], cwd=c.dir)
 
 
-@pytest.mark.parametrize("registry", ["up", "down"])
+@pytest.mark.parametrize("registry", [pytest.param("up", marks=pytest.mark.slow), "down"])
 def test_a_base_backup_restored_in_place_uses_no_block_that_moved_on(make_cluster, registry):
     """H holds two blocks when a base backup of it is taken; then it gives
     one back (idle) and C2 leases it. H's data directory is replaced in

@@ -334,6 +334,7 @@ def lease_role(r, schema: str, usage: bool = True) -> str:
     return r.conninfo(user="snowflake_lease")
 
 
+@pytest.mark.not_core
 def test_a_holder_leases_from_a_0_5_0_registry_and_through_its_update(make_cluster):
     """A 0.6.0 holder on a registry still on 0.5.0 (lease functions in the
     extension's schema), leasing as a role that may only execute them, finds
@@ -375,6 +376,7 @@ def test_a_holder_leases_from_a_0_5_0_registry_and_through_its_update(make_clust
     assert cfg["registry_unreachable_since"] is None and cfg["blocks_held"] == 1, cfg
 
 
+@pytest.mark.not_core
 def test_a_holder_leases_from_a_0_7_0_registry_and_through_its_update(make_cluster):
     """A rolling upgrade (issue 42): a holder of this build leases from a
     registry still on 0.7.0 (its lease functions in PL/pgSQL, replies
@@ -637,6 +639,7 @@ def unreachable_since_and_problem(conn):
                         "FROM snowflake_config()").fetchone()
 
 
+@pytest.mark.not_core
 def test_a_refusal_after_unanswered_calls_is_an_answer(make_cluster):
     """After lease calls went unanswered (a lock on the registry's blocks
     table), the registry refuses the renewals with an error of its own (a
