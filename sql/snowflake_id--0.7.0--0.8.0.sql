@@ -39,8 +39,6 @@ ALTER TABLE snowflake_lease_registry
     ADD COLUMN token_key text NOT NULL DEFAULT '',
     ADD COLUMN new_key boolean NOT NULL DEFAULT false,
     ADD COLUMN grants bigint NOT NULL DEFAULT 0;
--- The key of this registry's tokens (no token was issued before).
-UPDATE snowflake_lease_registry SET token_key = md5(gen_random_uuid()::text);
 ALTER TABLE snowflake_lease_limits ADD COLUMN layout text,
     ADD COLUMN unsigned_evidence boolean NOT NULL DEFAULT false,
     ADD COLUMN reserve_blocks int NOT NULL DEFAULT 8,
@@ -75,6 +73,9 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_decide_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn, grants bigint)
 RETURNS text IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_data_key()
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_data_key_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_autocommit()
 RETURNS void VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_autocommit_wrapper';
@@ -85,6 +86,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, te
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
@@ -97,8 +99,14 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) 
   'Used by snowflake_lease_durable: whether a grant is durable, and the failover candidates'' row after it.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) IS
   'Used by the lease functions: the registry''s token for an incarnation, WAL position and grant count.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() IS
+  'Used when the registry''s row is made: the data directory''s token key (snowflake_id.key), made when missing.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() IS
   'Used by the lease functions: refuses a lease call inside a transaction block, which would hold the registry''s locks while its session waits.';
+-- The key of this registry's tokens (no token was issued before): the
+-- data directory's, which DROP EXTENSION leaves.
+UPDATE snowflake_lease_registry
+   SET token_key = snowflake_id_internal.snowflake_lease_data_key()->>'key';
 
 -- What they read, and the calls (as src/sql/leases.sql has them).
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_block_class() RETURNS int
@@ -1073,7 +1081,8 @@ $fn$;
 -- snowflake_backfill_grants, all unchanged) stay handed out as they are.
 -- snowflake_backfill() shows what is left of each stretch and what this
 -- session holds: two more columns, and parallel restricted (a session's own
--- grants are not a parallel worker's).
+-- grants are not a parallel worker's); a C symbol of its own (0.7.0's
+-- raises 55000 until this update has run).
 DROP FUNCTION snowflake_backfill();
 CREATE FUNCTION snowflake_backfill() RETURNS TABLE (
 	"bucket" INT,
@@ -1087,7 +1096,7 @@ CREATE FUNCTION snowflake_backfill() RETURNS TABLE (
 )
 STRICT VOLATILE PARALLEL RESTRICTED
 LANGUAGE c
-AS 'MODULE_PATHNAME', 'snowflake_backfill_wrapper';
+AS 'MODULE_PATHNAME', 'snowflake_backfill_stretches_wrapper';
 COMMENT ON FUNCTION snowflake_backfill() IS
   'Backfill grants of each stretch of time: its first and last time, grants handed out, grants it holds, grants left, grants this session holds.';
 

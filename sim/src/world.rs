@@ -872,6 +872,9 @@ impl World {
                     now_s,
                     self.seed ^ (t as u64),
                 );
+                // A standby is a base backup of the primary: it has its key
+                // file.
+                store.data_key = self.regs[p].store.data_key.clone();
                 // In a split brain, the promoted server runs without a
                 // synchronous standby (it has none left to wait for).
                 store.synchronous_standby_names =

@@ -4,9 +4,11 @@
 //!   replay of the reservation
 //! - `backfill`    backfill grants: counted, written and WAL-logged before
 //!   use, replayed
+//! - `registry_key` the registry's token key, kept in the data directory
 //! - `wal`         the custom WAL resource manager and its records (a leaf:
 //!   `reservation` calls it, it calls back through registered functions)
 
 pub mod backfill;
+pub mod registry_key;
 pub mod reservation;
 pub mod wal;

@@ -57,7 +57,10 @@ pub use settings::{
     conninfo_secret_setting, guc_check_detail, public_key_removed_check_failed,
     public_key_removed_setting, registry_check_failed, unknown_setting,
 };
-pub use state_file::{state_file, state_file_too_new, state_file_unreadable};
+pub use state_file::{
+    registry_key_file, registry_key_file_unreadable, state_file, state_file_too_new,
+    state_file_unreadable,
+};
 
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 

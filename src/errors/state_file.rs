@@ -1,5 +1,6 @@
-//! Errors about the data directory's `snowflake_id.state` file: it cannot
-//! be read or written, cannot be understood, or is of a newer format.
+//! Errors about the data directory's `snowflake_id.state` file (it cannot
+//! be read or written, cannot be understood, or is of a newer format) and
+//! the registry's `snowflake_id.key`.
 
 use super::raise;
 use pgrx::PgSqlErrorCode;
@@ -37,5 +38,27 @@ pub fn state_file_too_new(path: &str, version: u32, known: u32) -> ! {
         ),
         Some("It was written by a newer snowflake_id; reading it with this build could misread how far IDs were reserved.".into()),
         Some("Install the newer snowflake_id build that wrote it, or restore the file from a backup made with this build.".into()),
+    )
+}
+
+/// 58030: the registry's token key file cannot be read or written.
+#[track_caller]
+pub fn registry_key_file(action: &str, path: &str, err: std::io::Error) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_IO_ERROR,
+        format!("could not {action} snowflake_id registry key file \"{path}\": {err}"),
+        Some("The key signs the tokens the registry gives its holders; it is kept in the data directory so that DROP EXTENSION leaves it.".into()),
+        Some("Check the permissions and free space of the data directory.".into()),
+    )
+}
+
+/// XX001: the registry's token key file exists but holds no key.
+#[track_caller]
+pub fn registry_key_file_unreadable(path: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!("snowflake_id registry key file \"{path}\" holds no key (32 hex digits)"),
+        Some("The key signs the tokens the registry gives its holders; with another key the registry cannot tell that it was restored to an earlier state.".into()),
+        Some("Restore the file from a backup of this data directory (or a standby's copy). If there is none, move it away: a new key is made, and the registry's next new incarnation is fenced once.".into()),
     )
 }

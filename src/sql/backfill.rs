@@ -294,10 +294,12 @@ fn to_timestamptz_or_infinity(unix_ms: i64) -> TimestampWithTimeZone {
 
 /// Each stretch of time with backfill grants: its times, the grants handed
 /// out, how many it holds and how many are left, how many of them this
-/// session holds, and the set-aside ids they are numbered across.
-#[pg_extern(volatile, parallel_restricted)]
+/// session holds, and the set-aside ids they are numbered across. Its C
+/// symbol is not 0.7.0's, whose declaration had six columns: a tuple of
+/// eight under that declaration would crash the backend.
+#[pg_extern(volatile, parallel_restricted, name = "snowflake_backfill")]
 #[allow(clippy::type_complexity)]
-fn snowflake_backfill() -> TableIterator<
+fn snowflake_backfill_stretches() -> TableIterator<
     'static,
     (
         name!(bucket, i32),
@@ -428,8 +430,27 @@ pgrx::extension_sql_file!(
     name = "backfill",
     requires = [
         snowflake_at,
-        snowflake_backfill,
+        snowflake_backfill_stretches,
         snowflake_backfill_raise,
         snowflake_backfill_dump
     ]
 );
+
+/// The C entry point of 0.7.0's `snowflake_backfill()` (six columns). A
+/// database still on 0.7.0 (the new library installed, `ALTER EXTENSION
+/// snowflake_id UPDATE` not yet run) gets a clear error; the update points
+/// the function at [`snowflake_backfill_stretches`].
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn snowflake_backfill_wrapper(
+    _fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    errors::old_extension_version("snowflake_backfill", "0.7.0")
+}
+
+/// The call convention of [`snowflake_backfill_wrapper`] (PG_FUNCTION_INFO_V1).
+#[unsafe(no_mangle)]
+pub extern "C" fn pg_finfo_snowflake_backfill_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}

@@ -110,6 +110,10 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
     // leased (snowflake_core::registry::backfill).
     server.backfill_ids = crate::settings::backfill_ids_text();
     let rows: Rows = facts(rows.0, "rows");
+    if rows.registry.is_none() {
+        // The row is to be made: with the data directory's key.
+        (server.fresh_key, server.key_kept) = crate::durability::registry_key::key();
+    }
     match registry::decide(&call, &server, &rows) {
         Ok(outcome) => to_jsonb(&outcome),
         Err(refusal) => refuse(refusal, &caller),
@@ -171,6 +175,19 @@ fn snowflake_lease_durable_decide(facts: JsonB) -> JsonB {
     }))
 }
 
+/// The data directory's token key (`durability::registry_key`), as
+/// `{"key": ..., "kept": ...}` (`kept`: it was there before): for the row
+/// `CREATE EXTENSION` (or its update from 0.7.0) makes.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_data_key()
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_data_key_wrapper';
+"#)]
+fn snowflake_lease_data_key() -> JsonB {
+    let (key, kept) = crate::durability::registry_key::key();
+    JsonB(serde_json::json!({"key": key, "kept": kept}))
+}
+
 /// The registry's token for `incarnation` at `lsn` with `grants` under
 /// `key` (`snowflake_core::registry::token`): '' for a key that is none.
 /// Declared with `pg_lsn`, which is passed by value as a 64-bit integer,
@@ -218,6 +235,7 @@ pgrx::extension_sql_file!(
         snowflake_lease_durable_progress,
         snowflake_lease_durable_decide,
         snowflake_lease_sign,
+        snowflake_lease_data_key,
         snowflake_lease_autocommit,
         snowflake_lease_hello_decide
     ]

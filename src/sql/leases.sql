@@ -987,8 +987,11 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, te
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() IS
+  'Used when the registry''s row is made: the data directory''s token key (snowflake_id.key), made when missing.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
   'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
@@ -1003,14 +1006,16 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() IS
   'Used by the lease functions: refuses a lease call inside a transaction block, which would hold the registry''s locks while its session waits.';
 
 -- A registry made with no holder alive starts its first incarnation here,
--- unfenced, with a new token key, so that a standby made from it has the
+-- unfenced, with the data directory's token key (kept by DROP EXTENSION:
+-- src/durability/registry_key.rs), so that a standby made from it has the
 -- row and its timeline (its promotion is then a timeline change, fenced).
 -- Made again while holders' sessions hold block locks (the extension
 -- dropped and created again), no row: the first lease call fences.
 INSERT INTO @extschema@.snowflake_lease_registry
        (incarnation, timeline, postmaster_start, started_at, cause, token_key, new_key)
 SELECT md5(gen_random_uuid()::text), snowflake_id_internal.snowflake_lease_timeline(),
-       pg_postmaster_start_time(), now(), 'created', md5(gen_random_uuid()::text), true
+       pg_postmaster_start_time(), now(), 'created', k->>'key', NOT (k->>'kept')::boolean
+  FROM snowflake_id_internal.snowflake_lease_data_key() k
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
                     WHERE l.locktype = 'advisory' AND l.objsubid = 2
                       AND l.classid = snowflake_id_internal.snowflake_lease_block_class()::oid

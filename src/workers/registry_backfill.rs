@@ -34,11 +34,17 @@ ON CONFLICT (starts_at) DO UPDATE
 
 /// One pass; `Err` with the problem when the tables cannot be read or
 /// written (the caller logs it and tries again). `Ok(false)`: the
-/// database's extension predates backfill (no table).
+/// database's extension predates backfill (no table), or this library's
+/// `snowflake_backfill()` (an update not yet run).
 pub fn pass(header: &Header) -> Result<bool, pgrx::spi::Error> {
+    // snowflake_backfill() of this library's version: until ALTER
+    // EXTENSION UPDATE, an older declaration raises (and backfill stays
+    // refused: no pass has succeeded).
     let has_table = Spi::get_one::<bool>(
         "SELECT to_regclass('snowflake_backfill_grants') IS NOT NULL \
-            AND to_regprocedure('snowflake_backfill()') IS NOT NULL",
+            AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc \
+                         WHERE oid = to_regprocedure('snowflake_backfill()') \
+                           AND prosrc = 'snowflake_backfill_stretches_wrapper')",
     )?
     .unwrap_or(false);
     if !has_table {

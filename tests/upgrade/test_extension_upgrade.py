@@ -229,3 +229,27 @@ def test_update_from_0_7_0_lets_the_lease_role_take_backfill_grants(cluster):
             conn.execute("DROP EXTENSION snowflake_id")
             conn.execute("DROP OWNED BY lessee070")
             conn.execute("DROP ROLE lessee070")
+
+
+def test_a_0_7_0_database_under_this_library_refuses_snowflake_backfill_clearly(make_cluster):
+    """The library updated, ALTER EXTENSION UPDATE not yet run in a
+    database: 0.7.0's snowflake_backfill() (six columns, C symbol
+    snowflake_backfill_wrapper) raises 55000 naming the update, and the
+    server goes on. Before, this library's eight-column rows under that
+    declaration crashed the backend once a grant existed, and the registry
+    worker, which called it each pass, in a loop (the apt upgrade test,
+    tests/upgrade/test_package.py, saw it)."""
+    c = make_cluster(settings={"snowflake_id.backfill_worker_ids": "1023"},
+                     create_extension=True)
+    assert c.scalar("SELECT snowflake_at('2024-06-01')") > 0
+    with old_release("0.7.0"):
+        c.create_db("from070")
+        with c.connect(dbname="from070") as conn:
+            conn.execute("CREATE EXTENSION snowflake_id VERSION '0.7.0'")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                               match="snowflake_backfill\\(\\) of snowflake_id 0.7.0 is not supported"):
+                conn.execute("SELECT * FROM snowflake_backfill()")
+            conn.execute("ALTER EXTENSION snowflake_id UPDATE")
+            assert conn.execute("SELECT sum(grants) FROM snowflake_backfill()").fetchone()[0] >= 1
+    assert c.scalar("SELECT count(*) FROM pg_stat_activity"
+                    " WHERE backend_type = 'snowflake_id registry'") == 1

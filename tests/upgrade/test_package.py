@@ -398,7 +398,8 @@ def test_distribution_install_start_make_ids_remove(deb, request):
         port = 5433
         root.run("pg_createcluster", MAJOR, "sf", "-p", str(port))
         with open(root.path(f"/etc/postgresql/{MAJOR}/sf/conf.d/snowflake_id.conf"), "w") as f:
-            f.write("shared_preload_libraries = 'snowflake_id'\nlisten_addresses = ''\n")
+            f.write("shared_preload_libraries = 'snowflake_id'\nlisten_addresses = ''\n"
+                    "snowflake_id.backfill_worker_ids = '1020-1023'\n")
         root.run("pg_ctlcluster", MAJOR, "sf", "start")
         log = root.path(f"/var/log/postgresql/postgresql-{MAJOR}-sf.log")
         assert root.psql(port, "SHOW server_version").startswith(MAJOR), open(log).read()[-3000:]
@@ -443,6 +444,10 @@ def test_distribution_install_start_make_ids_remove(deb, request):
 REPOSITORY_ROOTS = {"15": "bookworm", "17": "trixie"}
 
 
+PAST_TIMES = ("SELECT date_trunc('day', now()) - interval '300 days' + (g / 2) * interval '1 second'"
+              " AS t FROM generate_series(0, 19999) g")
+
+
 def _previous_release() -> tuple[str, str]:
     out = subprocess.check_output(
         ["bash", "-c", 'source scripts/lib.sh && echo "$PREVIOUS_RELEASE_VERSION '
@@ -481,7 +486,8 @@ def test_repository_upgrade_from_previous_release(artifacts):
     the previous release's package installed, a cluster making IDs; the
     repository added with one signed-by line (one naming another key is
     refused); `apt-get upgrade` brings this release; after a restart and
-    ALTER EXTENSION UPDATE every new ID is above the old ones; removed and
+    ALTER EXTENSION UPDATE every new ID is above the old ones, and the
+    backfill grants the previous release took stay taken; removed and
     installed afresh with `apt-get install postgresql-NN-snowflake-id`."""
     suite = REPOSITORY_ROOTS[MAJOR]
     version = _cargo_version()
@@ -514,7 +520,8 @@ def test_repository_upgrade_from_previous_release(artifacts):
         assert installed() == f"install ok installed {old_version}"
         root.run("pg_createcluster", MAJOR, "sf", "-p", str(port))
         with open(root.path(f"/etc/postgresql/{MAJOR}/sf/conf.d/snowflake_id.conf"), "w") as f:
-            f.write("shared_preload_libraries = 'snowflake_id'\nlisten_addresses = ''\n")
+            f.write("shared_preload_libraries = 'snowflake_id'\nlisten_addresses = ''\n"
+                    "snowflake_id.backfill_worker_ids = '1020-1023'\n")
         root.run("pg_ctlcluster", MAJOR, "sf", "start")
         root.psql(port, "CREATE EXTENSION snowflake_id")
         assert extversion() == old_version
@@ -522,6 +529,13 @@ def test_repository_upgrade_from_previous_release(artifacts):
                         " n int)")
         root.psql(port, "INSERT INTO orders (n) SELECT g FROM generate_series(1, 20000) g")
         old_max = int(root.psql(port, "SELECT max(id) FROM orders"))
+        # Backfill grants taken by the previous release (its state file and
+        # WAL): 20,000 times in order, two rows per second of one past day.
+        root.psql(port, "CREATE TABLE imported (id bigint PRIMARY KEY, at timestamptz)")
+        root.psql(port, f"INSERT INTO imported SELECT snowflake_at(t), t FROM ({PAST_TIMES}"
+                        " ORDER BY t) s")
+        old_grants = int(root.psql(port, "SELECT sum(grants) FROM snowflake_backfill()"))
+        assert old_grants > 0
 
         # The repository as a DBA adds it: the public key where signed-by
         # names it, one sources line. Only that source is updated (the
@@ -562,6 +576,19 @@ def test_repository_upgrade_from_previous_release(artifacts):
                       "FROM orders").split("|")
             assert int(new_min) > old_max, (new_min, old_max)
             assert (count, distinct) == ("40000", "40000")
+            # The previous release's grants carry on in place: the same
+            # times again, unordered, take grants above them (the primary
+            # key refuses any ID made twice).
+            assert int(root.psql(port, "SELECT sum(grants) FROM snowflake_backfill()")) \
+                == old_grants
+            root.psql(port, f"INSERT INTO imported SELECT snowflake_at(t), t FROM ({PAST_TIMES}"
+                            " ORDER BY random()) s")
+            count, decoded = root.psql(
+                port, "SELECT count(*), count(*) FILTER (WHERE snowflake_timestamp(id)"
+                      " = date_trunc('milliseconds', at)) FROM imported").split("|")
+            assert (count, decoded) == ("40000", "40000")
+            assert int(root.psql(port, "SELECT sum(grants) FROM snowflake_backfill()")) \
+                > old_grants
             old_max = int(root.psql(port, "SELECT max(id) FROM orders"))
             root.run("pg_ctlcluster", MAJOR, "sf", "stop")
 

@@ -11,17 +11,21 @@
 //! only when the registry can believe it: it carries the registry's token
 //! for the pair ([`super::token`]), or, while the DBA lets requests without
 //! one count (`LimitsRow::unsigned_evidence`, for holders before 0.8.0),
-//! its node holds blocks here. A token that does not verify is not
-//! evidence, except of an incarnation on a registry whose row was made
-//! anew (its key is new, and older tokens cannot verify): so a request can
-//! fence a registry at most once after its row was made.
+//! its node holds blocks here. The key is the data directory's
+//! (`snowflake_id.key`), kept across `DROP`/`CREATE EXTENSION`, so a token
+//! of an incarnation before the row was made anew still verifies. A token
+//! that does not verify is not evidence, except of an incarnation on a
+//! registry whose row was made with a key made then (the file was missing,
+//! `Server::key_kept`: older tokens cannot verify): so a request can fence
+//! such a registry at most once after its row was made.
 //!
 //! A request also carries what the holder saw of the incarnations before
 //! (`Seen::earlier`). A registry restored to an earlier state, back to an
 //! incarnation from before its row was last made anew (`DROP`/`CREATE
-//! EXTENSION`, then a snapshot from before it), cannot verify the token of
-//! the newer incarnation, but can verify one it issued itself: a position
-//! or grant count of its own incarnation past its own is then evidence.
+//! EXTENSION`, then a snapshot from before it), cannot tell the newer
+//! incarnation from an older one (names do not order), but can check what
+//! the holder saw of its own: a position or grant count of its own
+//! incarnation past its own, under its token, is then evidence.
 //!
 //! [`Invariant::FenceFromLimits`]: crate::protocol::Invariant::FenceFromLimits
 //! [`Invariant::PromotionNeedsProof`]: crate::protocol::Invariant::PromotionNeedsProof
@@ -367,7 +371,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         token_key: old
             .as_ref()
             .map_or_else(|| server.fresh_key.clone(), |o| o.token_key.clone()),
-        new_key: old.is_none(),
+        new_key: old.is_none() && !server.key_kept,
         grants: old.as_ref().map_or(0, |o| o.grants),
     };
     let mut raise = None;

@@ -402,6 +402,15 @@ pub fn renew(req: &RenewRequest, ctx: &Context, rows: &mut Vec<BlockRow>) -> Don
             taken.truncate(usize::try_from(room).unwrap_or(0));
         }
     }
+    // A renewal that makes a block count for this session's role again
+    // (its lease lapsed, or it was recorded under another role or none)
+    // takes room as a lease does: max_blocks_per_role.
+    let role_max = ctx
+        .limits
+        .max_blocks_per_role
+        .filter(|_| !super::mutation::active(super::mutation::Mutation::NoRoleLimit));
+    let role = ctx.server.role.as_str();
+    let mut role_count = role_held(rows, role, now);
     for &(block, asserted) in &asked {
         let Some(r) = rows.iter_mut().find(|r| r.block == block) else {
             continue;
@@ -410,6 +419,18 @@ pub fn renew(req: &RenewRequest, ctx: &Context, rows: &mut Vec<BlockRow>) -> Don
         let taken_now = taken.contains(&block) && r.free(now);
         if !(mine || taken_now) {
             continue;
+        }
+        if let Some(max) = role_max {
+            if !r.counts_for_role(role, now) {
+                if role_count >= max {
+                    done.log.push(format!(
+                        "node {} renewed block {block}, which its login role's other blocks leave no room for (max_blocks_per_role {max}): not renewed",
+                        req.node
+                    ));
+                    continue;
+                }
+                role_count += 1;
+            }
         }
         let old = r.high_water_ms;
         r.holder_node = Some(req.node.clone());

@@ -49,6 +49,9 @@ pub struct Store {
     /// The highest grant count signed, and the postmaster start it was
     /// signed under (`Server::signed_grants`: none after a restart).
     signed: (i64, i64),
+    /// The data directory's token key (`snowflake_id.key`): made with the
+    /// first row, kept by `DROP EXTENSION`, a snapshot and a standby.
+    pub data_key: Option<String>,
     /// Where fresh incarnation names and keys come from (deterministic).
     pub seed: u64,
     names: u64,
@@ -71,6 +74,7 @@ impl Store {
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
             signed: (0, 0),
+            data_key: None,
             seed,
             names: 0,
         };
@@ -82,7 +86,8 @@ impl Store {
     /// tables; the incarnation row only when no session holds block locks.
     pub fn create_extension(&mut self, now_ms: i64) {
         let live = self.sessions.values().any(|s| !s.blocks.is_empty());
-        let (name, key) = (self.fresh_name(), self.fresh_key());
+        let name = self.fresh_name();
+        let (key, kept) = self.key();
         self.tables = Tables {
             rows: Rows {
                 registry: (!live).then(|| IncarnationRow {
@@ -92,7 +97,7 @@ impl Store {
                     started_at_ms: now_ms,
                     cause: "created".into(),
                     token_key: key,
-                    new_key: true,
+                    new_key: !kept,
                     ..IncarnationRow::default()
                 }),
                 blocks: Vec::new(),
@@ -156,6 +161,19 @@ impl Store {
     fn fresh_name(&mut self) -> String {
         self.names += 1;
         format!("inc-{:x}-{}", self.seed, self.names)
+    }
+
+    /// The data directory's key, and whether it was there (as
+    /// `durability::registry_key` reads or makes it).
+    fn key(&mut self) -> (String, bool) {
+        match &self.data_key {
+            Some(k) => (k.clone(), true),
+            None => {
+                let k = self.fresh_key();
+                self.data_key = Some(k.clone());
+                (k, false)
+            }
+        }
     }
 
     fn fresh_key(&mut self) -> String {
@@ -242,6 +260,13 @@ impl Store {
             .sessions
             .iter()
             .any(|(p, s)| *p != pid && !s.blocks.is_empty());
+        // Read (or made) only when the row is to be made, as the
+        // extension's glue does.
+        let (fresh_key, key_kept) = if self.tables.rows.registry.is_none() {
+            self.key()
+        } else {
+            (String::new(), false)
+        };
         Server {
             now_ms,
             timeline: self.timeline,
@@ -267,7 +292,8 @@ impl Store {
             layout: self.layout.clone(),
             backfill_ids: self.backfill_ids.clone(),
             fresh_incarnation: self.fresh_name(),
-            fresh_key: self.fresh_key(),
+            fresh_key,
+            key_kept,
         }
     }
 
@@ -399,6 +425,7 @@ impl Store {
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
             signed: (0, 0),
+            data_key: None,
             seed,
             names: 0,
         }

@@ -171,9 +171,14 @@ pub struct Server {
     pub backfill_ids: String,
     /// A fresh random name, used when a new incarnation begins.
     pub fresh_incarnation: String,
-    /// A fresh random token key, used when the registry's row is made
-    /// anew.
+    /// The token key for a row made anew: the data directory's
+    /// (`snowflake_id.key`), which `DROP EXTENSION` leaves, or, where the
+    /// file was just made, a new one.
     pub fresh_key: String,
+    /// `fresh_key` was there before this call: tokens of rows made before
+    /// in this data directory verify under it.
+    #[serde(default)]
+    pub key_kept: bool,
 }
 
 /// The registry's rows, as gathered under the lease lock.

@@ -117,6 +117,56 @@ fn an_unbelieved_position_starts_no_incarnation() {
 }
 
 #[test]
+fn after_the_extension_is_made_again_only_its_own_key_fences() {
+    // The key is the data directory's: DROP EXTENSION leaves it, so a
+    // token from before verifies and a forged one does not (0.8.0 before
+    // this made a new key, and a forged token fenced a new registry once).
+    let mut s = store_with(&["a", "hostile"]);
+    let reply = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    let before = seen_of(&reply.head);
+    s.disconnect(100);
+    s.create_extension(T0 + 1_000);
+    let made = incarnation(&s);
+    assert!(!s.tables.rows.registry.as_ref().is_some_and(|r| r.new_key));
+    let forged = Seen {
+        incarnation: "0123456789abcdef0123456789abcdef".into(),
+        token: "ab".repeat(16),
+        ..before.clone()
+    };
+    let reply = s
+        .lease(
+            101,
+            &acquire("hostile", 1, forged.clone(), T0 + 2_000),
+            T0 + 2_000,
+        )
+        .unwrap();
+    assert_eq!(reply.head.incarnation, made);
+    assert_eq!(reply.head.fenced_until_ms, None);
+    s.connect(102, T0 + 2_000);
+    assert_eq!(s.hello(102, "a"), Ok(true));
+    let reply = s
+        .lease(102, &renew("a", &[], before, T0 + 3_000), T0 + 3_000)
+        .unwrap();
+    assert_ne!(reply.head.incarnation, made);
+    assert!(reply.head.fenced_until_ms.is_some());
+    // With the key file gone, the new key cannot verify older tokens: a
+    // forged one fences (once).
+    s.disconnect(101);
+    s.disconnect(102);
+    s.data_key = None;
+    s.create_extension(T0 + 4_000);
+    assert!(s.tables.rows.registry.as_ref().is_some_and(|r| r.new_key));
+    s.connect(103, T0 + 4_000);
+    assert_eq!(s.hello(103, "hostile"), Ok(true));
+    let reply = s
+        .lease(103, &acquire("hostile", 1, forged, T0 + 5_000), T0 + 5_000)
+        .unwrap();
+    assert!(reply.head.fenced_until_ms.is_some());
+}
+
+#[test]
 fn a_signed_position_above_the_registrys_fences() {
     // A snapshot restored in place: a holder saw a later position of the
     // same incarnation, and its token proves it.
@@ -869,6 +919,35 @@ fn the_sessions_of_one_login_role_hold_no_more_than_its_limit() {
         )
         .unwrap();
     assert_eq!(r.blocks.len(), 8);
+}
+
+#[test]
+fn a_renewal_of_a_lapsed_block_takes_room_within_the_roles_limit() {
+    // The simulation's seed 23: a role's lapsed block (within its grace,
+    // still its node's) renewed after the role had leased up to its limit
+    // made the role hold one block more than max_blocks_per_role.
+    let mut s = Store::created(T0, 7);
+    s.set_limits(Some(role_limits(Some(2))));
+    let x = sessions_of(&mut s, "server_x", 100, 2);
+    let first = s
+        .lease(100, &acquire(&x[0].1, 2, Seen::default(), T0), T0)
+        .unwrap();
+    let mine: Vec<u32> = first.blocks.iter().map(|b| b.block as u32).collect();
+    assert_eq!(mine.len(), 2);
+    // Only the first is renewed: the second lapses (its grace runs).
+    let t = T0 + LEASE - 100;
+    s.lease(100, &renew(&x[0].1, &mine[..1], seen_of(&first.head), t), t)
+        .unwrap();
+    let t = T0 + LEASE + 100;
+    let other = s
+        .lease(101, &acquire(&x[1].1, 1, Seen::default(), t), t)
+        .unwrap();
+    assert_eq!(other.blocks.len(), 1);
+    let reply = s
+        .lease(100, &renew(&x[0].1, &mine, seen_of(&first.head), t), t)
+        .unwrap();
+    assert_eq!(reply.blocks.len(), 1, "{reply:?}");
+    assert_eq!(blocks::role_held(&s.tables.rows.blocks, "server_x", t), 2);
 }
 
 #[test]
