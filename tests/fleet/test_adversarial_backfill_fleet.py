@@ -259,12 +259,50 @@ def test_a_holder_killed_mid_statement_then_its_clock_behind_repeats_no_id(make_
 
 
 # ------------------------------------------------ 3. a registry failover
+class Rounds:
+    """Two sessions per holder, each kept open, importing the same times
+    in rounds (150 of the times, the later rounds reaching further
+    stretches, and 40 rows of HOT); a round that fails (no registry
+    answers) is run again in the same session, which keeps its grants."""
+
+    def __init__(self, holders: dict):
+        self.keys = [f"{n}{i}" for n in holders for i in (1, 2)]
+        self.made: dict[str, list[int]] = {k: [] for k in self.keys}
+        self.rounds = dict.fromkeys(self.keys, 0)
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._work, args=(k, holders[k[0]], i))
+                         for i, k in enumerate(self.keys)]
+        for t in self._threads:
+            t.start()
+
+    def _work(self, key, c, seed):
+        rng = random.Random(seed)
+        with c.connect() as conn:
+            while not self._stop.is_set():
+                times = rng.sample(TIMES[:200 + 100 * self.rounds[key]], 150) + [HOT] * 40
+                try:
+                    self.made[key] += _backfill(conn, times)
+                    self.rounds[key] += 1
+                except psycopg.Error as e:
+                    self.failures.append(f"{key} {e.sqlstate}: {e.diag.message_primary}")
+                    self._stop.wait(0.3)
+
+    def wait_more(self, since: dict, n: int, what: str) -> None:
+        wait_until(lambda: all(self.rounds[k] >= since.get(k, 0) + n for k in self.keys),
+                   timeout=180, what=what)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
 def test_sessions_holding_grants_across_a_registry_failover_repeat_no_id(make_cluster):
     """Registry P with its synchronous standby s1; holders A and B each
-    keep two sessions open, importing the same times in rounds (a round
-    that fails while no registry answers is run again in the same
-    session). P is stopped (immediate) mid-import and s1 promoted. No ID
-    is made twice; s1 handed out grants after the failover, above P's."""
+    keep two sessions open, importing the same times in rounds. P is
+    stopped (immediate) mid-import and s1 promoted. No ID is made twice;
+    s1 handed out grants after the failover, above P's."""
     p = make_cluster(tcp=True, settings={"fsync": True, **SET_ASIDE})
     p.create_extension()
     lease_limits(p)
@@ -274,49 +312,56 @@ def test_sessions_holding_grants_across_a_registry_failover_repeat_no_id(make_cl
           for n in "AB"}
     for c in hs.values():
         _live(c)
-    keys = [f"{n}{i}" for n in hs for i in (1, 2)]
-    made: dict[str, list[int]] = {k: [] for k in keys}
-    rounds = dict.fromkeys(keys, 0)
-    failures: list[str] = []
-    stop = threading.Event()
-
-    def work(key, c, seed):
-        rng = random.Random(seed)
-        with c.connect() as conn:
-            while not stop.is_set():
-                # Later rounds reach further stretches: new grants after
-                # the failover.
-                times = rng.sample(TIMES[:200 + 100 * rounds[key]], 150) + [HOT] * 40
-                try:
-                    made[key] += _backfill(conn, times)
-                    rounds[key] += 1
-                except psycopg.Error as e:
-                    failures.append(f"{key} {e.sqlstate}: {e.diag.message_primary}")
-                    stop.wait(0.3)
-
-    threads = [threading.Thread(target=work, args=(k, hs[k[0]], i)) for i, k in enumerate(keys)]
-    for t in threads:
-        t.start()
+    work = Rounds(hs)
     try:
-        wait_until(lambda: min(rounds.values()) >= 2, timeout=120, what="imports on P")
+        work.wait_more({}, 2, "imports on P")
         p.stop(mode="immediate")
-        at_failover = dict(rounds)
+        at_failover = dict(work.rounds)
         before = _grants(s)
         s.promote()
-        wait_until(lambda: all(rounds[k] >= at_failover[k] + 3 for k in keys), timeout=180,
-                   what="imports going on against the promoted s1")
+        work.wait_more(at_failover, 3, "imports going on against the promoted s1")
     finally:
-        stop.set()
-        for t in threads:
-            t.join()
+        work.stop()
     assert not s.scalar("SELECT pg_is_in_recovery()")
     after = _grants(s)
     assert sum(after.values()) > sum(before.values()), "s1 handed out no grant"
     for bucket, n in before.items():
         assert after.get(bucket, 0) >= n
-    _decoded_ok(s, made["A1"])
-    _no_duplicates(made)
-    print(f"\n[failover] rounds {rounds}, failures {len(failures)}: {failures[:2]}")
+    _decoded_ok(s, work.made["A1"])
+    _no_duplicates(work.made)
+    print(f"\n[failover] rounds {work.rounds}, failures {len(work.failures)}:"
+          f" {work.failures[:2]}")
+
+
+def test_sessions_holding_grants_across_a_registry_crash_repeat_no_id(make_cluster):
+    """kill -9 of the registry's postmaster while holders A and B import
+    the same times in sessions kept open; the registry is started again
+    (crash recovery: its counters from the state file and WAL). No ID is
+    made twice; it handed out grants after the crash."""
+    r = registry_server(make_cluster, **SET_ASIDE)
+    lease_limits(r)
+    hs = {n: holder(make_cluster, r, **SET_ASIDE) for n in "AB"}
+    for c in hs.values():
+        _live(c)
+    work = Rounds(hs)
+    try:
+        work.wait_more({}, 2, "imports before the crash")
+        before = _total(r)
+        mark = r.log_mark()
+        postmaster = _postmaster(r)
+        os.kill(postmaster, signal.SIGKILL)
+        at_crash = dict(work.rounds)
+        wait_until(lambda: _gone(postmaster), timeout=60, what="the registry's postmaster to go")
+        r.running = False
+        wait_until(lambda: _started(r), timeout=120, what="the registry started again")
+        work.wait_more(at_crash, 3, "imports going on after the crash")
+    finally:
+        work.stop()
+    assert "was interrupted" in r.log(since=mark) or "not properly shut down" in r.log(since=mark)
+    assert _total(r) > before
+    _decoded_ok(r, work.made["A1"])
+    _no_duplicates(work.made)
+    print(f"\n[registry crash] rounds {work.rounds}, failures {len(work.failures)}")
 
 
 def test_a_promoted_asynchronous_standby_hands_out_grants_again(make_cluster):
@@ -409,7 +454,13 @@ def _restore(r2, path) -> None:
                path)
 
 
-@pytest.mark.parametrize("carry_over", ["none", "old registry running", "old registry gone"])
+@pytest.mark.parametrize("carry_over", [
+    "none", "old registry running", "old registry gone",
+    pytest.param("rows read while holders import", marks=pytest.mark.xfail(strict=True, reason=(
+        "open: docs/guides/backfill.md (registry restored from a dump) says to raise the rows"
+        " of the old registry's snowflake_backfill() while it still runs, not that they must"
+        " be read after its last grant: read while holders import, the grants after the"
+        " read are handed out again by R2 (400 IDs made by both)")))])
 def test_a_registry_restored_from_a_dump(make_cluster, carry_over):
     """R hands out grants to A's session sa; R's database is dumped; A's
     session sb takes grants after the dump (both sessions stay open);
@@ -421,7 +472,9 @@ def test_a_registry_restored_from_a_dump(make_cluster, carry_over):
     before R stops, is raised on R2 (documented): no ID repeats.
     old registry gone: each stretch imported into since the dump is
     raised on R2 to its capacity, and ids added at the end on R2 and every
-    holder (documented): no ID repeats."""
+    holder (documented): no ID repeats.
+    rows read while holders import: R's rows read before sb's grants,
+    then raised on R2."""
     ids = HALF if carry_over == "old registry gone" else SET_ASIDE
     r, r2, a, b = _dump_restore_fleet(make_cluster, ids)
     times = TIMES[:400]
@@ -430,13 +483,16 @@ def test_a_registry_restored_from_a_dump(make_cluster, carry_over):
         made = {"sa before": _backfill(sa, times)}
         path = _dump(r)
         dumped = _total(r)
+        if carry_over == "rows read while holders import":
+            old_rows = r.sql("SELECT starts_at, grants, worker_ids FROM snowflake_backfill()")
         made["sb after dump"] = _backfill(sb, times)
         assert _total(r) > dumped, "no grant after the dump"
-        old_rows = r.sql("SELECT starts_at, grants, worker_ids FROM snowflake_backfill()")
+        if carry_over != "rows read while holders import":
+            old_rows = r.sql("SELECT starts_at, grants, worker_ids FROM snowflake_backfill()")
         r.stop(mode="immediate")
         _restore(r2, path)
         assert _total(r2) == dumped
-        if carry_over == "old registry running":
+        if carry_over in ("old registry running", "rows read while holders import"):
             for row in old_rows:
                 r2.sql("SELECT snowflake_backfill_raise(%s, %s, %s)", *row)
         elif carry_over == "old registry gone":
@@ -627,6 +683,61 @@ def test_a_grant_call_cancelled_in_its_durability_wait_is_never_used(make_cluste
     with b.connect() as c:
         made["B"] = _backfill(c, times)
     assert _total(p) > handed_out
+    _no_duplicates(made)
+
+
+def test_a_holder_that_loses_its_lease_mid_statement_repeats_no_id(make_cluster):
+    """A statement of holder A streams backfill IDs to its client, then
+    sleeps; meanwhile the registry stops and A's lease runs out (A refuses
+    snowflake_nextval()). The statement resumes with times of stretches
+    it holds no grant of: it fails (08006). The registry starts again;
+    the same session and holder B import the same times: no ID equals
+    one the client received."""
+    r = registry_server(make_cluster, **SET_ASIDE)
+    lease_limits(r)
+    a = holder(make_cluster, r, **SET_ASIDE)
+    b = holder(make_cluster, r, **SET_ASIDE)
+    _live(a)
+    _live(b)
+    times = sorted(TIMES[:600])
+    a.sql("CREATE TABLE legacy AS SELECT n AS k, t FROM unnest(%s::timestamptz[])"
+          " WITH ORDINALITY u(t, n)", times)
+    made: dict[str, list[int]] = {"sent": []}
+    failure: list[psycopg.Error] = []
+    back = threading.Event()
+    pid: list[int] = []
+
+    def stream():
+        with a.connect() as conn:
+            pid.append(conn.info.backend_pid)
+            try:
+                for (i,) in conn.cursor().stream(
+                        "SELECT snowflake_at(t) FROM legacy,"
+                        " LATERAL (SELECT CASE WHEN k = 300 THEN pg_sleep(15) END) z"):
+                    made["sent"].append(i)
+            except psycopg.Error as e:
+                failure.append(e)
+            back.wait(120)
+            made["A same session"] = _backfill(conn, times)
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        wait_until(lambda: pid and a.scalar("SELECT count(*) FROM pg_stat_activity"
+                                            " WHERE pid = %s AND wait_event = 'PgSleep'",
+                                            pid[0]) == 1,
+                   timeout=60, what="the statement to sleep")
+        r.stop(mode="fast")
+        wait_until(lambda: _try(a, "SELECT snowflake_nextval()") is None, timeout=13,
+                   what="A losing its lease")
+        wait_until(lambda: failure, timeout=60, what="the statement to fail")
+        r.start()
+    finally:
+        back.set()
+        t.join(120)
+    assert failure[0].sqlstate == "08006", str(failure[0])
+    assert 299 <= len(made["sent"]) < 600, len(made["sent"])
+    with b.connect() as conn:
+        made["B"] = _backfill(conn, times)
     _no_duplicates(made)
 
 
