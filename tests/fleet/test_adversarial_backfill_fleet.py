@@ -364,6 +364,39 @@ def test_sessions_holding_grants_across_a_registry_crash_repeat_no_id(make_clust
     print(f"\n[registry crash] rounds {work.rounds}, failures {len(work.failures)}")
 
 
+def test_an_old_registry_left_running_after_a_failover_grants_nothing_used(make_cluster):
+    """Split brain with one synchronous standby (kept, docs/operations/
+    fleet.md): P's standby s1 is promoted while P keeps running. Holder A,
+    whose connection string names P first, keeps asking P: P hands out
+    grants, which it cannot make durable (its standby is gone), and A
+    uses none (55000 after its wait). Holder B asks s1 for the same
+    times; A's earlier IDs and B's never repeat."""
+    p = make_cluster(tcp=True, settings={"fsync": True, **SET_ASIDE})
+    p.create_extension()
+    lease_limits(p)
+    s = named_standby(make_cluster, p, "s1", "s1", **SET_ASIDE)
+    require_sync(p, "FIRST 1 (s1)", "s1")
+    a = holder(make_cluster, p, **{**SET_ASIDE, "snowflake_id.registry": hosts(p, s)})
+    b = holder(make_cluster, p, **{**SET_ASIDE, "snowflake_id.registry": hosts(s, p)})
+    _live(a)
+    times = TIMES[:300]
+    made = {}
+    with a.connect() as conn:
+        made["A before"] = _backfill(conn, times)
+    s.promote()
+    assert not s.scalar("SELECT pg_is_in_recovery()")
+    assert p.scalar("SELECT NOT pg_is_in_recovery()")
+    before = _total(p)
+    with a.connect() as conn:
+        e = sql_error(conn, "SELECT snowflake_at(t) FROM unnest(%s::timestamptz[]) t", (times,))
+    assert e.sqlstate == "55000", str(e)
+    assert "not durable" in e.diag.message_primary, str(e)
+    assert _total(p) > before, "P handed out no grant after the promotion"
+    with b.connect() as conn:
+        made["B from s1"] = _backfill(conn, times)
+    _no_duplicates(made)
+
+
 def test_a_promoted_asynchronous_standby_hands_out_grants_again(make_cluster):
     """Outside the assumptions (docs: "A promoted asynchronous standby may
     hand out again grants it did not receive"): registry P with an
