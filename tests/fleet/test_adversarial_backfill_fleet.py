@@ -1,13 +1,17 @@
 """Adversarial: backfill in a fleet (docs/guides/backfill.md, "In a
 fleet", "Why no ID repeats", "Dumps and restores", "Limits"). Holders get
 snowflake_at() grants from a registry; each test tries, on real servers,
-to make two backfill IDs equal: several holders over the same times at
-once, a holder crashed mid-statement with its clock behind, a registry
-failover (synchronous and asynchronous standby), a registry restored from
-a dump or a base backup, a holder that backfilled on its own before it
-joined the fleet, a holder's dump restored on another server, a grant
-call cancelled in its durability wait, ids added on the registry while
-holders hold grants, and requests the lease role makes up.
+to make two backfill IDs equal: several holders and the registry over
+the same times at once (with live IDs); a holder killed mid-statement,
+then its clock behind; a registry failover to its synchronous standby, a
+registry crash, an old registry left running after a failover, an
+asynchronous standby promoted; the registry's extension dropped and
+created again; a registry restored from a dump (with each documented
+carry-over) or from a base backup; a server that backfilled alone before
+it joined the fleet; a holder's dump restored on another server; a grant
+call cancelled in its durability wait; a holder losing its lease
+mid-statement; ids added on the registry while holders hold grants; and
+requests the lease role makes up.
 
 Each test asserts that its attack really happened (the failover, the
 clock behind, the grants taken, backward steps). Strict xfails are open
@@ -395,6 +399,37 @@ def test_an_old_registry_left_running_after_a_failover_grants_nothing_used(make_
     with b.connect() as conn:
         made["B from s1"] = _backfill(conn, times)
     _no_duplicates(made)
+
+
+def test_the_registrys_extension_dropped_and_created_mid_import_repeats_no_id(make_cluster):
+    """DROP EXTENSION snowflake_id CASCADE and CREATE EXTENSION again on
+    the registry while holders A and B import the same times in sessions
+    kept open: its table of grants is made again, empty; its counters (of
+    the server, not of the extension) go on. No ID is made twice; grants
+    are handed out after it, above the earlier ones."""
+    r = registry_server(make_cluster, **SET_ASIDE)
+    lease_limits(r)
+    hs = {n: holder(make_cluster, r, **SET_ASIDE) for n in "AB"}
+    for c in hs.values():
+        _live(c)
+    work = Rounds(hs)
+    try:
+        work.wait_more({}, 2, "imports before the DROP")
+        before = _grants(r)
+        r.sql("DROP EXTENSION snowflake_id CASCADE")
+        at_drop = dict(work.rounds)
+        r.create_extension()
+        lease_limits(r)
+        work.wait_more(at_drop, 3, "imports going on after CREATE EXTENSION")
+    finally:
+        work.stop()
+    after = _grants(r)
+    assert sum(after.values()) > sum(before.values())
+    for bucket, n in before.items():
+        assert after.get(bucket, 0) >= n
+    _no_duplicates(work.made)
+    print(f"\n[drop/create] rounds {work.rounds}, failures {len(work.failures)}:"
+          f" {sorted(set(f.split(':')[0][3:] for f in work.failures))}")
 
 
 def test_a_promoted_asynchronous_standby_hands_out_grants_again(make_cluster):
