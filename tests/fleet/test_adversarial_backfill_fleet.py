@@ -882,10 +882,15 @@ def test_requests_the_lease_role_makes_up_take_no_grant_twice(make_cluster):
                  ({"buckets": list(range(257)), "first": [True] * 257}, "22023"),
                  ({"first": []}, "22023"), ({"ids": "1008-1022"}, "55000"),
                  ({"ids": "1008-1023'"}, "55000"), ({"layout": "x"}, "55000"),
-                 ({"buckets": "1"}, None), ({"name": "x" * 70000}, "54000")]
+                 ({"buckets": "1"}, "22023"), ({"buckets": [1e30]}, "22023"),
+                 ({"first": [None]}, "22023"), ({"ids": None}, "22023"),
+                 ({"name": "x" * 70000}, "54000")]
         for change, state in cases:
             e = sql_error(conn, call, (json.dumps({**base, **change}),))
-            assert state is None or e.sqlstate == state, (change, e.sqlstate, str(e))
+            assert e.sqlstate == state, (change, e.sqlstate, str(e))
+        for text in ("{}", "[]", '"x"', "null"):
+            e = sql_error(conn, call, (text,))
+            assert e.sqlstate == "22023", (text, e.sqlstate, str(e))
         e = sql_error(conn, f"SELECT {schema}.snowflake_backfill_grant_take('{{}}', '{{}}')")
         assert e.sqlstate == "42501", str(e)
         e = sql_error(conn, "SELECT snowflake_backfill_raise(now(), 100000)")
