@@ -526,13 +526,8 @@ def _restore(r2, path) -> None:
                path)
 
 
-@pytest.mark.parametrize("carry_over", [
-    "none", "old registry running", "old registry gone",
-    pytest.param("rows read while holders import", marks=pytest.mark.xfail(strict=True, reason=(
-        "open: docs/guides/backfill.md (registry restored from a dump) says to raise the rows"
-        " of the old registry's snowflake_backfill() while it still runs, not that they must"
-        " be read after its last grant: read while holders import, the grants after the"
-        " read are handed out again by R2 (400 IDs made by both)")))])
+@pytest.mark.parametrize("carry_over", ["none", "old registry running", "old registry gone",
+                                        "rows read while holders import"])
 def test_a_registry_restored_from_a_dump(make_cluster, carry_over):
     """R hands out grants to A's session sa; R's database is dumped; A's
     session sb takes grants after the dump (both sessions stay open);
@@ -546,7 +541,8 @@ def test_a_registry_restored_from_a_dump(make_cluster, carry_over):
     raised on R2 to its capacity, and ids added at the end on R2 and every
     holder (documented): no ID repeats.
     rows read while holders import: R's rows read before sb's grants,
-    then raised on R2."""
+    then raised on R2 (the docs say to stop every import first): IDs
+    repeat."""
     ids = HALF if carry_over == "old registry gone" else SET_ASIDE
     r, r2, a, b = _dump_restore_fleet(make_cluster, ids)
     times = TIMES[:400]
@@ -597,24 +593,23 @@ def test_a_registry_restored_from_a_dump(make_cluster, carry_over):
         low = r2.scalar("SELECT count(*) FROM unnest(%s::bigint[]) u(id), snowflake_decode(id) d"
                         " WHERE d.worker_id < 1016", made["B from R2"])
         assert low == 0, low
-    if carry_over == "none":
-        assert problems, "no ID repeated without a carry-over"
+    if carry_over in ("none", "rows read while holders import"):
+        assert problems and all("sb after dump and" in x for x in problems), problems
     else:
         assert not problems, "; ".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: docs/guides/backfill.md Limits says a base backup restored in place does not"
-    " carry the grants made after it and to set aside new ids (add them at the end); a"
-    " registry restored from a base backup, with ids added at the end on it and every"
-    " holder, still hands out the grants below the old capacity again (numbered over the"
-    " old ids): 400 IDs made by both A (after the backup) and B"))
-def test_a_registry_restored_from_a_base_backup_with_ids_added_at_the_end(make_cluster):
+@pytest.mark.parametrize("carry_over", ["ids added", "raised and ids added"])
+def test_a_registry_restored_from_a_base_backup(make_cluster, carry_over):
     """R hands out grants to A; a base backup of R is taken into R_b's
     directory; A takes more grants; R is lost and R_b started in its place
-    (no archive: the WAL after the backup is lost). As the docs advise,
-    ids are added at the end on R_b and every holder, then B imports the
-    same times."""
+    (no archive: the WAL after the backup is lost). Then ids are added at
+    the end on R_b and every holder, and B imports the same times.
+    ids added: alone, as the docs advised before: the grants below the old
+    capacity are handed out again, numbered over the old ids: IDs repeat.
+    raised and ids added: each stretch imported into since the backup is
+    first raised to its capacity (docs/guides/backfill.md, Limits): no ID
+    repeats, B's from the added ids."""
     r = _tcp_registry(make_cluster, HALF)
     rb = make_cluster(tcp=True, start=False, settings={"fsync": True, **HALF})
     a = holder(make_cluster, r, **{**HALF, "snowflake_id.registry": hosts(r, rb)})
@@ -632,18 +627,26 @@ def test_a_registry_restored_from_a_base_backup_with_ids_added_at_the_end(make_c
         made["A after backup"] = _backfill(conn, times)
     assert _total(r) > at_backup
     r.stop(mode="immediate")
-    rb.configure(**{"snowflake_id.backfill_worker_ids": IDS})
+    rb.configure()  # its own port: harness.conf came with the backup
     rb.start()
     assert _total(rb) == at_backup
-    for c in (a, b):
+    if carry_over == "raised and ids added":
+        rb.sql("SELECT count(snowflake_backfill_raise(t, 512)) FROM unnest(%s::timestamptz[]) t",
+               times)
+    for c in (rb, a, b):
         c.configure(**{"snowflake_id.backfill_worker_ids": IDS})
         c.restart()
-    _live(b)
     with b.connect() as conn:
         made["B"] = _backfill(conn, times)
     problems = duplicates(made)
-    print(f"\n[base backup] {problems}; registry {registry_state(rb)}")
-    assert not problems, "; ".join(problems)
+    print(f"\n[base backup, {carry_over}] {problems}; registry {registry_state(rb)}")
+    if carry_over == "ids added":
+        assert problems and all("A after backup and B" in x for x in problems), problems
+    else:
+        assert not problems, "; ".join(problems)
+        low = rb.scalar("SELECT count(*) FROM unnest(%s::bigint[]) u(id), snowflake_decode(id) d"
+                        " WHERE d.worker_id < 1016", made["B"])
+        assert low == 0, low
 
 
 # --------------------------------------------------------------- 5. others
