@@ -132,6 +132,7 @@ SPREAD_MODULES = frozenset({
     "test_durable_grants",  # fleet/
     "test_restarts", "test_standbys",  # durability/
     "test_registry_client", "test_registry_limits", "test_patroni",  # fleet/
+    "test_adversarial_backfill_fleet",  # fleet/
     "test_clocks",  # clocks/
     "test_public_ids", "test_backfill",  # sql_api/
 })

@@ -65,6 +65,14 @@ pub fn grant(header: &Header, buckets: &[u32], limits: &[u32], standbys: bool) -
 /// registry table carried them over (`pg_upgrade`, a restore), so they may
 /// have been handed out by an earlier life of this server.
 pub fn raise(header: &Header, bucket: u32, grants: u32) {
+    raise_counted(header, bucket, grants, true);
+}
+
+/// [`raise`], waiting for the synchronous standbys only if `standbys`:
+/// not for counts another server's counters hold too (a registry raised
+/// to a holder's own counts, whose grants call is checked for durability
+/// after; a holder counting the fleet's grants it used, for its dumps).
+pub fn raise_counted(header: &Header, bucket: u32, grants: u32, standbys: bool) {
     let Some(cell) = header.backfill().grants.get(bucket as usize) else {
         return;
     };
@@ -73,18 +81,9 @@ pub fn raise(header: &Header, bucket: u32, grants: u32) {
     }
     let _guard = header.reserve_lock();
     if cell.load(Acquire) < grants {
-        record(header, bucket, cell, grants);
+        cell.fetch_max(grants, AcqRel);
+        persist(header, &[(bucket, grants)], standbys);
     }
-}
-
-/// Sets `bucket`'s count (`cell`) to `grants`, above its count, and makes it
-/// durable: state file, then WAL. The caller holds `reserve_lock`, under
-/// which counts change (replay aside, which only raises them). Counted
-/// before it is written: should the write fail, grants are lost, never
-/// handed out twice.
-fn record(header: &Header, bucket: u32, cell: &std::sync::atomic::AtomicU32, grants: u32) {
-    cell.fetch_max(grants, AcqRel);
-    persist(header, &[(bucket, grants)], true);
 }
 
 /// Makes counts just raised in shared memory durable: state file, then

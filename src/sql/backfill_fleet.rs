@@ -88,6 +88,11 @@ fn snowflake_backfill_grant_take(request: &str, facts: JsonB) -> JsonB {
         Ok(plan) => plan,
         Err(refusal) => super::leases::refuse(refusal, &caller),
     };
+    // The holder's own counts first (it backfilled alone before): never
+    // a grant it handed out itself.
+    for &(bucket, held) in &plan.raise {
+        crate::durability::backfill::raise_counted(header, bucket, held, false);
+    }
     let grants = crate::durability::backfill::grant(header, &plan.buckets, &plan.limits, false);
     let handed_out = plan
         .buckets
@@ -156,6 +161,14 @@ pub fn grant(buckets: &[u32], first: &[bool]) -> GrantReply {
         ids: settings::backfill_ids_text(),
         buckets: buckets.iter().map(|&b| i64::from(b)).collect(),
         first: first.to_vec(),
+        held: buckets
+            .iter()
+            .map(|&b| {
+                header
+                    .and_then(|h| h.backfill().grants.get(b as usize))
+                    .map_or(0, |n| i64::from(n.load(Acquire)))
+            })
+            .collect(),
     };
     let body = serde_json::to_string(&req)
         .unwrap_or_else(|e| errors::internal(&format!("a backfill request does not encode: {e}")));
@@ -166,7 +179,7 @@ pub fn grant(buckets: &[u32], first: &[bool]) -> GrantReply {
     for attempt in 0..2 {
         let mut s = connect(&conninfo, &display);
         match ask(&mut s, &body) {
-            Ok(reply) => return durable(&mut s, reply, &display),
+            Ok(reply) => return durable(&mut s, buckets, reply, &display),
             Err(CallError::Refused(r)) if r.sqlstate.is_some() => {
                 if r.functions_gone() {
                     errors::backfill_registry_too_old(&display);
@@ -257,11 +270,26 @@ fn ask(s: &mut Session, body: &str) -> Result<GrantReply, CallError> {
     })
 }
 
+/// Counts the fleet's grants of `reply` in this server's own counters
+/// (durably, before use): its dumps and `pg_upgrade` carry them, so that
+/// its rows restored where it backfills alone, or its next requests,
+/// start above them.
+fn count_used(buckets: &[u32], reply: &GrantReply) {
+    let Some(header) = shmem::header() else {
+        return;
+    };
+    for (&bucket, grant) in buckets.iter().zip(&reply.grants) {
+        if let Some(g) = grant {
+            crate::durability::backfill::raise_counted(header, bucket, g.saturating_add(1), false);
+        }
+    }
+}
+
 /// Waits until the registry says the grants of `reply` are durable where a
 /// failover keeps them (`snowflake_lease_durable`, in the same session,
 /// checks a position at or past their WAL); raises when they are not in
 /// [`DURABLE_WAIT_MS`].
-fn durable(s: &mut Session, reply: GrantReply, display: &str) -> GrantReply {
+fn durable(s: &mut Session, buckets: &[u32], reply: GrantReply, display: &str) -> GrantReply {
     if reply.grants.iter().all(Option::is_none) {
         return reply;
     }
@@ -292,6 +320,7 @@ fn durable(s: &mut Session, reply: GrantReply, display: &str) -> GrantReply {
             && (settings::lease_replication() == Replication::Auto
                 || d.mode == DurabilityMode::Synchronous);
         if usable {
+            count_used(buckets, &reply);
             return reply;
         }
         last = format!(

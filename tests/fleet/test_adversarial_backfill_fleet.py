@@ -650,15 +650,14 @@ def test_a_registry_restored_from_a_base_backup(make_cluster, carry_over):
 
 
 # --------------------------------------------------------------- 5. others
-@pytest.mark.xfail(strict=True, reason=(
-    "open: a server that backfilled with its own counters (no registry) and then leases"
-    " from a registry with the same backfill_worker_ids gets the registry's grants from 0"
-    " again: 300 of its earlier IDs made again (docs say nothing of it)"))
 def test_a_server_that_backfilled_alone_then_joins_the_fleet(make_cluster):
     """A backfills on its own (hand-set ranges, the documented one server
     that imports); later a registry is set up with the same set-aside
     ids and A becomes its holder, as does B. A and B import the same
-    times."""
+    times. A's requests carry its own counts, which the registry raises
+    its counters to first. Before, the registry handed out its grants from
+    0 again: 300 of A's earlier IDs made again (a strict xfail, seen
+    failing)."""
     r = registry_server(make_cluster, **SET_ASIDE)
     lease_limits(r)
     a = make_cluster(settings={"snowflake_id.worker_ids": "0-15", **SET_ASIDE})
@@ -684,12 +683,12 @@ def test_a_server_that_backfilled_alone_then_joins_the_fleet(make_cluster):
     assert not problems, "; ".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: a dump of a holder's database carries none of the fleet's grants of the"
-    " backfilled rows in it (the holder's own counters are empty; docs say a dump"
-    " carries the grants of every backfilled row it carries): restored on a server that"
-    " backfills alone with the same ids, 300 restored IDs are made again"))
 def test_a_holders_dump_restored_on_a_server_that_backfills_alone(make_cluster):
+    """A holder counts the fleet's grants it used in its own counters
+    (durably, before use), so its dump carries them. Before, a holder's
+    counters stayed empty: restored on a server that backfills alone with
+    the same ids, 300 restored IDs were made again (a strict xfail, seen
+    failing)."""
     r = registry_server(make_cluster, **SET_ASIDE)
     lease_limits(r)
     a = holder(make_cluster, r, **SET_ASIDE)

@@ -46,6 +46,12 @@ pub struct GrantRequest {
     pub buckets: Vec<i64>,
     /// Per stretch: the holder holds none of its grants.
     pub first: Vec<bool>,
+    /// Per stretch: how many grants the holder's own counters count (it
+    /// backfilled alone before, or used the fleet's; 0.8.0): the registry
+    /// raises its counters to them first, so that it never hands out
+    /// again a grant the holder handed out itself. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<i64>,
 }
 
 /// The registry's answer: per stretch asked, the grant handed out (`None`:
@@ -84,6 +90,9 @@ pub struct Facts<'a> {
 pub struct Plan {
     pub buckets: Vec<u32>,
     pub limits: Vec<u32>,
+    /// Per stretch, the count to raise the registry's counter to first
+    /// (the holder's own: [`GrantRequest::held`]).
+    pub raise: Vec<(u32, u32)>,
     /// Backfill times at or before this are refused: the registry's own
     /// floor and the marks of blocks holding set-aside ids (their live IDs).
     pub after_ms: i64,
@@ -152,6 +161,17 @@ pub fn plan(req: &GrantRequest, facts: &Facts) -> Result<Plan, Refusal> {
     if req.first.len() != req.buckets.len() {
         return Err(invalid("first must have one value per stretch.".into()));
     }
+    if !req.held.is_empty() && req.held.len() != req.buckets.len() {
+        return Err(invalid(
+            "held must have one value per stretch, or none.".into(),
+        ));
+    }
+    let capacity = i64::from(space.grants_per_bucket());
+    if let Some(h) = req.held.iter().find(|&&h| !(0..=capacity).contains(&h)) {
+        return Err(invalid(format!(
+            "held {h} is not one of 0 to {capacity} (the grants of a stretch)."
+        )));
+    }
     let mut buckets = Vec::with_capacity(req.buckets.len());
     for &b in &req.buckets {
         let Some(b) = u32::try_from(b).ok().filter(|&b| b < BUCKETS) else {
@@ -191,9 +211,15 @@ pub fn plan(req: &GrantRequest, facts: &Facts) -> Result<Plan, Refusal> {
         .iter()
         .map(|&first| space.grant_limit(usize::from(!first)))
         .collect();
+    let raise = buckets
+        .iter()
+        .zip(&req.held)
+        .filter_map(|(&b, &h)| u32::try_from(h).ok().filter(|&h| h > 0).map(|h| (b, h)))
+        .collect();
     Ok(Plan {
         buckets,
         limits,
+        raise,
         after_ms,
     })
 }
@@ -218,6 +244,7 @@ mod tests {
             ids: "1020-1023".into(),
             first: vec![true; buckets.len()],
             buckets,
+            held: Vec::new(),
         }
     }
 
@@ -252,6 +279,28 @@ mod tests {
         assert_eq!(p.buckets, vec![7, 8]);
         assert_eq!(p.limits, vec![256, 256 - 16]);
         assert_eq!(p.after_ms, 5);
+    }
+
+    #[test]
+    fn the_holders_own_counts_raise_the_registrys_first() {
+        // A server that backfilled alone, then joined the fleet: the
+        // registry handed out its grants again from 0 (300 IDs made twice
+        // on real servers, tests/fleet/test_adversarial_backfill_fleet.py).
+        let s = space("1020-1023");
+        let mut r = req(vec![7, 8]);
+        r.held = vec![12, 0];
+        let p = plan(&r, &facts(Some(&s), &[])).unwrap();
+        assert_eq!(p.raise, vec![(7, 12)]);
+        r.held = vec![12];
+        assert_eq!(
+            plan(&r, &facts(Some(&s), &[])).unwrap_err().code,
+            SqlState::InvalidParameterValue
+        );
+        r.held = vec![i64::from(s.grants_per_bucket()) + 1, 0];
+        assert_eq!(
+            plan(&r, &facts(Some(&s), &[])).unwrap_err().code,
+            SqlState::InvalidParameterValue
+        );
     }
 
     #[test]
