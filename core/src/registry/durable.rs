@@ -198,21 +198,15 @@ fn members(facts: &Facts) -> Vec<String> {
 /// the one streaming under the name spells it, when one does), and every
 /// physical standby streaming whose `sync_state` is not `async`.
 fn may_be_synchronous(facts: &Facts) -> Vec<String> {
-    let names = facts.synchronous_standby_names.trim();
-    let inner = match (names.find('('), names.rfind(')')) {
-        (Some(a), Some(b)) if a < b => &names[a + 1..b],
-        _ => names,
-    };
-    let listed = inner
-        .split(',')
-        .map(|n| n.trim().trim_matches('"'))
-        .filter(|n| !n.is_empty() && *n != EVERY_STANDBY)
-        .map(|n| {
+    let listed = listed_names(&facts.synchronous_standby_names)
+        .into_iter()
+        .filter(|(n, quoted)| !n.is_empty() && (*quoted || n != EVERY_STANDBY))
+        .map(|(n, _)| {
             facts
                 .standbys
                 .iter()
-                .find(|s| s.application_name.eq_ignore_ascii_case(n))
-                .map_or_else(|| n.to_string(), |s| s.application_name.clone())
+                .find(|s| s.application_name.eq_ignore_ascii_case(&n))
+                .map_or_else(|| n.clone(), |s| s.application_name.clone())
         });
     let streaming = facts
         .standbys
@@ -262,12 +256,56 @@ fn unnamed_may_be_candidates(facts: &Facts) -> bool {
 /// `synchronous_standby_names` names `*` (unquoted: `"*"` is a standby
 /// called `*`).
 fn lists_every_standby(names: &str) -> bool {
-    let names = names.trim();
-    let inner = match (names.find('('), names.rfind(')')) {
-        (Some(a), Some(b)) if a < b => &names[a + 1..b],
-        _ => names,
+    listed_names(names)
+        .iter()
+        .any(|(n, quoted)| !quoted && n == EVERY_STANDBY)
+}
+
+/// The names `synchronous_standby_names` lists, as PostgreSQL reads them:
+/// the list of `FIRST n (...)`, `ANY n (...)` or `n (...)`, else the whole
+/// setting; a double-quoted name keeps its commas and parentheses, `""`
+/// in it is a quote. Each with whether it was quoted.
+pub fn listed_names(names: &str) -> Vec<(String, bool)> {
+    let s = names.trim();
+    let lower = s.to_ascii_lowercase();
+    let rest = ["first", "any"]
+        .iter()
+        .find_map(|k| {
+            lower
+                .strip_prefix(k)
+                .filter(|r| r.starts_with(char::is_whitespace))
+                .map(|r| &s[s.len() - r.len()..])
+        })
+        .unwrap_or(s)
+        .trim_start();
+    let digits = rest.chars().take_while(char::is_ascii_digit).count();
+    let after = rest[digits..].trim_start();
+    let inner = match after.strip_prefix('(') {
+        Some(list) if digits > 0 => list.trim_end().strip_suffix(')').unwrap_or(list),
+        _ => s,
     };
-    inner.split(',').any(|n| n.trim() == EVERY_STANDBY)
+    let mut out = Vec::new();
+    let (mut name, mut quoted, mut in_quotes) = (String::new(), false, false);
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if in_quotes && chars.peek() == Some(&'"') => {
+                chars.next();
+                name.push('"');
+            }
+            '"' => {
+                in_quotes = !in_quotes;
+                quoted = true;
+            }
+            ',' if !in_quotes => {
+                out.push((name.trim().to_string(), quoted));
+                (name, quoted) = (String::new(), false);
+            }
+            c => name.push(c),
+        }
+    }
+    out.push((name.trim().to_string(), quoted));
+    out
 }
 
 /// The decision, after the wait.

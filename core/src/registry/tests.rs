@@ -529,6 +529,31 @@ fn standby(name: &str, flush: u64, reply_ms: i64) -> Standby {
 }
 
 #[test]
+fn the_names_of_synchronous_standby_names_are_read_as_postgresql_does() {
+    let names = |s: &str| durable::listed_names(s);
+    let plain = |v: &[&str]| -> Vec<(String, bool)> {
+        v.iter().map(|n| ((*n).to_string(), false)).collect()
+    };
+    assert_eq!(names("s1"), plain(&["s1"]));
+    assert_eq!(names("s1, s2"), plain(&["s1", "s2"]));
+    assert_eq!(names("FIRST 1 (s1, s2)"), plain(&["s1", "s2"]));
+    assert_eq!(names("any 2 (*)"), plain(&["*"]));
+    assert_eq!(names("2 (a,b)"), plain(&["a", "b"]));
+    // Quoted: commas and parentheses are the name's, "" a quote.
+    assert_eq!(
+        names(r#"FIRST 1 ("a,b", "c(d)", "e""f", "*")"#),
+        vec![
+            ("a,b".to_string(), true),
+            ("c(d)".to_string(), true),
+            ("e\"f".to_string(), true),
+            ("*".to_string(), true),
+        ]
+    );
+    // A name that begins as a keyword does.
+    assert_eq!(names("anyone, firstly"), plain(&["anyone", "firstly"]));
+}
+
+#[test]
 fn a_standby_whose_clock_strays_never_becomes_a_candidate() {
     // 0.7.0: s1's clock 60 s behind let it prove, after it was dropped,
     // that it had every durable grant (547,254 duplicate IDs).
@@ -619,17 +644,19 @@ fn a_row_made_anew_under_a_star_holds_durability_back_until_it_expires() {
     // Once the row names its standbys, it holds nothing back.
     facts.candidates = Some(w);
     assert!(durable::decide(&facts).reply.durable);
-    // A plain '*' as well; a standby named "*" (quoted) is a name.
-    for (names, held) in [
-        ("*", true),
-        ("FIRST 1 (s2, *)", true),
-        ("ANY 1 (\"*\")", false),
+    // A plain '*' as well. A standby named "*" (quoted) is a name, held
+    // back for as a listed standby that does not stream: waited for.
+    for (names, waited) in [
+        ("*", false),
+        ("FIRST 1 (s2, *)", false),
+        ("ANY 1 (\"*\")", true),
     ] {
         facts.synchronous_standby_names = names.into();
         facts.candidates = Some(row.clone());
         facts.now_ms = T0 + 1_000;
         facts.standbys[0].reply_time_ms = Some(facts.now_ms);
-        assert_eq!(!durable::decide(&facts).reply.durable, held, "{names}");
+        assert!(!durable::decide(&facts).reply.durable, "{names}");
+        assert_eq!(!durable::progress(&facts).done, waited, "{names}");
     }
 }
 
@@ -932,7 +959,7 @@ fn a_renewal_of_a_lapsed_block_takes_room_within_the_roles_limit() {
     let first = s
         .lease(100, &acquire(&x[0].1, 2, Seen::default(), T0), T0)
         .unwrap();
-    let mine: Vec<u32> = first.blocks.iter().map(|b| b.block as u32).collect();
+    let mine: Vec<u32> = first.blocks.iter().map(|b| b.block).collect();
     assert_eq!(mine.len(), 2);
     // Only the first is renewed: the second lapses (its grace runs).
     let t = T0 + LEASE - 100;
