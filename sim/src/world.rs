@@ -159,6 +159,11 @@ struct Node {
     /// Its clock runs beyond the documented bound on rates: no wait of
     /// its is owed a bound (its IDs still never repeat another's).
     beyond_bound: bool,
+    /// A copy of its data directory runs (or it is one): the two share
+    /// one login role, so one of them may wait as long as the other keeps
+    /// the role's `max_blocks_per_role` (documented): no wait is owed a
+    /// bound.
+    shares_role: bool,
 }
 
 /// A lease call's way to the registry server `p` and back.
@@ -479,6 +484,7 @@ impl World {
                 gens: HashMap::new(),
                 wanted_since: None,
                 beyond_bound: false,
+                shares_role: false,
             })
             .collect();
         let layout = match PRESETS[0].layout(DEFAULT_EPOCH_MS, T0) {
@@ -556,7 +562,11 @@ impl World {
             t += TICK_MS;
         }
         // Holders still waiting when the run ends.
-        for n in self.nodes.iter().filter(|n| !n.beyond_bound) {
+        for n in self
+            .nodes
+            .iter()
+            .filter(|n| !n.beyond_bound && !n.shares_role)
+        {
             if let Some(since) = n.wanted_since {
                 self.longest_wait_ms = self.longest_wait_ms.max(t - since.max(self.calm_since));
             }
@@ -738,7 +748,7 @@ impl World {
         match (wants && !has, n.wanted_since) {
             (true, None) => n.wanted_since = Some(t),
             (false, Some(since)) => {
-                let waited = if n.beyond_bound {
+                let waited = if n.beyond_bound || n.shares_role {
                     0
                 } else {
                     t - since.max(self.calm_since)
@@ -984,7 +994,9 @@ impl World {
                     gens: orig.gens.clone(),
                     wanted_since: None,
                     beyond_bound: false,
+                    shares_role: true,
                 };
+                self.nodes[holder].shares_role = true;
                 self.nodes.push(copy);
             }
             Fault::HolderRestart { holder } => {
