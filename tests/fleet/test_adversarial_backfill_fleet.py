@@ -121,6 +121,17 @@ def _quietly_close(conn) -> None:
 
 
 # ------------------------------------ 1. several holders, the same times, at once
+def _registry_and_holders(make_cluster, names: str):
+    """A registry setting the ids aside, and a holder per letter of
+    `names`, each making live IDs."""
+    r = registry_server(make_cluster, **SET_ASIDE)
+    lease_limits(r)
+    hs = {n: holder(make_cluster, r, **SET_ASIDE) for n in names}
+    for c in hs.values():
+        _live(c)
+    return r, hs
+
+
 def test_three_holders_and_the_registry_backfilling_the_same_times_repeat_no_id(make_cluster):
     """Holders A, B, C (two sessions each) and the registry itself import
     the same 1,200 times plus 150 rows of one millisecond, shuffled (over
@@ -128,11 +139,7 @@ def test_three_holders_and_the_registry_backfilling_the_same_times_repeat_no_id(
     holders make live IDs meanwhile. No ID is made twice; the registry
     handed out the further grants the shared millisecond needs (three per
     session)."""
-    r = registry_server(make_cluster, **SET_ASIDE)
-    lease_limits(r)
-    hs = {n: holder(make_cluster, r, **SET_ASIDE) for n in "ABC"}
-    for c in hs.values():
-        _live(c)
+    r, hs = _registry_and_holders(make_cluster, "ABC")
     made: dict[str, list[int]] = {}
     steps: list[int] = []
     errors: list[BaseException] = []
@@ -342,11 +349,7 @@ def test_sessions_holding_grants_across_a_registry_crash_repeat_no_id(make_clust
     the same times in sessions kept open; the registry is started again
     (crash recovery: its counters from the state file and WAL). No ID is
     made twice; it handed out grants after the crash."""
-    r = registry_server(make_cluster, **SET_ASIDE)
-    lease_limits(r)
-    hs = {n: holder(make_cluster, r, **SET_ASIDE) for n in "AB"}
-    for c in hs.values():
-        _live(c)
+    r, hs = _registry_and_holders(make_cluster, "AB")
     work = Rounds(hs)
     try:
         work.wait_more({}, 2, "imports before the crash")
@@ -407,11 +410,7 @@ def test_the_registrys_extension_dropped_and_created_mid_import_repeats_no_id(ma
     kept open: its table of grants is made again, empty; its counters (of
     the server, not of the extension) go on. No ID is made twice; grants
     are handed out after it, above the earlier ones."""
-    r = registry_server(make_cluster, **SET_ASIDE)
-    lease_limits(r)
-    hs = {n: holder(make_cluster, r, **SET_ASIDE) for n in "AB"}
-    for c in hs.values():
-        _live(c)
+    r, hs = _registry_and_holders(make_cluster, "AB")
     work = Rounds(hs)
     try:
         work.wait_more({}, 2, "imports before the DROP")
