@@ -248,3 +248,207 @@ def test_rows_restored_without_triggers_on_a_holder_count_before_its_next_grant(
     problems = duplicates(made)
     print(f"\n[restored without triggers on a holder] N used {used} grants; {problems}")
     assert not problems, "; ".join(problems)
+
+
+# ------------------------------------------------- 2. the registry's key file
+def _key_path(r) -> str:
+    return os.path.join(r.datadir, KEY_FILE)
+
+
+def _renewed(r, a) -> None:
+    """Waits until holder `a`'s lease is renewed (its expiry moves)."""
+    first = r.scalar("SELECT max(expires_at) FROM snowflake_leases WHERE leased")
+    wait_until(lambda: (r.scalar("SELECT max(expires_at) FROM snowflake_leases WHERE leased")
+                        or first) > first, timeout=30, what="a renewal")
+    assert _try(a, "SELECT snowflake_nextval()") is not None
+
+
+def test_a_garbage_key_file_refuses_a_new_row_clearly_and_nothing_else(make_cluster):
+    """The registry's snowflake_id.key overwritten with garbage (then
+    emptied) while holder A holds a block: renewals go on (the key is read
+    only when the registry's row is made); CREATE EXTENSION in another
+    database, and DROP/CREATE in the registry's with no holder, are
+    refused XX001 naming the file with a hint, the backend and server
+    live. The file put back: CREATE EXTENSION keeps the key (new_key
+    false), and A's token still counts."""
+    r = registry_server(make_cluster)
+    lease_limits(r)
+    path = _key_path(r)
+    with open(path) as f:
+        key = f.read().strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", key), key
+    assert r.sql("SELECT token_key, new_key FROM snowflake_lease_registry") == [(key, True)]
+    a = holder(make_cluster, r)
+    _live(a)
+    pm, mark = _postmaster(r), r.log_mark()
+    r.create_db("app")
+    seen = {}
+    for name, text in (("garbage", "not a key at all\n"), ("empty", ""),
+                       ("33 digits", key + "0")):
+        with open(path, "w") as f:
+            f.write(text)
+        _renewed(r, a)
+        with r.connect(dbname="app") as conn:
+            e = sql_error(conn, "CREATE EXTENSION snowflake_id")
+        assert e.sqlstate == "XX001", (name, e.sqlstate, str(e))
+        assert KEY_FILE in e.diag.message_primary and "Restore the file" in e.diag.message_hint
+        seen[name] = e.diag.message_primary
+    a.stop()
+    wait_until(lambda: r.scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                " AND objsubid = 2") == 0, timeout=30, what="A's locks gone")
+    r.sql("DROP EXTENSION snowflake_id CASCADE")
+    r.sql("DROP ROLE IF EXISTS snowflake_lease")
+    e = sql_error(r.connect(), "CREATE EXTENSION snowflake_id")
+    assert e.sqlstate == "XX001", str(e)
+    _no_crash(r, mark, pm)
+    with open(path, "w") as f:
+        f.write(key.upper() + "\n")
+    r.sql("CREATE EXTENSION snowflake_id")
+    assert r.sql("SELECT token_key, new_key FROM snowflake_lease_registry") == [(key, False)]
+    lease_limits(r)
+    # A forged token naming a made-up incarnation: no evidence, no fence.
+    grant_lease_role(r)
+    x = Intruder(r)
+    x.acquire(incarnation="never-issued", token="0123456789abcdef" * 2)
+    x.close()
+    made_again = registry_state(r)
+    assert not made_again[1], made_again
+    # A's token of the incarnation before DROP verifies under the kept
+    # key: evidence that the registry forgot A's blocks (DROP did).
+    a.start()
+    _live(a)
+    after = registry_state(r)
+    assert after[0] != made_again[0] and "knew incarnation" in after[2], (made_again, after)
+    print(f"\n[garbage key] {seen}; after A's token: {after}")
+
+
+@pytest.mark.parametrize("how", ["mode 000", "a directory"])
+def test_an_unreadable_key_file_refuses_create_extension_with_58030(make_cluster, how):
+    """snowflake_id.key unreadable to the server (mode 000; a directory in
+    its place): CREATE EXTENSION in a new database is refused 58030 naming
+    the file, with a hint; no crash. Put right: it works again and keeps
+    the key."""
+    r = registry_server(make_cluster)
+    path = _key_path(r)
+    with open(path) as f:
+        key = f.read().strip()
+    pm, mark = _postmaster(r), r.log_mark()
+    if how == "mode 000":
+        os.chmod(path, 0)
+    else:
+        os.rename(path, path + ".saved")
+        os.mkdir(path)
+    r.create_db("app")
+    with r.connect(dbname="app") as conn:
+        e = sql_error(conn, "CREATE EXTENSION snowflake_id")
+    assert e.sqlstate == "58030", (e.sqlstate, str(e))
+    assert KEY_FILE in e.diag.message_primary and e.diag.message_hint, str(e)
+    _no_crash(r, mark, pm)
+    if how == "mode 000":
+        os.chmod(path, 0o600)
+    else:
+        os.rmdir(path)
+        os.rename(path + ".saved", path)
+    r.sql("CREATE EXTENSION snowflake_id", dbname="app")
+    assert r.sql("SELECT token_key, new_key FROM snowflake_lease_registry",
+                 dbname="app") == [(key, False)]
+    print(f"\n[unreadable key, {how}] {e.diag.message_primary}")
+
+
+def test_the_lease_role_cannot_read_the_key(make_cluster):
+    """As the lease role (with the documented rights and EXECUTE on
+    snowflake_backfill_grant): pg_read_file, pg_read_binary_file,
+    pg_stat_file, pg_ls_dir, COPY FROM the file, lo_import, the
+    registry's table, snowflake_lease_data_key() and snowflake_lease_sign
+    are refused 42501; the key is in no reply to its calls and in no
+    table or view it may read."""
+    r = registry_server(make_cluster, **SET_ASIDE)
+    lease_limits(r)
+    grant_lease_role(r)
+    call = _grant_fn(r)
+    with open(_key_path(r)) as f:
+        key = f.read().strip()
+    a = holder(make_cluster, r, **SET_ASIDE)
+    _live(a)
+    with a.connect() as conn:
+        _backfill(conn, TIMES[:10])
+    refused = {}
+    with r.connect(user="snowflake_lease") as conn:
+        conn.execute("CREATE TEMP TABLE k (t text)")
+        for q in (f"SELECT pg_read_file('{KEY_FILE}')",
+                  f"SELECT pg_read_binary_file('{KEY_FILE}')",
+                  f"SELECT pg_stat_file('{KEY_FILE}')",
+                  "SELECT pg_ls_dir('.')",
+                  f"COPY k FROM '{_key_path(r)}'",
+                  f"SELECT lo_import('{_key_path(r)}')",
+                  "SELECT token_key FROM snowflake_lease_registry",
+                  "SELECT snowflake_id_internal.snowflake_lease_data_key()",
+                  "SELECT snowflake_id_internal.snowflake_lease_sign('k', 'i', '0/0', 0)"):
+            e = sql_error(conn, q)
+            refused[q.split("(")[0]] = e.sqlstate
+            assert e.sqlstate == "42501", (q, e.sqlstate, str(e))
+        x = Intruder(r)
+        replies = [json.dumps(x.acquire())]
+        layout = x.layout
+        x.close()
+        replies.append(conn.execute(call, (json.dumps(
+            {"node": "x", "name": "x", "layout": layout, "ids": IDS,
+             "buckets": [_bucket(r, TIMES[0])], "first": [True]}),)).fetchone()[0])
+        readable = conn.execute(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relkind IN ('r', 'v', 'm', 'p') AND n.nspname NOT IN"
+            " ('pg_catalog', 'information_schema', 'pg_toast')"
+            " AND n.nspname NOT LIKE 'pg_temp%%'"
+            " AND has_table_privilege(c.oid, 'SELECT')").fetchall()
+        leaked = [t for (t,) in readable if conn.execute(
+            f"SELECT count(*) FROM {t} x WHERE x::text LIKE %s", (f"%{key}%",)).fetchone()[0]]
+    assert all(key not in reply for reply in replies), replies
+    assert not leaked, leaked
+    print(f"\n[lease role and the key] refused: {refused}; readable relations:"
+          f" {[t for (t,) in readable]}")
+
+
+def test_a_promoted_standby_without_the_key_file_goes_on(make_cluster):
+    """Registry P's standby s1 (a base backup: it has P's key file) loses
+    its key file; P stops, s1 is promoted. The holder, whose connection
+    string names both, goes on from s1 (its token verifies with the key
+    in the registry's row, which s1 replayed); no ID repeats. The key file
+    is made again only when a row is made: DROP/CREATE EXTENSION on s1
+    with no holder then starts with a new key (new_key true)."""
+    p = make_cluster(tcp=True, settings={"fsync": True})
+    p.create_extension()
+    lease_limits(p)
+    with open(_key_path(p)) as f:
+        key = f.read().strip()
+    s = named_standby(make_cluster, p, "s1", "s1")
+    with open(_key_path(s)) as f:
+        assert f.read().strip() == key
+    os.remove(_key_path(s))
+    a = holder(make_cluster, p, **{"snowflake_id.registry": hosts(p, s)})
+    _live(a)
+    wait_until(lambda: s.scalar("SELECT count(*) FROM snowflake_lease_blocks") > 0, timeout=30,
+               what="s1 replaying A's lease")
+    made = {"A on P": [row[0] for row in a.sql("SELECT snowflake_nextvals(1000)")]}
+    incarnation = registry_state(p)[0]
+    p.stop(mode="fast")
+    s.promote()
+    wait_until(lambda: s.scalar("SELECT count(*) FROM snowflake_leases WHERE leased"
+                                " AND expires_at > now() + interval '3 s'") > 0,
+               timeout=60, what="A renewing on s1")
+    _live(a)
+    made["A on s1"] = [row[0] for row in a.sql("SELECT snowflake_nextvals(1000)")]
+    after = registry_state(s)
+    assert not os.path.exists(_key_path(s))
+    assert s.scalar("SELECT token_key FROM snowflake_lease_registry") == key
+    _no_duplicates(made)
+    a.stop()
+    wait_until(lambda: s.scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                " AND objsubid = 2") == 0, timeout=30, what="A's locks gone")
+    s.sql("DROP EXTENSION snowflake_id CASCADE")
+    s.sql("CREATE EXTENSION snowflake_id")
+    row = s.sql("SELECT token_key, new_key FROM snowflake_lease_registry")[0]
+    with open(_key_path(s)) as f:
+        assert f.read().strip() == row[0]
+    assert row[0] != key and row[1] is True, row
+    print(f"\n[standby without key] incarnation {incarnation} -> {after}")
