@@ -452,3 +452,103 @@ def test_a_promoted_standby_without_the_key_file_goes_on(make_cluster):
         assert f.read().strip() == row[0]
     assert row[0] != key and row[1] is True, row
     print(f"\n[standby without key] incarnation {incarnation} -> {after}")
+
+
+# ------------------------------- 3. 0.7.0's declarations under this library
+# Each C function of tests/upgrade/snowflake_id--0.7.0.sql, called as 0.7.0
+# declares it ({id}: an ID made there).
+CALLS_070 = [
+    "SELECT snowflake_nextval()",
+    "SELECT * FROM snowflake_nextvals(3)",
+    "SELECT * FROM snowflake_accept_layout()",
+    "SELECT snowflake_advance_past({id})",
+    "SELECT snowflake_at('2024-06-01 12:00+00')",
+    "SELECT * FROM snowflake_backfill()",
+    "SELECT snowflake_backfill_raise('2024-06-01 12:00+00', 3)",
+    "SELECT snowflake_backfill_raise('2024-06-01 12:00+00', 3, '1023')",
+    "SELECT snowflake_compose(now(), 5, 1)",
+    "SELECT * FROM snowflake_config()",
+    "SELECT snowflake_from_public(snowflake_to_public({id}))",
+    "SELECT snowflake_from_timestamp(now())",
+    "SELECT * FROM snowflake_layout()",
+    "SELECT snowflake_sequence({id}), snowflake_timestamp({id}), snowflake_worker_id({id})",
+    "SELECT * FROM snowflake_worker_status()",
+]
+
+
+def test_every_c_function_of_0_7_0_under_this_library_crashes_no_backend(make_cluster):
+    """A server with this library, a backfill grant and a live claim; a
+    second database with `CREATE EXTENSION snowflake_id VERSION '0.7.0'`
+    (ALTER EXTENSION UPDATE not run). Every C function 0.7.0 declares is
+    called there, each in its own session: each answers or raises an
+    error, no backend is lost, the postmaster is the same. The symbols
+    whose declaration differs from this version's (by argument or result)
+    are listed: only snowflake_backfill()'s, which raises 55000."""
+    c = make_cluster(settings={"snowflake_id.backfill_worker_ids": "1023"},
+                     create_extension=True)
+    assert c.scalar("SELECT snowflake_at('2024-06-01 12:00+00')") > 0
+    pm, mark = _postmaster(c), c.log_mark()
+    decl = ("SELECT p.prosrc, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)"
+            " FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'"
+            " JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowflake_id'"
+            " JOIN pg_language l ON l.oid = p.prolang AND l.lanname = 'c'")
+    new = {row[0]: row[1:] for row in c.sql(decl)}
+    with old_release("0.7.0"):
+        c.create_db("from070")
+        c.sql("CREATE EXTENSION snowflake_id VERSION '0.7.0'", dbname="from070")
+    old = {row[0]: row[1:] for row in c.sql(decl, dbname="from070")}
+    assert len(old) == 17, sorted(old)
+    differ = sorted(s for s, d in old.items() if new.get(s) != d)
+    an_id = c.scalar("SELECT snowflake_nextval()", dbname="from070")
+    outcomes = {}
+    for q in CALLS_070:
+        q = q.format(id=an_id)
+        with c.connect(dbname="from070") as conn:
+            try:
+                conn.execute(q).fetchall()
+                outcomes[q] = "ok"
+            except psycopg.Error as e:
+                # No SQLSTATE: the server closed the connection.
+                outcomes[q] = e.sqlstate or f"LOST: {e}"
+    lost = {q: o for q, o in outcomes.items() if o.startswith("LOST")}
+    print(f"\n[0.7.0 under this library] differ: {differ}; outcomes: {outcomes}")
+    assert not lost, lost
+    _no_crash(c, mark, pm)
+    assert outcomes["SELECT * FROM snowflake_backfill()"] == "55000"
+    assert differ == ["snowflake_backfill_wrapper"], {s: (old[s], new.get(s)) for s in differ}
+    assert c.scalar("SELECT count(*) FROM pg_stat_activity"
+                    " WHERE backend_type = 'snowflake_id registry'") == 1
+
+
+def test_a_registry_database_on_0_7_0_under_this_library_refuses_backfill_until_updated(
+        make_cluster):
+    """The registry worker's database itself on 0.7.0 (the library
+    updated, ALTER EXTENSION UPDATE not run), backfill ids set aside, a
+    grant taken while it was updated: the worker's passes skip backfill
+    (no crash loop: the same postmaster, one registry worker, for several
+    passes); snowflake_at() and snowflake_backfill() refuse without
+    crashing; after the update both work and the grants go on above the
+    earlier one."""
+    c = make_cluster(settings={"snowflake_id.backfill_worker_ids": "1023"},
+                     create_extension=True)
+    first = c.scalar("SELECT snowflake_at('2024-06-01 12:00+00')")
+    c.sql("DROP EXTENSION snowflake_id CASCADE")
+    with old_release("0.7.0"):
+        c.sql("CREATE EXTENSION snowflake_id VERSION '0.7.0'")
+    c.restart()
+    pm, mark = _postmaster(c), c.log_mark()
+    worker = _registry_worker(c)
+    with c.connect() as conn:
+        conn.execute("SET statement_timeout = '4s'")
+        e = sql_error(conn, "SELECT snowflake_at('2024-06-01 12:00+00')")
+        assert e.sqlstate in ("55000", "57014"), (e.sqlstate, str(e))
+        e2 = sql_error(conn, "SELECT * FROM snowflake_backfill()")
+        assert e2.sqlstate == "55000", str(e2)
+    assert _registry_worker(c) == worker
+    _no_crash(c, mark, pm)
+    c.sql("ALTER EXTENSION snowflake_id UPDATE")
+    again = c.scalar("SELECT snowflake_at('2024-06-01 12:00+00')")
+    assert again != first
+    assert c.scalar("SELECT grants FROM snowflake_backfill() WHERE"
+                    " '2024-06-01 12:00+00' BETWEEN starts_at AND ends_at") == 2
+    print(f"\n[registry database on 0.7.0] snowflake_at: {e.sqlstate} {e.diag.message_primary}")
