@@ -691,3 +691,44 @@ def test_a_holder_killed_between_the_grant_and_its_own_count(make_cluster):
     assert all(after[k] > handed_out[k] for k in stale[:5]), (after, handed_out)
     _no_duplicates(made)
     print(f"\n[killed before its count] {len(stale)} stretches where A's count is below P's")
+
+
+def test_forged_tokens_after_drop_create_with_holders_holding_blocks(make_cluster):
+    """Holder A holds a block; the registry's extension is dropped and
+    created again (A's sessions hold their block locks: no row is made,
+    the first lease call makes it and fences, by design). The lease role
+    then sends, again and again, requests naming a made-up incarnation
+    with a forged token: they start no incarnation after the first call's
+    (the key file was kept: new_key false), and A goes on making IDs."""
+    r = registry_server(make_cluster)
+    lease_limits(r)
+    grant_lease_role(r)
+    with open(_key_path(r)) as f:
+        key = f.read().strip()
+    a = holder(make_cluster, r)
+    _live(a)
+    made = {"A before": [row[0] for row in a.sql("SELECT snowflake_nextvals(500)")]}
+    r.sql("DROP EXTENSION snowflake_id CASCADE")
+    r.sql("DROP ROLE snowflake_lease")
+    r.sql("CREATE EXTENSION snowflake_id")
+    lease_limits(r)
+    assert r.scalar("SELECT count(*) FROM snowflake_lease_registry") == 0
+    grant_lease_role(r)
+    forged = {"incarnation": "never-issued", "token": "0123456789abcdef" * 2}
+    x = Intruder(r)
+    x.acquire(**forged)
+    first = registry_state(r)
+    row = r.sql("SELECT token_key, new_key FROM snowflake_lease_registry")[0]
+    incarnations = set()
+    for _ in range(10):
+        x.acquire(**forged)
+        incarnations.add(registry_state(r)[0])
+        time.sleep(0.3)
+    x.close()
+    _live(a)
+    made["A after"] = [row[0] for row in a.sql("SELECT snowflake_nextvals(500)")]
+    _no_duplicates(made)
+    assert row == (key, False), row
+    assert incarnations == {first[0]}, (first, incarnations)
+    print(f"\n[forged after drop/create, holders holding] first call: {first};"
+          f" 10 forged calls after: {len(incarnations)} incarnation")
