@@ -93,18 +93,19 @@ fn snowflake_at(ts: TimestampWithTimeZone) -> i64 {
             Take::NeedGrant { bucket } => {
                 let usable = usable_buckets(layout, after_ms);
                 let buckets = OPEN.with_borrow(|open| open.to_take(bucket, usable));
-                if fleet {
-                    take_from_registry(space, layout, &buckets, bucket, tick);
-                    continue;
-                }
                 // Grants a restore just brought into this database's table
-                // (its triggers off, say) count before any is taken.
+                // (its triggers off, say) count before any is taken; in a
+                // fleet, the request to the registry carries them.
                 raise_from_table(header, layout, &buckets);
                 if backfill.ids_changed.load(Acquire) {
                     errors::backfill_ids_changed(
                         &backfill.recorded_ids.get(),
                         &settings::backfill_ids_text(),
                     );
+                }
+                if fleet {
+                    take_from_registry(space, layout, &buckets, bucket, tick);
+                    continue;
                 }
                 let limits: Vec<u32> = OPEN.with_borrow(|open| {
                     buckets
