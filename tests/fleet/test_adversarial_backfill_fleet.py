@@ -371,6 +371,7 @@ def test_sessions_holding_grants_across_a_registry_crash_repeat_no_id(make_clust
     print(f"\n[registry crash] rounds {work.rounds}, failures {len(work.failures)}")
 
 
+@pytest.mark.slow
 def test_an_old_registry_left_running_after_a_failover_grants_nothing_used(make_cluster):
     """Split brain with one synchronous standby (kept, docs/operations/
     fleet.md): P's standby s1 is promoted while P keeps running. Holder A,
@@ -468,6 +469,7 @@ def test_a_promoted_asynchronous_standby_hands_out_grants_again(make_cluster):
     assert problems and all("A lost and B" in x for x in problems), problems
 
 
+@pytest.mark.slow
 def test_a_holder_insisting_on_a_synchronous_standby_uses_no_grant_of_an_async_one(
         make_cluster):
     """The documented protection against the test above: with
