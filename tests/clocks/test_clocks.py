@@ -290,8 +290,11 @@ def test_clock_jumps_while_generating(make_cluster):
     print("snowflake_workers:", [rows[cl.worker_id] for cl in clients])
     for n, cl in enumerate(clients):
         r = rows[cl.worker_id]
-        # Four backward jumps, each seen at least once by every client.
-        assert r["clock_backward"] >= 4, (n, r)
+        # Four backward jumps; the three of 900 ms or more seen by every
+        # client (the 50 ms one is behind the last ID for only 50 ms, which a
+        # client starved that long on a loaded machine never sees: seen
+        # in a local .ci/run, 3 of 4).
+        assert r["clock_backward"] >= 3, (n, r)
         assert 850 <= r["max_drift_ms"] <= 1000, (n, r)
         assert r["current_drift_ms"] == 0, (n, r)
         # Statements that failed half-way issued IDs nobody received.
