@@ -113,6 +113,7 @@ def test_a_leaked_credential_of_one_server_leaves_a_new_server_blocks(make_clust
                               " B made no ID in 20 s")
 
 
+@pytest.mark.slow
 def test_the_shared_lease_roles_sessions_take_every_block_outside_the_assumptions(
         make_cluster):
     """Outside the assumptions (docs/operations/fleet.md): one lease role

@@ -336,6 +336,7 @@ def test_a_lease_call_whose_commit_waits_for_a_stalled_synchronous_standby_is_no
     assert "kept the registry's lock" not in p.log(mark)
 
 
+@pytest.mark.slow
 def test_a_lease_call_whose_commit_waits_for_replay_on_a_standby_does_not_stop_the_fleet(
         make_cluster):
     """The registry P with its synchronous standby s1 (FIRST 1 (s1)), holder
@@ -691,6 +692,7 @@ def test_a_snapshot_from_before_the_extension_was_made_again_restored_in_place_i
     assert after[0] != snap[0], f"the restored registry did not start a new incarnation: {after}"
 
 
+@pytest.mark.slow
 def test_a_listed_standby_stopped_at_create_extension_holds_grants_back_45_s_at_most(make_cluster):
     """The registry P under synchronous_standby_names = 'ANY 1 (s1, s2)';
     s2 is stopped before CREATE EXTENSION, whose '{*}' row then names s1

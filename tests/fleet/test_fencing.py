@@ -262,7 +262,7 @@ def test_a_registry_crash_that_loses_a_confirmed_grant(make_cluster):
         assert maker2.first_at - crashed >= LEASE_S - 1.0, "C2 did not wait for C1's lease"
 
 
-@pytest.mark.parametrize("fleet", ["running", "new"])
+@pytest.mark.parametrize("fleet", [pytest.param("running", marks=pytest.mark.slow), "new"])
 def test_failover_to_an_asynchronous_standby_that_missed_a_grant(make_cluster, fleet):
     """The registry P streams to a standby S. S stops receiving; P grants a
     block to C1 (S never sees it); P dies and S is promoted. C1's
