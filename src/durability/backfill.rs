@@ -65,24 +65,34 @@ pub fn grant(header: &Header, buckets: &[u32], limits: &[u32], standbys: bool) -
 /// registry table carried them over (`pg_upgrade`, a restore), so they may
 /// have been handed out by an earlier life of this server.
 pub fn raise(header: &Header, bucket: u32, grants: u32) {
-    raise_counted(header, bucket, grants, true);
+    raise_counted(header, &[(bucket, grants)], true);
 }
 
-/// [`raise`], waiting for the synchronous standbys only if `standbys`:
-/// not for counts another server's counters hold too (a registry raised
-/// to a holder's own counts, whose grants call is checked for durability
-/// after; a holder counting the fleet's grants it used, for its dumps).
-pub fn raise_counted(header: &Header, bucket: u32, grants: u32, standbys: bool) {
-    let Some(cell) = header.backfill().grants.get(bucket as usize) else {
-        return;
+/// [`raise`] for several `(bucket, grants)` at once, made durable in one
+/// write (state file, WAL), waiting for the synchronous standbys only if
+/// `standbys`: not for counts another server's counters hold too (a
+/// registry raised to a holder's own counts, whose grants call is checked
+/// for durability after; a holder counting the fleet's grants it used,
+/// for its dumps).
+pub fn raise_counted(header: &Header, counts: &[(u32, u32)], standbys: bool) {
+    let cells = &header.backfill().grants;
+    let below = |&(bucket, grants): &(u32, u32)| {
+        cells
+            .get(bucket as usize)
+            .is_some_and(|c| c.load(Acquire) < grants)
     };
-    if cell.load(Acquire) >= grants {
+    if !counts.iter().any(below) {
         return;
     }
     let _guard = header.reserve_lock();
-    if cell.load(Acquire) < grants {
-        cell.fetch_max(grants, AcqRel);
-        persist(header, &[(bucket, grants)], standbys);
+    let raised: Vec<(u32, u32)> = counts.iter().copied().filter(below).collect();
+    for &(bucket, grants) in &raised {
+        if let Some(cell) = cells.get(bucket as usize) {
+            cell.fetch_max(grants, AcqRel);
+        }
+    }
+    if !raised.is_empty() {
+        persist(header, &raised, standbys);
     }
 }
 

@@ -90,9 +90,7 @@ fn snowflake_backfill_grant_take(request: &str, facts: JsonB) -> JsonB {
     };
     // The holder's own counts first (it backfilled alone before): never
     // a grant it handed out itself.
-    for &(bucket, held) in &plan.raise {
-        crate::durability::backfill::raise_counted(header, bucket, held, false);
-    }
+    crate::durability::backfill::raise_counted(header, &plan.raise, false);
     let grants = crate::durability::backfill::grant(header, &plan.buckets, &plan.limits, false);
     let handed_out = plan
         .buckets
@@ -278,11 +276,12 @@ fn count_used(buckets: &[u32], reply: &GrantReply) {
     let Some(header) = shmem::header() else {
         return;
     };
-    for (&bucket, grant) in buckets.iter().zip(&reply.grants) {
-        if let Some(g) = grant {
-            crate::durability::backfill::raise_counted(header, bucket, g.saturating_add(1), false);
-        }
-    }
+    let used: Vec<(u32, u32)> = buckets
+        .iter()
+        .zip(&reply.grants)
+        .filter_map(|(&bucket, grant)| grant.map(|g| (bucket, g.saturating_add(1))))
+        .collect();
+    crate::durability::backfill::raise_counted(header, &used, false);
 }
 
 /// Waits until the registry says the grants of `reply` are durable where a
