@@ -105,23 +105,35 @@ pub struct Facts {
 
 /// `synchronous_standby_names` read: how many standbys must have a grant.
 pub fn needed(names: &str) -> u32 {
-    let s = names.trim();
-    if s.is_empty() {
+    if names.trim().is_empty() {
         return 0;
     }
+    list_of(names).0.unwrap_or(1)
+}
+
+/// `synchronous_standby_names` as PostgreSQL's grammar splits it: the
+/// count of `FIRST n (...)`, `ANY n (...)` or `n (...)` (`None`: a plain
+/// list), and the list.
+fn list_of(names: &str) -> (Option<u32>, &str) {
+    let s = names.trim();
     let lower = s.to_ascii_lowercase();
-    let rest = lower
-        .strip_prefix("first")
-        .or_else(|| lower.strip_prefix("any"))
-        .filter(|r| r.starts_with(char::is_whitespace))
-        .map_or(lower.as_str(), str::trim_start);
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let rest = ["first", "any"]
+        .iter()
+        .find_map(|k| {
+            lower
+                .strip_prefix(k)
+                .filter(|r| r.starts_with(char::is_whitespace))
+                .map(|r| &s[s.len() - r.len()..])
+        })
+        .unwrap_or(s)
+        .trim_start();
+    let digits = rest.chars().take_while(char::is_ascii_digit).count();
     match (
-        digits.parse::<u32>(),
-        rest[digits.len()..].trim_start().starts_with('('),
+        rest[..digits].parse::<u32>(),
+        rest[digits..].trim_start().strip_prefix('('),
     ) {
-        (Ok(n), true) => n,
-        _ => 1,
+        (Ok(n), Some(list)) => (Some(n), list.trim_end().strip_suffix(')').unwrap_or(list)),
+        _ => (None, s),
     }
 }
 
@@ -266,24 +278,7 @@ fn lists_every_standby(names: &str) -> bool {
 /// setting; a double-quoted name keeps its commas and parentheses, `""`
 /// in it is a quote. Each with whether it was quoted.
 pub fn listed_names(names: &str) -> Vec<(String, bool)> {
-    let s = names.trim();
-    let lower = s.to_ascii_lowercase();
-    let rest = ["first", "any"]
-        .iter()
-        .find_map(|k| {
-            lower
-                .strip_prefix(k)
-                .filter(|r| r.starts_with(char::is_whitespace))
-                .map(|r| &s[s.len() - r.len()..])
-        })
-        .unwrap_or(s)
-        .trim_start();
-    let digits = rest.chars().take_while(char::is_ascii_digit).count();
-    let after = rest[digits..].trim_start();
-    let inner = match after.strip_prefix('(') {
-        Some(list) if digits > 0 => list.trim_end().strip_suffix(')').unwrap_or(list),
-        _ => s,
-    };
+    let (_, inner) = list_of(names);
     let mut out = Vec::new();
     let (mut name, mut quoted, mut in_quotes) = (String::new(), false, false);
     let mut chars = inner.chars().peekable();
