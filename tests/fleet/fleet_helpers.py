@@ -299,3 +299,34 @@ class Repeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+
+
+# ------------------------------------------------------- backfill in a fleet
+def try_scalar(c, query):
+    """The query's value, or None when it raises."""
+    try:
+        return c.scalar(query)
+    except psycopg.Error:
+        return None
+
+
+def wait_live(c) -> None:
+    """Waits until holder `c` makes live IDs (it holds a lease)."""
+    from harness import wait_until
+    wait_until(lambda: try_scalar(c, "SELECT snowflake_nextval()") is not None, timeout=90,
+               what="a lease")
+
+
+def backfill_ids(conn, times) -> list[int]:
+    """snowflake_at() of each time, in the order given."""
+    return [r[0] for r in conn.execute(
+        "SELECT snowflake_at(t) FROM unnest(%s::timestamptz[]) WITH ORDINALITY u(t, n)"
+        " ORDER BY n", (times,)).fetchall()]
+
+
+def grants_by_stretch(c) -> dict:
+    return dict(c.sql("SELECT bucket, grants FROM snowflake_backfill()"))
+
+
+def total_grants(c) -> int:
+    return c.scalar("SELECT coalesce(sum(grants), 0) FROM snowflake_backfill()")

@@ -33,6 +33,11 @@ import pytest
 
 from fleet_helpers import (duplicates, grant_lease_role, holder, hosts, lease_limits,
                            named_standby, registry_server, registry_state, require_sync)
+from fleet_helpers import backfill_ids as _backfill
+from fleet_helpers import grants_by_stretch as _grants
+from fleet_helpers import total_grants as _total
+from fleet_helpers import try_scalar as _try
+from fleet_helpers import wait_live as _live
 from harness import ClusterError, wait_until
 from helpers import LIBFAKETIME, FakeClock, run_client, sql_error
 
@@ -48,35 +53,8 @@ TIMES = [START + dt.timedelta(minutes=97 * i, milliseconds=i % 5) for i in range
 HOT = START + dt.timedelta(days=3, milliseconds=7)
 
 
-def _try(c, query):
-    try:
-        return c.scalar(query)
-    except psycopg.Error:
-        return None
-
-
-def _live(c) -> None:
-    """Waits until holder `c` makes live IDs (it holds a lease)."""
-    wait_until(lambda: _try(c, "SELECT snowflake_nextval()") is not None, timeout=90,
-               what="a lease")
-
-
-def _backfill(conn, times) -> list[int]:
-    return [r[0] for r in conn.execute(
-        "SELECT snowflake_at(t) FROM unnest(%s::timestamptz[]) WITH ORDINALITY u(t, n)"
-        " ORDER BY n", (times,)).fetchall()]
-
-
 def _backward_steps(times) -> int:
     return sum(1 for a, b in zip(times, times[1:]) if b < a)
-
-
-def _grants(c) -> dict:
-    return dict(c.sql("SELECT bucket, grants FROM snowflake_backfill()"))
-
-
-def _total(c) -> int:
-    return c.scalar("SELECT coalesce(sum(grants), 0) FROM snowflake_backfill()")
 
 
 def _decoded_ok(c, made: list[int]) -> None:
