@@ -8,7 +8,7 @@ use snowflake_core::layout::format_unix_ms;
 
 /// What replaces the registry's address, and the lease worker's last
 /// problem (which may name it), for a role that may not read it.
-const REGISTRY_HIDDEN: &str =
+pub const REGISTRY_HIDDEN: &str =
     "(address hidden: shown to superusers and members of pg_read_all_settings)";
 
 /// 55000: leases are in use and this server holds no usable worker id: the

@@ -188,7 +188,7 @@ pub fn grant(buckets: &[u32], first: &[bool]) -> GrantReply {
                 drop(s);
                 interrupted();
                 if attempt == 1 {
-                    errors::backfill_registry_unreachable(&display, e.text());
+                    errors::backfill_registry_unreachable(&display, &problem(&e));
                 }
             }
         }
@@ -202,13 +202,33 @@ fn interrupted() {
     pgrx::check_for_interrupts!();
 }
 
-/// The registry's connection string and how messages show it: that of
+/// libpq's problem with the registry, as errors show it: it may name the
+/// registry's address, which only roles that may read
+/// `snowflake_id.registry` see (`settings::may_read_hidden_settings`).
+fn problem(e: &CallError) -> String {
+    if settings::may_read_hidden_settings() {
+        e.text().to_string()
+    } else {
+        "the connection failed (its problem is shown to superusers and members of pg_read_all_settings)".into()
+    }
+}
+
+/// The registry's connection string and how messages show it (hidden
+/// from roles that may not read `snowflake_id.registry`): that of
 /// `snowflake_id.registry`, else the Citus coordinator the lease worker
 /// follows.
 fn registry_conninfo(header: Option<&shmem::Header>) -> (String, String) {
+    let shown = settings::may_read_hidden_settings();
+    let hide = |display: String| {
+        if shown {
+            display
+        } else {
+            errors::REGISTRY_HIDDEN.to_string()
+        }
+    };
     if let Some(conninfo) = settings::registry() {
         let display = crate::workers::lease_worker::redact(&conninfo);
-        return (conninfo, display);
+        return (conninfo, hide(display));
     }
     let Some(lease) = header.map(|h| &h.lease) else {
         errors::backfill_with_leases("a registry that is not known")
@@ -218,7 +238,7 @@ fn registry_conninfo(header: Option<&shmem::Header>) -> (String, String) {
     if conninfo.is_empty() || conninfo.len() >= 1023 {
         errors::backfill_with_leases("a Citus coordinator that is not known yet")
     }
-    (conninfo, lease.registry.get())
+    (conninfo, hide(lease.registry.get()))
 }
 
 fn connect(conninfo: &str, display: &str) -> Session {
@@ -235,7 +255,7 @@ fn connect(conninfo: &str, display: &str) -> Session {
     )
     .unwrap_or_else(|e| {
         interrupted();
-        errors::backfill_registry_unreachable(display, e.text())
+        errors::backfill_registry_unreachable(display, &problem(&e))
     });
     let schema = conn
         .value(FIND_SCHEMA, &[])
@@ -249,7 +269,7 @@ fn connect(conninfo: &str, display: &str) -> Session {
 #[cold]
 fn drop_and_raise(display: &str, e: &CallError) -> ! {
     interrupted();
-    errors::backfill_registry_unreachable(display, e.text())
+    errors::backfill_registry_unreachable(display, &problem(e))
 }
 
 fn ask(s: &mut Session, body: &str) -> Result<GrantReply, CallError> {
@@ -310,7 +330,7 @@ fn durable(s: &mut Session, buckets: &[u32], reply: GrantReply, display: &str) -
             Ok(d) => d,
             Err(e) => {
                 interrupted();
-                errors::backfill_registry_unreachable(display, e.text())
+                errors::backfill_registry_unreachable(display, &problem(&e))
             }
         };
         let reaches = parse_lsn(&d.lsn).is_some_and(|lsn| lsn >= needed);

@@ -264,3 +264,26 @@ def test_backfill_on_the_registry_itself_shares_the_fleets_counters(make_cluster
         on_holder = _backfill(conn, TIMES[:300])
     problems = duplicates({"registry": on_registry, "holder": on_holder})
     assert not problems, "; ".join(problems)
+
+
+def test_a_role_that_may_not_read_the_registry_setting_is_not_shown_its_address(make_cluster):
+    """The registry stopped: snowflake_at() fails (08006). A role granted
+    EXECUTE on it only sees neither the registry's address nor libpq's
+    problem (which names it), as for snowflake_nextval()'s errors; a
+    superuser sees both. Before, every role saw them (the third
+    adversarial helper of session 18)."""
+    r = registry_server(make_cluster, **SET_ASIDE)
+    lease_limits(r)
+    a = holder(make_cluster, r, **SET_ASIDE)
+    _live(a)
+    a.sql("CREATE ROLE importer LOGIN")
+    a.sql("GRANT EXECUTE ON FUNCTION snowflake_at(timestamptz) TO importer")
+    r.stop()
+    with a.connect(user="importer") as conn:
+        hidden = sql_error(conn, "SELECT snowflake_at('2024-06-01')")
+    with a.connect() as conn:
+        shown = sql_error(conn, "SELECT snowflake_at('2024-06-01')")
+    assert hidden.sqlstate == shown.sqlstate == "08006", (str(hidden), str(shown))
+    assert str(r.port) not in hidden.diag.message_primary, hidden.diag.message_primary
+    assert "address hidden" in hidden.diag.message_primary, hidden.diag.message_primary
+    assert str(r.port) in shown.diag.message_primary, shown.diag.message_primary
