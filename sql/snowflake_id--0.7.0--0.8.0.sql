@@ -38,7 +38,8 @@
 ALTER TABLE snowflake_lease_registry
     ADD COLUMN token_key text NOT NULL DEFAULT '',
     ADD COLUMN new_key boolean NOT NULL DEFAULT false,
-    ADD COLUMN grants bigint NOT NULL DEFAULT 0;
+    ADD COLUMN grants bigint NOT NULL DEFAULT 0,
+    ADD COLUMN history text[] NOT NULL DEFAULT '{}';
 ALTER TABLE snowflake_lease_limits ADD COLUMN layout text,
     ADD COLUMN unsigned_evidence boolean NOT NULL DEFAULT false,
     ADD COLUMN reserve_blocks int NOT NULL DEFAULT 8,
@@ -240,7 +241,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'fence_floor_ms', r.fence_floor_ms, 'max_lease_ms', r.max_lease_ms,
                 'max_grace_ms', r.max_grace_ms, 'max_ahead_ms', r.max_ahead_ms, 'cause', r.cause,
                 'previous_incarnation', r.previous_incarnation, 'token_key', r.token_key,
-                'new_key', r.new_key, 'grants', r.grants) FROM reg r),
+                'new_key', r.new_key, 'grants', r.grants, 'history', to_jsonb(r.history)) FROM reg r),
             'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'block', b.block, 'first_worker_id', b.first_worker_id,
                 'last_worker_id', b.last_worker_id, 'layout', b.layout,
@@ -327,17 +328,17 @@ BEGIN
         INSERT INTO @extschema@.snowflake_lease_registry
                (incarnation, timeline, postmaster_start, started_at, fenced_until, fence_floor_ms,
                 max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key,
-                grants)
+                grants, history)
         SELECT r.incarnation, r.timeline, snowflake_id_internal.snowflake_lease_time(r.postmaster_start_ms),
                snowflake_id_internal.snowflake_lease_time(r.started_at_ms),
                snowflake_id_internal.snowflake_lease_time(r.fenced_until_ms), r.fence_floor_ms,
                r.max_lease_ms, r.max_grace_ms, r.max_ahead_ms, r.cause, r.previous_incarnation,
-               r.token_key, r.new_key, r.grants
+               r.token_key, r.new_key, r.grants, coalesce(r.history, '{}')
           FROM jsonb_to_record(w->'registry') AS r(
                incarnation text, timeline int, postmaster_start_ms bigint, started_at_ms bigint,
                fenced_until_ms bigint, fence_floor_ms bigint, max_lease_ms bigint, max_grace_ms bigint,
                max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean,
-               grants bigint);
+               grants bigint, history text[]);
     END IF;
     IF jsonb_array_length(w->'blocks') > 0 THEN
         -- New rows arrive unleased (a leased row inserted is a restore:
@@ -697,8 +698,18 @@ BEGIN
     -- The limits bound every grant the registry confirmed (they are in
     -- range: no sum below leaves bigint's).
     SELECT * INTO lim FROM snowflake_id_internal.snowflake_lease_limits_in_force();
+    -- history: the last 16 incarnations of the lineage, this one last
+    -- (core/src/registry/begin.rs, IncarnationRow::history_after).
     UPDATE @extschema@.snowflake_lease_registry g
-       SET incarnation = md5(gen_random_uuid()::text), started_at = now(),
+       SET history = (SELECT a[greatest(cardinality(a) - 15, 1):]
+                        FROM (SELECT g.history
+                                     || CASE WHEN g.previous_incarnation IS NULL
+                                               OR g.previous_incarnation = ANY (g.history)
+                                             THEN '{}'::text[] ELSE ARRAY[g.previous_incarnation] END
+                                     || CASE WHEN g.incarnation = ANY (g.history) THEN '{}'::text[]
+                                             ELSE ARRAY[g.incarnation] END AS a) x),
+           previous_incarnation = NULL,
+           incarnation = md5(gen_random_uuid()::text), started_at = now(),
            cause = format('rows of the lease table were %s',
                           CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted'
                                      ELSE 'truncated' END),
@@ -713,6 +724,8 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget() IS
+  'Trigger: rows of snowflake_lease_blocks deleted means grants forgotten; the next lease call starts a new, fenced incarnation.';
 
 -- == Getting it, switching to it and watching it (issue 43) ==
 

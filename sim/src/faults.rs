@@ -26,6 +26,11 @@ pub enum Fault {
     /// As above, but the restored registry's WAL passes every position its
     /// holders saw before any of them calls.
     RestoreSnapshotWalPassed,
+    /// The newest snapshot taken before `before_ms` (simulated time)
+    /// restored in place, its WAL then passing every position its holders
+    /// saw: scheduled after a `DROP`/`CREATE EXTENSION` at `before_ms`,
+    /// a registry back to before its row was made anew.
+    RestoreSnapshotBefore { before_ms: i64 },
     /// `DROP EXTENSION` and `CREATE EXTENSION` on the registry.
     DropCreate,
     /// The registry's database restored from a `pg_dump` taken earlier.
@@ -90,6 +95,7 @@ pub const FAULTS: &[Row] = &[
     Row { name: "split brain on asynchronous replication", label: Label::Outside, why: "the old primary's own flush makes a grant durable: fence the old primary, as any failover must" },
     Row { name: "snapshot restored in place, holders call first", label: Label::Kept, why: "a holder's signed WAL position above the registry's starts a fenced incarnation" },
     Row { name: "snapshot restored in place, its WAL passes the holders' positions", label: Label::Kept, why: "a holder's signed grant count above the registry's starts a fenced incarnation" },
+    Row { name: "snapshot from before DROP and CREATE EXTENSION restored in place, its WAL passed", label: Label::Kept, why: "a holder's signed incarnation the restored registry never had, within a fence of its start, starts a fenced incarnation" },
     Row { name: "DROP and CREATE EXTENSION", label: Label::Kept, why: "live block locks, or a holder naming the older incarnation, fence it" },
     Row { name: "pg_dump restore", label: Label::Kept, why: "restored leased rows fire the trigger's fence; the incarnation is not dumped" },
     Row { name: "copy of a data directory keeping its node id", label: Label::Kept, why: "blocks stay with the registry session that leased them" },
@@ -262,6 +268,18 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
             at
         };
         out.push((at, f));
+    }
+    // A snapshot from before the row was made anew, restored once the
+    // grants it shows have run out (seed 112 on real servers): drawn apart,
+    // so that the schedules above stay as they were.
+    let mut own = Rng::new(seed.wrapping_mul(131).wrapping_add(17));
+    if Scenario::KEPT.contains(&scenario) && own.chance(0.4) {
+        let at = own.range(5_000, until.max(5_001));
+        out.push((at, Fault::DropCreate));
+        out.push((
+            at + own.range(8_000, 20_000),
+            Fault::RestoreSnapshotBefore { before_ms: at },
+        ));
     }
     // The fault the scenario is about, at least twice.
     for _ in 0..2 {

@@ -936,6 +936,20 @@ impl World {
                     r.store.lsn += 0x1000_0000;
                 }
             }
+            Fault::RestoreSnapshotBefore { before_ms } => {
+                let r = &mut self.regs[p];
+                let Some((_, tables, lsn)) =
+                    r.history.iter().rev().find(|h| h.0 < before_ms).cloned()
+                else {
+                    return;
+                };
+                r.store.tables = tables;
+                r.store.lsn = lsn.max(r.store.lsn) + 0x1000_0000;
+                r.restored_ms = pnow;
+                r.store.sessions.clear();
+                r.store.postmaster_start_ms = pnow;
+                r.down_until = t + 1_000;
+            }
             Fault::DropCreate => {
                 // The DBA's script sets the fleet's limits again.
                 let limits = self.regs[p].store.tables.rows.limits.clone();

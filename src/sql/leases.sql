@@ -159,7 +159,11 @@ CREATE TABLE snowflake_lease_registry (
     -- Calls that granted, over every incarnation (0.8.0): replies carry
     -- it, signed; a holder that saw more shows the registry was restored
     -- to an earlier state however far its WAL has moved since.
-    grants            bigint NOT NULL DEFAULT 0
+    grants            bigint NOT NULL DEFAULT 0,
+    -- The incarnations this row descends from, oldest first, at most 16
+    -- (0.8.0): a holder's signed incarnation that is none of them, soon
+    -- after the postmaster started, shows a registry restored to before it.
+    history           text[] NOT NULL DEFAULT '{}'
 );
 CREATE UNIQUE INDEX snowflake_lease_registry_one_row ON snowflake_lease_registry ((true));
 COMMENT ON TABLE snowflake_lease_registry IS
@@ -466,8 +470,18 @@ BEGIN
     -- The limits bound every grant the registry confirmed (they are in
     -- range: no sum below leaves bigint's).
     SELECT * INTO lim FROM snowflake_id_internal.snowflake_lease_limits_in_force();
+    -- history: the last 16 incarnations of the lineage, this one last
+    -- (core/src/registry/begin.rs, IncarnationRow::history_after).
     UPDATE @extschema@.snowflake_lease_registry g
-       SET incarnation = md5(gen_random_uuid()::text), started_at = now(),
+       SET history = (SELECT a[greatest(cardinality(a) - 15, 1):]
+                        FROM (SELECT g.history
+                                     || CASE WHEN g.previous_incarnation IS NULL
+                                               OR g.previous_incarnation = ANY (g.history)
+                                             THEN '{}'::text[] ELSE ARRAY[g.previous_incarnation] END
+                                     || CASE WHEN g.incarnation = ANY (g.history) THEN '{}'::text[]
+                                             ELSE ARRAY[g.incarnation] END AS a) x),
+           previous_incarnation = NULL,
+           incarnation = md5(gen_random_uuid()::text), started_at = now(),
            cause = format('rows of the lease table were %s',
                           CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted'
                                      ELSE 'truncated' END),
@@ -660,7 +674,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'fence_floor_ms', r.fence_floor_ms, 'max_lease_ms', r.max_lease_ms,
                 'max_grace_ms', r.max_grace_ms, 'max_ahead_ms', r.max_ahead_ms, 'cause', r.cause,
                 'previous_incarnation', r.previous_incarnation, 'token_key', r.token_key,
-                'new_key', r.new_key, 'grants', r.grants) FROM reg r),
+                'new_key', r.new_key, 'grants', r.grants, 'history', to_jsonb(r.history)) FROM reg r),
             'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'block', b.block, 'first_worker_id', b.first_worker_id,
                 'last_worker_id', b.last_worker_id, 'layout', b.layout,
@@ -758,17 +772,17 @@ BEGIN
         INSERT INTO @extschema@.snowflake_lease_registry
                (incarnation, timeline, postmaster_start, started_at, fenced_until, fence_floor_ms,
                 max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key,
-                grants)
+                grants, history)
         SELECT r.incarnation, r.timeline, snowflake_id_internal.snowflake_lease_time(r.postmaster_start_ms),
                snowflake_id_internal.snowflake_lease_time(r.started_at_ms),
                snowflake_id_internal.snowflake_lease_time(r.fenced_until_ms), r.fence_floor_ms,
                r.max_lease_ms, r.max_grace_ms, r.max_ahead_ms, r.cause, r.previous_incarnation,
-               r.token_key, r.new_key, r.grants
+               r.token_key, r.new_key, r.grants, coalesce(r.history, '{}')
           FROM jsonb_to_record(w->'registry') AS r(
                incarnation text, timeline int, postmaster_start_ms bigint, started_at_ms bigint,
                fenced_until_ms bigint, fence_floor_ms bigint, max_lease_ms bigint, max_grace_ms bigint,
                max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean,
-               grants bigint);
+               grants bigint, history text[]);
     END IF;
     IF jsonb_array_length(w->'blocks') > 0 THEN
         -- New rows arrive unleased (a leased row inserted is a restore:

@@ -163,9 +163,12 @@ class Intruder:
 
 
 def registry_state(r) -> tuple:
-    """(incarnation, fenced: whether the registry is fenced now, cause)."""
-    return r.sql("SELECT incarnation, coalesce(fenced_until > now(), false), cause"
-                 " FROM snowflake_lease_registry")[0]
+    """(incarnation, fenced: whether the registry is fenced now, cause);
+    (None, False, None) while it has no row (made again under live block
+    locks, until the first lease call)."""
+    rows = r.sql("SELECT incarnation, coalesce(fenced_until > now(), false), cause"
+                 " FROM snowflake_lease_registry")
+    return rows[0] if rows else (None, False, None)
 
 
 def duplicates(made: dict[str, list[int]]) -> list[str]:

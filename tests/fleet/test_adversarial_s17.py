@@ -614,12 +614,7 @@ LIMITS_30 = ("SELECT snowflake_lease_set_limits(max_lease_ms => 30000, max_grace
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grant", ["granted_between", pytest.param("none_between", marks=pytest.mark.xfail(
-    strict=True, reason="measured on PostgreSQL 15: with no grant between the snapshot and DROP"
-    " EXTENSION, a holder's earlier sighting of the snapshot's incarnation is past it neither in"
-    " grants nor (after the WAL written since) in position, and the newer incarnation's token is"
-    " under a key the restored registry never had: not fenced (incarnation 'created' kept); B"
-    " leased block 0, which A re-asserted after CREATE EXTENSION: 685,133 IDs made by both"))])
+@pytest.mark.parametrize("grant", ["granted_between", "none_between"])
 def test_a_snapshot_from_before_the_extension_was_made_again_restored_in_place_is_fenced(
         make_cluster, grant):
     """Seed 112 on real servers. The registry R (30 s leases); holder A

@@ -25,7 +25,12 @@
 //! EXTENSION`, then a snapshot from before it), cannot tell the newer
 //! incarnation from an older one (names do not order), but can check what
 //! the holder saw of its own: a position or grant count of its own
-//! incarnation past its own, under its token, is then evidence.
+//! incarnation past its own, under its token, is then evidence. With
+//! neither past it (no grant between the snapshot and the `DROP`, and its
+//! WAL passed since), the row's [`IncarnationRow::history`] tells: a
+//! verified token of an incarnation this registry never had, while a grant
+//! made before its postmaster started may still be in use, means it was
+//! restored to before that incarnation.
 //!
 //! [`Invariant::FenceFromLimits`]: crate::protocol::Invariant::FenceFromLimits
 //! [`Invariant::PromotionNeedsProof`]: crate::protocol::Invariant::PromotionNeedsProof
@@ -72,6 +77,40 @@ pub struct IncarnationRow {
     /// holder that saw more knows grants this registry forgot.
     #[serde(default)]
     pub grants: i64,
+    /// The incarnations before this one that this row descends from, oldest
+    /// first, at most [`HISTORY_KEPT`]: an incarnation a holder knows that
+    /// is neither these, this one nor `previous_incarnation` is one this
+    /// registry never had (module header).
+    #[serde(default)]
+    pub history: Vec<String>,
+}
+
+/// How many earlier incarnations a row keeps in `history`.
+pub const HISTORY_KEPT: usize = 16;
+
+impl IncarnationRow {
+    /// Whether this row is, or descends from, incarnation `name`.
+    pub fn had(&self, name: &str) -> bool {
+        self.incarnation == name
+            || self.previous_incarnation.as_deref() == Some(name)
+            || self.history.iter().any(|h| h == name)
+    }
+
+    /// `history` for the incarnation that follows this one: the one it
+    /// continued, when given an incarnation a holder showed this registry
+    /// had (verified), and this one last.
+    fn history_after(&self, also: Option<&str>) -> Vec<String> {
+        let mut h = self.history.clone();
+        let before = self.previous_incarnation.as_deref();
+        for name in before.into_iter().chain(also).chain([self.incarnation.as_str()]) {
+            if !name.is_empty() && !h.iter().any(|x| x == name) {
+                h.push(name.to_string());
+            }
+        }
+        let extra = h.len().saturating_sub(HISTORY_KEPT);
+        h.drain(..extra);
+        h
+    }
 }
 
 /// What shows that this server, promoted, has every grant any holder used.
@@ -112,6 +151,7 @@ enum Cause {
     GrantsBack { seen: i64, have: i64 },
     FsyncOffRestart,
     OlderIncarnation { known: String },
+    UnknownIncarnation { known: String },
 }
 
 impl Cause {
@@ -138,6 +178,9 @@ impl Cause {
             ),
             Cause::FsyncOffRestart => "a restart with fsync off".into(),
             Cause::OlderIncarnation { known } => format!("node {node} knew incarnation {known}"),
+            Cause::UnknownIncarnation { known } => format!(
+                "node {node} knew incarnation {known}, which this registry never had (it was restored to an earlier state)"
+            ),
         }
     }
 }
@@ -322,6 +365,26 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 (None, false)
             }
         }
+        Some(r)
+            if !known.is_empty()
+                && !r.had(known)
+                && r.timeline == server.timeline
+                && r.fenced_until_ms.is_none_or(|f| f < now)
+                && now < server.postmaster_start_ms.saturating_add(lim.fence_ms())
+                && !seen.token.is_empty()
+                && !super::mutation::active(super::mutation::Mutation::NoIncarnationHistory)
+                && believed(r, false) =>
+        {
+            // An incarnation this registry never had, under its own key: it
+            // was restored to before it. Any grant it forgot was made before
+            // this postmaster started, so has run out a fence after that.
+            (
+                Some(Cause::UnknownIncarnation {
+                    known: known.to_string(),
+                }),
+                true,
+            )
+        }
         Some(_) => (None, false),
     };
     let Some(cause) = cause else {
@@ -341,6 +404,15 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         });
     };
     let old = rows.registry.clone();
+    // A verified incarnation the holder knew joins the lineage (a row made
+    // anew has none), so that it is not taken for a forgotten one later.
+    let known_verified = (!known.is_empty()
+        && !seen.token.is_empty()
+        && old.as_ref().map_or_else(
+            || token::verify(&server.fresh_key, known, seen_lsn, seen.grants, &seen.token),
+            |o| token::verify(&o.token_key, known, seen_lsn, seen.grants, &seen.token),
+        ))
+    .then_some(known);
     let proven = matches!(
         cause,
         Cause::Timeline {
@@ -373,6 +445,10 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             .map_or_else(|| server.fresh_key.clone(), |o| o.token_key.clone()),
         new_key: old.is_none() && !server.key_kept,
         grants: old.as_ref().map_or(0, |o| o.grants),
+        history: old.as_ref().map_or_else(
+            || known_verified.map(|k| vec![k.to_string()]).unwrap_or_default(),
+            |o| o.history_after(known_verified),
+        ),
     };
     let mut raise = None;
     if evidence {
@@ -423,6 +499,7 @@ pub fn forget(
     cause: &str,
 ) -> Option<IncarnationRow> {
     let mut r = row?.clone();
+    r.history = r.history_after(None);
     r.incarnation = fresh_incarnation.to_string();
     r.started_at_ms = now_ms;
     r.cause = format!("rows of the lease table were {cause}");

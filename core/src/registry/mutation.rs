@@ -35,10 +35,13 @@ pub enum Mutation {
     /// A row made anew counts, under a `*` in `synchronous_standby_names`,
     /// only the standbys streaming: one cut off before it is none of them.
     StarCountsStreamingOnly,
+    /// A holder's incarnation that a registry restored in place never had
+    /// is no evidence (no `history`).
+    NoIncarnationHistory,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 10] = [
+    pub const ALL: [Mutation; 11] = [
         Mutation::TrustCancelledCommit,
         Mutation::FenceFromRequests,
         Mutation::ReleaseBelowFloor,
@@ -49,6 +52,7 @@ impl Mutation {
         Mutation::ManyNodesPerSession,
         Mutation::NoRoleLimit,
         Mutation::StarCountsStreamingOnly,
+        Mutation::NoIncarnationHistory,
     ];
 }
 

@@ -862,6 +862,138 @@ fn a_registry_restored_in_place_is_caught_by_its_grant_count() {
     assert!(reply.head.fenced_until_ms.is_some(), "{reply:?}");
 }
 
+/// A fence after `now`: the limits' lease and grace.
+const FENCE: i64 = limits::DEFAULT_MAX_LEASE_MS + limits::DEFAULT_MAX_GRACE_MS;
+
+/// A registry whose row was made anew (`DROP`/`CREATE EXTENSION` while
+/// holder "a" held block locks, then a's call fenced it), and a snapshot
+/// from before: the store, the snapshot, a's block, what a saw last and
+/// when (after the fence).
+fn made_anew_after_a_snapshot() -> (Store, (memory::Tables, u64), u32, Seen, i64) {
+    let mut s = store_with(&["a"]);
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    let block = r.blocks[0].block;
+    // More grants before the snapshot than a sees after it: its count is
+    // past the restored registry's in neither.
+    for i in 1..4 {
+        let t = T0 + i * 10;
+        s.lease(100, &acquire("a", 1, seen_of(&r.head), t), t)
+            .unwrap();
+    }
+    let snapshot = (s.tables.clone(), s.lsn);
+    let before = incarnation(&s);
+    s.create_extension(T0 + 1_000);
+    assert!(s.tables.rows.registry.is_none(), "live block locks: no row");
+    let t = T0 + 2_000;
+    let r = s
+        .lease(100, &renew("a", &[block], seen_of(&r.head), t), t)
+        .unwrap();
+    assert!(r.head.fenced_until_ms.is_some(), "{r:?}");
+    let row = s.tables.rows.registry.clone().unwrap();
+    assert_eq!(row.history, vec![before], "the verified incarnation a knew");
+    let t = t + FENCE + 1_000;
+    let r = s
+        .lease(100, &renew("a", &[block], seen_of(&r.head), t), t)
+        .unwrap();
+    (s, snapshot, block, seen_of(&r.head), t)
+}
+
+#[test]
+fn a_registry_restored_to_before_its_row_was_made_anew_fences_on_an_incarnation_it_never_had() {
+    // tests/fleet/test_adversarial_s17.py, none_between: no grant between
+    // the snapshot and DROP EXTENSION, and the restored registry's WAL past
+    // every position a holder saw. Only the incarnation a knows tells.
+    let (mut s, snapshot, block, seen, t) = made_anew_after_a_snapshot();
+    let have = snapshot.0.rows.registry.as_ref().map_or(0, |r| r.grants);
+    assert!(seen.grants <= have, "{} > {have}", seen.grants);
+    let now = t + 20_000;
+    s.tables = snapshot.0;
+    s.lsn += 0x1000_0000;
+    s.postmaster_start_ms = now;
+    let r = s
+        .lease(100, &renew("a", &[block], seen.clone(), now), now)
+        .unwrap();
+    assert_eq!(r.head.fenced_until_ms, Some(now + FENCE), "{r:?}");
+    let row = s.tables.rows.registry.clone().unwrap();
+    assert!(row.cause.contains("never had"), "{}", row.cause);
+    assert!(row.had(&seen.incarnation), "{row:?}");
+    // Known now: a second holder of it fences nothing more.
+    s.connect(101, now);
+    assert_eq!(s.hello(101, "b"), Ok(true));
+    let later = now + FENCE + 1_000;
+    let b = Seen {
+        earlier: Vec::new(),
+        ..seen
+    };
+    let r = s.lease(101, &acquire("b", 1, b, later), later).unwrap();
+    assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
+    assert_eq!(r.head.incarnation, row.incarnation);
+}
+
+#[test]
+fn an_incarnation_never_had_is_no_evidence_a_fence_after_the_start_or_unsigned() {
+    let (s, snapshot, block, seen, t) = made_anew_after_a_snapshot();
+    let restore = |s: &Store, start: i64| {
+        let mut s = s.clone();
+        s.tables = snapshot.0.clone();
+        s.lsn += 0x1000_0000;
+        s.postmaster_start_ms = start;
+        s
+    };
+    // Every grant made before the start has run out a fence after it.
+    let start = t + 20_000;
+    let now = start + FENCE + 1;
+    let mut late = restore(&s, start);
+    let r = late
+        .lease(100, &renew("a", &[block], seen.clone(), now), now)
+        .unwrap();
+    assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
+    // A token the registry did not issue.
+    let mut forged = restore(&s, start);
+    let unsigned = Seen {
+        token: "ab".repeat(16),
+        ..seen.clone()
+    };
+    let r = forged
+        .lease(100, &renew("a", &[block], unsigned, start), start)
+        .unwrap();
+    assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
+}
+
+#[test]
+fn a_restart_fences_no_holder_of_an_incarnation_the_row_had() {
+    // The incarnations before (in history) are known: a holder that slept
+    // through them calls soon after a restart, long after they ended.
+    let (mut s, _, block, seen, t) = made_anew_after_a_snapshot();
+    let row = s.tables.rows.registry.clone().unwrap();
+    let older = Seen {
+        incarnation: row.history[0].clone(),
+        ..seen
+    };
+    let now = t + 60_000;
+    s.postmaster_start_ms = now - 1_000;
+    let r = s
+        .lease(100, &renew("a", &[block], older, now), now)
+        .unwrap();
+    assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
+    assert_eq!(r.head.incarnation, row.incarnation);
+}
+
+#[test]
+fn history_keeps_the_newest_incarnations_of_the_lineage() {
+    let mut s = store_with(&["a"]);
+    let mut names = Vec::new();
+    for i in 0..(begin::HISTORY_KEPT as i64 + 3) {
+        names.push(incarnation(&s));
+        s.forget(T0 + i, "deleted");
+    }
+    let row = s.tables.rows.registry.clone().unwrap();
+    assert_eq!(row.history, names[3..].to_vec());
+    assert!(!row.had(&names[2]) && row.had(&names[3]));
+}
+
 fn role_limits(per_role: Option<i64>) -> LimitsRow {
     LimitsRow {
         max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
