@@ -839,7 +839,9 @@ impl World {
                 r.store.sessions.clear();
                 r.down_until = t + self.rng.range(500, 3_000);
                 r.store.postmaster_start_ms = pnow;
-                if mutation::active(Mutation::AsyncGrantCommit) {
+                if mutation::active(Mutation::AsyncGrantCommit)
+                    || mutation::active(Mutation::AsyncGrantCommitUncounted)
+                {
                     // Unflushed commits lost; the WAL of other work passes
                     // the holders' positions after the restart.
                     let back = self.rng.range(1, 5) as usize;

@@ -102,7 +102,11 @@ impl IncarnationRow {
     fn history_after(&self, also: Option<&str>) -> Vec<String> {
         let mut h = self.history.clone();
         let before = self.previous_incarnation.as_deref();
-        for name in before.into_iter().chain(also).chain([self.incarnation.as_str()]) {
+        for name in before
+            .into_iter()
+            .chain(also)
+            .chain([self.incarnation.as_str()])
+        {
             if !name.is_empty() && !h.iter().any(|x| x == name) {
                 h.push(name.to_string());
             }
@@ -266,6 +270,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             seen.lsn
         ));
     }
+    let counted = !super::mutation::active(super::mutation::Mutation::AsyncGrantCommitUncounted);
     // This incarnation as a holder saw it before a newer one (module
     // header): a position or grant count past this server's, under this
     // registry's own token, on this timeline.
@@ -281,7 +286,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 .find_map(|e| {
                     let lsn = parse_lsn(&e.lsn)?;
                     let past = lsn > server.insert_lsn
-                        || (e.grants > r.grants && e.grants > server.signed_grants);
+                        || (e.grants > r.grants && e.grants > server.signed_grants && counted);
                     (past && token::verify(&r.token_key, &e.incarnation, lsn, e.grants, &e.token))
                         .then_some((lsn, e.grants, r.grants))
                 })
@@ -325,7 +330,8 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             (Some(Cause::Rollback { seen: seen_lsn }), true)
         }
         Some(r)
-            if seen.grants > r.grants
+            if counted
+                && seen.grants > r.grants
                 && seen.grants > server.signed_grants
                 && r.previous_incarnation.as_deref() != Some(known)
                 && !seen.token.is_empty()
@@ -446,7 +452,11 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         new_key: old.is_none() && !server.key_kept,
         grants: old.as_ref().map_or(0, |o| o.grants),
         history: old.as_ref().map_or_else(
-            || known_verified.map(|k| vec![k.to_string()]).unwrap_or_default(),
+            || {
+                known_verified
+                    .map(|k| vec![k.to_string()])
+                    .unwrap_or_default()
+            },
             |o| o.history_after(known_verified),
         ),
     };

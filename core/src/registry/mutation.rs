@@ -38,10 +38,14 @@ pub enum Mutation {
     /// A holder's incarnation that a registry restored in place never had
     /// is no evidence (no `history`).
     NoIncarnationHistory,
+    /// [`Mutation::AsyncGrantCommit`] with the defence that also covers it
+    /// reverted: a holder's signed grant count is no evidence. (Each
+    /// alone is no duplicate; both are.)
+    AsyncGrantCommitUncounted,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 11] = [
+    pub const ALL: [Mutation; 12] = [
         Mutation::TrustCancelledCommit,
         Mutation::FenceFromRequests,
         Mutation::ReleaseBelowFloor,
@@ -53,6 +57,7 @@ impl Mutation {
         Mutation::NoRoleLimit,
         Mutation::StarCountsStreamingOnly,
         Mutation::NoIncarnationHistory,
+        Mutation::AsyncGrantCommitUncounted,
     ];
 }
 
