@@ -133,6 +133,17 @@ PROFILE_FIGURES = [
      r"inside snowflake_nextval_wrapper, per call: ([\d.]+) Ir"),
 ]
 
+# The same, for 0.8.0's profile on 18 (bench/results/pg18/profile-0.8.0.txt).
+PROFILE_080 = ROOT / "bench/results/pg18/profile-0.8.0.txt"
+PROFILE_080_FIGURES = [
+    (BENCH, r"([\d.]+) Ir per call in 0\.8\.0",
+     r"inside snowflake_nextval_wrapper, per call: ([\d.]+) Ir"),
+    (BENCH, r"per call in 0\.8\.0, against [\d.]+ above; ([\d.]+) of them",
+     r"([\d.]+)\s+[\d,]+ \([\d.]+%\)\s+snowflake_nextval_wrapper\n"),
+    (BENCH, r"the executor runs ([\d,]+) instructions",
+     r"snowflake_nextval\(\)\s+([\d.]+)\s+[\d.]+"),
+]
+
 SETTINGS_NOTE = ("synchronous_commit = off", "autovacuum = off")
 
 
@@ -164,13 +175,16 @@ def disagreements(texts: dict[str, str]) -> list[str]:
         value = data[version][key]
         bad += [f"{path}: {q} quoted for {variant} {metric} on {version}; results: {value:g}"
                 for q in quotes if not agrees(q, value)]
-    for path, pattern, source in PROFILE_FIGURES:
+    profiles = [(PROFILE_FIGURES, profile, PROFILE.name),
+                (PROFILE_080_FIGURES, PROFILE_080.read_text(), PROFILE_080.name)]
+    for path, pattern, source, profile, name in (
+            (*f, text, name) for figures, text, name in profiles for f in figures):
         m = re.search(source, profile)
         quotes = re.findall(pattern, texts[path])
         if m is None or not quotes:
-            bad.append(f"{path}: {pattern!r} or profile.txt's {source!r} not found")
+            bad.append(f"{path}: {pattern!r} or {name}'s {source!r} not found")
             continue
-        bad += [f"{path}: {q} quoted; profile.txt: {m.group(1)}"
+        bad += [f"{path}: {q} quoted; {name}: {m.group(1)}"
                 for q in quotes if not agrees(q, float(m.group(1)))]
     return bad
 
