@@ -7,8 +7,10 @@ tests/fleet/test_leases.py; the fencing in tests/fleet/test_fencing.py."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +19,7 @@ import psycopg
 import pytest
 
 from harness import AS_ROOT, PG_MAJOR, other_pg_bindir, pg_config, pg_ids, wait_until
-from helpers import can_make_id, config, ids, lease_schema, old_release, sql_error
+from helpers import REPO, can_make_id, config, ids, lease_schema, old_release, sql_error
 from fleet_helpers import (LEASE, LEASE_S, grant_server_roles, holder, leases, registry_server,
                            resume)
 
@@ -417,13 +419,46 @@ def test_a_holder_leases_from_a_0_7_0_registry_and_through_its_update(make_clust
     assert cfg["registry_unreachable_since"] is None and cfg["blocks_held"] == 1, cfg
 
 
+def packaged_0_7_0() -> str | None:
+    """The pg_config of a copy of Debian's PostgreSQL 15 with the 0.7.0
+    package unpacked into it (.cache/packages/<commit>/root15), when this
+    run's server is Debian's 15: the package scripts/package-commit.sh
+    builds (scripts/test.sh starts it in the background; this waits for
+    it, or builds it) for the repository test. Nothing is installed on
+    the host."""
+    if pg_config("--bindir") != "/usr/lib/postgresql/15/bin":
+        return None
+    out = subprocess.check_output(
+        ["bash", "-c", 'source scripts/lib.sh && echo "$PREVIOUS_RELEASE_VERSION '
+                       '$PREVIOUS_RELEASE_COMMIT"'], cwd=REPO, text=True)
+    version, commit = out.split()
+    assert version == "0.7.0", f"the previous release is {version}: update this test"
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/package-commit.sh"), commit, "15"],
+                          capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    deb = proc.stdout.strip().splitlines()[-1]
+    root = os.path.join(os.path.dirname(os.path.dirname(deb)), "root15")
+    with open(root + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(root, "complete")):
+            shutil.rmtree(root, ignore_errors=True)
+            for tree in ("usr/lib/postgresql/15", "usr/share/postgresql/15"):
+                os.makedirs(os.path.dirname(os.path.join(root, tree)), exist_ok=True)
+                subprocess.run(["cp", "-a", "/" + tree, os.path.join(root, tree)], check=True)
+            subprocess.run(["dpkg-deb", "-x", deb, root], check=True)
+            open(os.path.join(root, "complete"), "w").close()
+    return os.path.join(root, "usr/lib/postgresql/15/bin/pg_config")
+
+
 def holder_0_7_0_bindir() -> str:
     """The bindir of a PostgreSQL where a 0.7.0 build of the extension is
-    installed (SNOWFLAKE_PG_CONFIG_0_7_0 names its pg_config), for a real
-    0.7.0 holder; no test installs it."""
-    pgc = os.environ.get("SNOWFLAKE_PG_CONFIG_0_7_0")
+    installed, for a real 0.7.0 holder: SNOWFLAKE_PG_CONFIG_0_7_0 names its
+    pg_config, or, on Debian's 15, the previous release's package unpacked
+    into a copy (packaged_0_7_0); no test installs it."""
+    pgc = os.environ.get("SNOWFLAKE_PG_CONFIG_0_7_0") or packaged_0_7_0()
     if not pgc or not os.path.exists(pgc):
-        pytest.skip("SNOWFLAKE_PG_CONFIG_0_7_0 names no pg_config with a 0.7.0 build installed")
+        pytest.skip("no 0.7.0 build: set SNOWFLAKE_PG_CONFIG_0_7_0 to the pg_config of one"
+                    " (on Debian's 15 the previous release's package is used)")
     share = subprocess.check_output([pgc, "--sharedir"], text=True).strip()
     with open(os.path.join(share, "extension", "snowflake_id.control")) as f:
         assert "default_version = '0.7.0'" in f.read(), f"{pgc}: not a 0.7.0 build"
