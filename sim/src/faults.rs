@@ -95,7 +95,7 @@ pub const FAULTS: &[Row] = &[
     Row { name: "split brain on asynchronous replication", label: Label::Outside, why: "the old primary's own flush makes a grant durable: fence the old primary, as any failover must" },
     Row { name: "snapshot restored in place, holders call first", label: Label::Kept, why: "a holder's signed WAL position above the registry's starts a fenced incarnation" },
     Row { name: "snapshot restored in place, its WAL passes the holders' positions", label: Label::Kept, why: "a holder's signed grant count above the registry's starts a fenced incarnation" },
-    Row { name: "snapshot from before DROP and CREATE EXTENSION restored in place, its WAL passed", label: Label::Kept, why: "a holder's signed incarnation the restored registry never had, within a fence of its start, starts a fenced incarnation" },
+    Row { name: "snapshot from before DROP and CREATE EXTENSION restored in place, its WAL passed", label: Label::Kept, why: "a holder's signed incarnation the restored registry never had, within a fence (or the marks' lead plus grace) of its start, starts a fenced incarnation" },
     Row { name: "DROP and CREATE EXTENSION", label: Label::Kept, why: "live block locks, or a holder naming the older incarnation, fence it" },
     Row { name: "pg_dump restore", label: Label::Kept, why: "restored leased rows fire the trigger's fence; the incarnation is not dumped" },
     Row { name: "copy of a data directory keeping its node id", label: Label::Kept, why: "blocks stay with the registry session that leased them" },

@@ -57,7 +57,10 @@ fn kept_faults_never_make_a_duplicate() {
 #[test]
 fn faults_outside_the_assumptions_show_duplicates() {
     for scenario in Scenario::OUTSIDE {
-        let found = (0..seeds().max(20)).find_map(|seed| {
+        // 80: since the lineage rule's window covers the marks' lead (a
+        // longer window after a start, more fences), none of
+        // SplitBrainAny's first 40 seeds duplicates; seed 66 does.
+        let found = (0..seeds().max(80)).find_map(|seed| {
             let o = run(seed, scenario, DURATION_MS, None);
             let own = |f: &Fault| match scenario {
                 Scenario::SplitBrainAsync | Scenario::SplitBrainAny => {

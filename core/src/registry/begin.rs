@@ -189,6 +189,23 @@ impl Cause {
     }
 }
 
+/// Until when a grant made before the postmaster started (forgotten by a
+/// restore in place, which restarts) can still repeat IDs: its holder
+/// uses it until a fence after the start at the latest, and its IDs may
+/// run up to its mark, at most the limits' `max_ahead_ms` ahead of the
+/// registry's clock when granted (a holder's lease time plus its
+/// `max_drift`), which a new holder's clock passes only at the floor a
+/// fence at the start would raise marks to. With a lead above the grace (`snowflake_id.max_drift` 60 s, 6 s
+/// leases) the floor is the later: a block leased anew after the fence
+/// alone, above the restored mark, repeated 17,006 IDs of its forgotten
+/// holder on real servers (tests/fleet/test_adversarial_s19.py).
+pub fn forgotten_matters_until(start_ms: i64, lim: &InForce) -> i64 {
+    let floor = start_ms
+        .saturating_add(lim.fence_ahead_ms)
+        .saturating_add(lim.fence_grace_ms);
+    start_ms.saturating_add(lim.fence_ms()).max(floor)
+}
+
 /// Whether this server, promoted from timeline `old` to its own, has every
 /// grant a holder used: named in the last candidates' row it received
 /// (written on `old`), before that row's `valid_until` by its own clock
@@ -376,14 +393,17 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 && !r.had(known)
                 && r.timeline == server.timeline
                 && r.fenced_until_ms.is_none_or(|f| f < now)
-                && now < server.postmaster_start_ms.saturating_add(lim.fence_ms())
+                && now < forgotten_matters_until(server.postmaster_start_ms, lim)
                 && !seen.token.is_empty()
                 && !super::mutation::active(super::mutation::Mutation::NoIncarnationHistory)
                 && believed(r, false) =>
         {
             // An incarnation this registry never had, under its own key: it
             // was restored to before it. Any grant it forgot was made before
-            // this postmaster started, so has run out a fence after that.
+            // this postmaster started, so has run out a fence after that,
+            // and its IDs are below every holder's clock once that clock
+            // passes the floor a fence at the start would have raised marks
+            // to (forgotten_matters_until).
             (
                 Some(Cause::UnknownIncarnation {
                     known: known.to_string(),

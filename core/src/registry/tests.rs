@@ -864,6 +864,14 @@ fn a_registry_restored_in_place_is_caught_by_its_grant_count() {
 
 /// A fence after `now`: the limits' lease and grace.
 const FENCE: i64 = limits::DEFAULT_MAX_LEASE_MS + limits::DEFAULT_MAX_GRACE_MS;
+/// How long after a restart a grant forgotten by it can still repeat IDs
+/// (`begin::forgotten_matters_until`): its IDs run up to the limits' lead
+/// of a mark ahead of the registry's clock, plus grace.
+const MARKS_PASSED: i64 = limits::DEFAULT_MAX_AHEAD_MS + limits::DEFAULT_MAX_GRACE_MS;
+const _: () = assert!(
+    MARKS_PASSED > FENCE,
+    "the defaults let marks lead past a fence"
+);
 
 /// A registry whose row was made anew (`DROP`/`CREATE EXTENSION` while
 /// holder "a" held block locks, then a's call fenced it), and a snapshot
@@ -942,9 +950,11 @@ fn an_incarnation_never_had_is_no_evidence_a_fence_after_the_start_or_unsigned()
         s.postmaster_start_ms = start;
         s
     };
-    // Every grant made before the start has run out a fence after it.
+    // Every grant made before the start has run out a fence after it, and
+    // its IDs (up to max_ahead_ms ahead of the registry's clock) are below
+    // every clock a grace after that lead.
     let start = t + 20_000;
-    let now = start + FENCE + 1;
+    let now = start + MARKS_PASSED + 1;
     let mut late = restore(&s, start);
     let r = late
         .lease(100, &renew("a", &[block], seen.clone(), now), now)
@@ -960,6 +970,33 @@ fn an_incarnation_never_had_is_no_evidence_a_fence_after_the_start_or_unsigned()
         .lease(100, &renew("a", &[block], unsigned, start), start)
         .unwrap();
     assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
+}
+
+#[test]
+fn an_incarnation_never_had_fences_past_the_fence_while_forgotten_ids_may_be_ahead() {
+    // tests/fleet/test_adversarial_s19.py: every holder away from the
+    // restored registry for a fence after its start. The forgotten grant
+    // ran out, but its IDs ran up to max_drift ahead of its holder's clock
+    // (60 s; the default limits let marks lead by 12 min): a block leased
+    // anew above the restored mark repeats them. Until a grace past the
+    // lead, the incarnation never had still fences, and raises the marks.
+    let (s, snapshot, block, seen, t) = made_anew_after_a_snapshot();
+    let mut s = s;
+    s.tables = snapshot.0;
+    s.lsn += 0x1000_0000;
+    let start = t + 20_000;
+    s.postmaster_start_ms = start;
+    let now = start + FENCE + 1;
+    let r = s.lease(100, &renew("a", &[block], seen, now), now).unwrap();
+    assert_eq!(r.head.fenced_until_ms, Some(now + FENCE), "{r:?}");
+    let floor = s
+        .tables
+        .rows
+        .blocks
+        .iter()
+        .find(|b| b.block == block)
+        .map(|b| b.high_water_ms);
+    assert!(floor >= Some(now + MARKS_PASSED), "{floor:?}");
 }
 
 #[test]
