@@ -367,29 +367,6 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         }
         Some(r)
             if !known.is_empty()
-                && known != r.incarnation
-                && r.previous_incarnation.as_deref() != Some(known)
-                && r.fenced_until_ms.is_none_or(|f| f < now)
-                && now < r.started_at_ms + lim.fence_ms() =>
-        {
-            // A holder of an older incarnation soon after this one began
-            // unfenced: it may be using a grant this one forgot.
-            if believed(r, true) {
-                (
-                    Some(Cause::OlderIncarnation {
-                        known: known.to_string(),
-                    }),
-                    true,
-                )
-            } else {
-                log.push(format!(
-                    "node {node} names incarnation {known} without a token this registry issued: not believed"
-                ));
-                (None, false)
-            }
-        }
-        Some(r)
-            if !known.is_empty()
                 && !r.had(known)
                 && r.timeline == server.timeline
                 && r.fenced_until_ms.is_none_or(|f| f < now)
@@ -410,6 +387,30 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 }),
                 true,
             )
+        }
+        Some(r)
+            if !known.is_empty()
+                && known != r.incarnation
+                && r.previous_incarnation.as_deref() != Some(known)
+                && r.fenced_until_ms.is_none()
+                && now < forgotten_matters_until(r.started_at_ms, lim) =>
+        {
+            // A holder of an older incarnation soon after this one began
+            // unfenced: it may be using a grant this one forgot, or its IDs
+            // may still lead every clock (forgotten_matters_until).
+            if believed(r, true) {
+                (
+                    Some(Cause::OlderIncarnation {
+                        known: known.to_string(),
+                    }),
+                    true,
+                )
+            } else {
+                log.push(format!(
+                    "node {node} names incarnation {known} without a token this registry issued: not believed"
+                ));
+                (None, false)
+            }
         }
         Some(_) => (None, false),
     };

@@ -960,7 +960,10 @@ fn an_incarnation_never_had_is_no_evidence_a_fence_after_the_start_or_unsigned()
         .lease(100, &renew("a", &[block], seen.clone(), now), now)
         .unwrap();
     assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
-    // A token the registry did not issue.
+    // A token the registry did not issue, soon after the start (and past
+    // the window in which the restored row, made with its key, counts any
+    // older incarnation once).
+    let start = T0 + MARKS_PASSED + 1;
     let mut forged = restore(&s, start);
     let unsigned = Seen {
         token: "ab".repeat(16),
@@ -970,6 +973,44 @@ fn an_incarnation_never_had_is_no_evidence_a_fence_after_the_start_or_unsigned()
         .lease(100, &renew("a", &[block], unsigned, start), start)
         .unwrap();
     assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
+}
+
+#[test]
+fn an_older_incarnation_fences_past_the_fence_while_forgotten_ids_may_be_ahead() {
+    // The extension made again while no holder's session was alive (no
+    // block locks): the new row starts unfenced. A holder of the older
+    // incarnation calling a fence later still fences, until its IDs (up to
+    // the limits' lead ahead of the registry's clock) are below every
+    // clock: its block rows are gone, so nothing else keeps a new lease
+    // of its block above them.
+    // Long after its postmaster started: no restore.
+    let mut s = Store::created(T0 - 10 * MARKS_PASSED, 7);
+    s.connect(100, T0);
+    assert_eq!(s.hello(100, "a"), Ok(true));
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    let block = r.blocks[0].block;
+    s.sessions.clear();
+    let made = T0 + 1_000;
+    s.create_extension(made);
+    assert_eq!(
+        s.tables.rows.registry.as_ref().unwrap().fenced_until_ms,
+        None
+    );
+    s.connect(101, made);
+    assert_eq!(s.hello(101, "a"), Ok(true));
+    let now = made + FENCE + 1;
+    let r = s
+        .lease(101, &renew("a", &[block], seen_of(&r.head), now), now)
+        .unwrap();
+    let row = s.tables.rows.registry.clone().unwrap();
+    assert!(r.head.fenced_until_ms.is_some(), "{r:?} {}", row.cause);
+    assert!(
+        row.cause.contains("knew incarnation") && !row.cause.contains("never had"),
+        "{}",
+        row.cause
+    );
 }
 
 #[test]
