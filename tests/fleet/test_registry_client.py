@@ -725,11 +725,17 @@ def test_a_call_the_registry_times_out_is_not_answered(make_cluster):
             and "refused by the test" in problem, problem
         wait_until(lambda: not can_make_id(watch), timeout=20, what="the blocks running out")
         assert cfg(watch)[0] == first, (cfg(watch), first)
-        # Said once in the log, as the problem, not as a refusal each round.
-        warnings = [line for line in a.log().splitlines()
+        # Said in the log as the problem, not as a refusal each round: once
+        # while it stays the problem. On a loaded machine a renewal may run
+        # into its blocks' lease deadline (2 s here) before the registry's
+        # answer: that is another problem, logged, and the lock timeout is
+        # said again when it is the problem again; never twice in a row.
+        problems = [line.split("WARNING:", 1)[1] for line in a.log().splitlines()
                     if "WARNING:" in line and "snowflake_id lease:" in line
-                    and "refused by the test" in line]
-        assert len(warnings) == 1 and "did not answer in time" in warnings[0], warnings
+                    and "did not answer" in line]
+        refusals = [w for w in problems if "refused by the test" in w]
+        assert refusals and all("did not answer in time" in w for w in refusals), problems
+        assert all(x != y for x, y in zip(problems, problems[1:])), problems
         r.sql("DELETE FROM refuse")
         wait_until(lambda: can_make_id(watch), timeout=30, what="IDs again")
         wait_until(lambda: cfg(watch) == (None, None), timeout=20, what="both cleared")
