@@ -17,6 +17,7 @@ import time
 
 import psycopg
 
+from harness import free_port, run_pg
 from helpers import Maker
 
 LEASE = "6s"
@@ -333,3 +334,21 @@ def grants_by_stretch(c) -> dict:
 
 def total_grants(c) -> int:
     return c.scalar("SELECT coalesce(sum(grants), 0) FROM snowflake_backfill()")
+
+def restore_in_place(r, aside: str) -> None:
+    """R stopped, its data directory replaced by the copy `aside`, started
+    elsewhere to write well past every WAL position a holder saw, then
+    started again on its own port (holders reach it from then on)."""
+    r.stop()
+    run_pg(["rm", "-rf", r.datadir], cwd=r.dir)
+    run_pg(["cp", "-a", aside, r.datadir], cwd=r.dir)
+    port = r.port
+    r.port = free_port()
+    r.configure()
+    r.start()
+    r.sql("CREATE TABLE filler AS SELECT g, repeat('x', 100) AS pad"
+          " FROM generate_series(1, 400000) g")
+    r.stop()
+    r.port = port
+    r.configure()
+    r.start()

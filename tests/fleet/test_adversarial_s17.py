@@ -37,9 +37,9 @@ import time
 import psycopg
 import pytest
 
-from harness import free_port, run_pg, wait_until
+from harness import run_pg, wait_until
 from helpers import Maker, apart_problems
-from fleet_helpers import (duplicates, first_ids_within, grant_lease_role, holder, hosts, Intruder,
+from fleet_helpers import (duplicates, restore_in_place, first_ids_within, grant_lease_role, holder, hosts, Intruder,
                           lease_limits, named_standby, registry_server, registry_state,
                           require_sync, resume)
 
@@ -660,19 +660,7 @@ def test_a_snapshot_from_before_the_extension_was_made_again_restored_in_place_i
     worker = a.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowflake_id lease'")
     os.kill(worker, signal.SIGSTOP)
     try:
-        r.stop()
-        run_pg(["rm", "-rf", r.datadir], cwd=r.dir)
-        run_pg(["cp", "-a", aside, r.datadir], cwd=r.dir)
-        port = r.port
-        r.port = free_port()
-        r.configure()
-        r.start()
-        r.sql("CREATE TABLE filler AS SELECT g, repeat('x', 100) AS pad"
-              " FROM generate_series(1, 400000) g")
-        r.stop()
-        r.port = port
-        r.configure()
-        r.start()
+        restore_in_place(r, aside)
         time.sleep(15)
     finally:
         resume([worker])

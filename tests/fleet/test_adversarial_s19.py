@@ -30,9 +30,9 @@ import time
 
 import pytest
 
-from harness import free_port, run_pg, wait_until
+from harness import run_pg, wait_until
 from helpers import apart_problems, Maker, ms_of
-from fleet_helpers import (CONTESTED, duplicates, grant_lease_role, holder, hosts, Intruder,
+from fleet_helpers import (CONTESTED, restore_in_place, duplicates, grant_lease_role, holder, hosts, Intruder,
                            lease_limits, named_standby, registry_server, registry_state,
                            require_sync, resume)
 
@@ -49,24 +49,6 @@ def grants(r) -> int:
     rows = r.sql("SELECT grants FROM snowflake_lease_registry")
     return rows[0][0] if rows else 0
 
-
-def restore_in_place(r, aside: str) -> None:
-    """R stopped, its data directory replaced by the copy `aside`, started
-    elsewhere to write well past every WAL position a holder saw, then
-    started again on its own port (holders reach it from then on)."""
-    r.stop()
-    run_pg(["rm", "-rf", r.datadir], cwd=r.dir)
-    run_pg(["cp", "-a", aside, r.datadir], cwd=r.dir)
-    port = r.port
-    r.port = free_port()
-    r.configure()
-    r.start()
-    r.sql("CREATE TABLE filler AS SELECT g, repeat('x', 100) AS pad"
-          " FROM generate_series(1, 400000) g")
-    r.stop()
-    r.port = port
-    r.configure()
-    r.start()
 
 
 # ------------------------------------------ 1. past the window: the marks
