@@ -39,7 +39,8 @@ ALTER TABLE snowflake_lease_registry
     ADD COLUMN token_key text NOT NULL DEFAULT '',
     ADD COLUMN new_key boolean NOT NULL DEFAULT false,
     ADD COLUMN grants bigint NOT NULL DEFAULT 0,
-    ADD COLUMN history text[] NOT NULL DEFAULT '{}';
+    ADD COLUMN history text[] NOT NULL DEFAULT '{}',
+    ADD COLUMN database_oid oid;
 ALTER TABLE snowflake_lease_limits ADD COLUMN layout text,
     ADD COLUMN unsigned_evidence boolean NOT NULL DEFAULT false,
     ADD COLUMN reserve_blocks int NOT NULL DEFAULT 8,
@@ -65,6 +66,9 @@ DROP FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, int);
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_decide(call text, request text, server jsonb, rows jsonb)
 RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_decide_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(how text, server jsonb, rows jsonb)
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_forget_decide_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(facts jsonb)
 RETURNS jsonb IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_progress_wrapper';
@@ -77,6 +81,15 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_data_key()
 RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_data_key_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept()
+RETURNS jsonb VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_candidates_kept_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(candidates jsonb)
+RETURNS void VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_candidates_keep_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(timeline int, now_ms bigint)
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_candidates_anew_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_autocommit()
 RETURNS void VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_autocommit_wrapper';
@@ -84,16 +97,22 @@ CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(facts jsonb)
 RETURNS void VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_hello_decide_wrapper';
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
   'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(text, jsonb, jsonb) IS
+  'Used by the lease table''s triggers: the registry''s rules (core/src/registry) for rows deleted, truncated or restored: a new, fenced incarnation.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) IS
   'Used by snowflake_lease_durable while it waits: the synchronous standbys that flushed, and the failover candidates behind.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) IS
@@ -102,6 +121,12 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_ls
   'Used by the lease functions: the registry''s token for an incarnation, WAL position and grant count.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() IS
   'Used when the registry''s row is made: the data directory''s token key (snowflake_id.key), made when missing.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept() IS
+  'Used by snowflake_lease_durable: the last failover candidates'' row this data directory wrote (snowflake_id.candidates), or NULL.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(jsonb) IS
+  'Used by snowflake_lease_durable: keeps the failover candidates'' row it writes in the data directory (snowflake_id.candidates), durably.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) IS
+  'Used when the failover candidates'' row is made: the members of the last one this data directory wrote, or every standby that may be synchronous (*).';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() IS
   'Used by the lease functions: refuses a lease call inside a transaction block, which would hold the registry''s locks while its session waits.';
 -- The key of this registry's tokens (no token was issued before): the
@@ -216,6 +241,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
             'insert_lsn', pg_catalog.pg_current_wal_insert_lsn() - '0/0'::pg_lsn,
             'session', snowflake_id_internal.snowflake_lease_session(),
             'postmaster_start_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.pg_postmaster_start_time()),
+            'database_oid', h.db::bigint,
             'fsync_off', pg_catalog.current_setting('fsync') = 'off',
             'synchronous_commit_off', pg_catalog.current_setting('synchronous_commit') = 'off',
             'node_locked', k.node_locked,
@@ -241,7 +267,8 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'fence_floor_ms', r.fence_floor_ms, 'max_lease_ms', r.max_lease_ms,
                 'max_grace_ms', r.max_grace_ms, 'max_ahead_ms', r.max_ahead_ms, 'cause', r.cause,
                 'previous_incarnation', r.previous_incarnation, 'token_key', r.token_key,
-                'new_key', r.new_key, 'grants', r.grants, 'history', to_jsonb(r.history)) FROM reg r),
+                'new_key', r.new_key, 'grants', r.grants, 'history', to_jsonb(r.history),
+                'database_oid', r.database_oid::bigint) FROM reg r),
             'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'block', b.block, 'first_worker_id', b.first_worker_id,
                 'last_worker_id', b.last_worker_id, 'layout', b.layout,
@@ -301,44 +328,27 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jsonb) IS
   'Used by the lease functions: the reply with the incarnation, WAL position, token and fence.';
 
-CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_call(call text, req jsonb) RETURNS jsonb
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_apply(w jsonb) RETURNS void
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    -- Its text's size: pg_column_size() would count a compressed value.
-    size int := pg_catalog.octet_length(req::text);
-    facts jsonb;
-    decided jsonb;
-    w jsonb;
     line text;
 BEGIN
-    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
-    IF size > 65536 THEN
-        RAISE LOG 'snowflake_id registry: refused a lease request of % bytes (role %, %)',
-            size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
-        RAISE EXCEPTION 'lease request of % bytes refused: the limit is 65536', size
-            USING ERRCODE = '54000',
-                  HINT = 'The snowflake_id lease worker never sends such a request: who called the lease functions by hand?';
-    END IF;
-    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
-    facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
-    decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
-    w := decided->'writes';
     IF jsonb_typeof(w->'registry') = 'object' THEN
         DELETE FROM @extschema@.snowflake_lease_registry;
         INSERT INTO @extschema@.snowflake_lease_registry
                (incarnation, timeline, postmaster_start, started_at, fenced_until, fence_floor_ms,
                 max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key,
-                grants, history)
+                grants, history, database_oid)
         SELECT r.incarnation, r.timeline, snowflake_id_internal.snowflake_lease_time(r.postmaster_start_ms),
                snowflake_id_internal.snowflake_lease_time(r.started_at_ms),
                snowflake_id_internal.snowflake_lease_time(r.fenced_until_ms), r.fence_floor_ms,
                r.max_lease_ms, r.max_grace_ms, r.max_ahead_ms, r.cause, r.previous_incarnation,
-               r.token_key, r.new_key, r.grants, coalesce(r.history, '{}')
+               r.token_key, r.new_key, r.grants, coalesce(r.history, '{}'), r.database_oid::oid
           FROM jsonb_to_record(w->'registry') AS r(
                incarnation text, timeline int, postmaster_start_ms bigint, started_at_ms bigint,
                fenced_until_ms bigint, fence_floor_ms bigint, max_lease_ms bigint, max_grace_ms bigint,
                max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean,
-               grants bigint, history text[]);
+               grants bigint, history text[], database_oid bigint);
     END IF;
     IF jsonb_array_length(w->'blocks') > 0 THEN
         -- New rows arrive unleased (a leased row inserted is a restore:
@@ -373,6 +383,31 @@ BEGIN
     FOR line IN SELECT jsonb_array_elements_text(w->'log') LOOP
         RAISE LOG 'snowflake_id registry: %', line;
     END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_apply(jsonb) IS
+  'Used by the lease functions and triggers: writes the rows, locks and log lines the rules in the extension decided.';
+
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_call(call text, req jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    -- Its text's size: pg_column_size() would count a compressed value.
+    size int := pg_catalog.octet_length(req::text);
+    facts jsonb;
+    decided jsonb;
+BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
+    IF size > 65536 THEN
+        RAISE LOG 'snowflake_id registry: refused a lease request of % bytes (role %, %)',
+            size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
+        RAISE EXCEPTION 'lease request of % bytes refused: the limit is 65536', size
+            USING ERRCODE = '54000',
+                  HINT = 'The snowflake_id lease worker never sends such a request: who called the lease functions by hand?';
+    END IF;
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
+    facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
+    decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
+    PERFORM snowflake_id_internal.snowflake_lease_apply(decided->'writes');
     RETURN snowflake_id_internal.snowflake_lease_reply(
         decided->'answer', (SELECT g.token_key FROM @extschema@.snowflake_lease_registry g LIMIT 1),
         CASE call WHEN 'release' THEN jsonb_build_object('released', coalesce(decided->'answer'->'released', 'false'))
@@ -531,7 +566,8 @@ BEGIN
                                      WHERE g.timeline = tli),
         'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
                                   w.members, w.valid_until, w.timeline, w.updated_at)
-                         FROM @extschema@.snowflake_lease_standbys w LIMIT 1));
+                         FROM @extschema@.snowflake_lease_standbys w LIMIT 1),
+        'kept', snowflake_id_internal.snowflake_lease_candidates_kept());
     LOOP
         facts := facts || jsonb_build_object(
             'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.clock_timestamp()),
@@ -554,6 +590,9 @@ BEGIN
     END IF;
     d := snowflake_id_internal.snowflake_lease_durable_decide(facts);
     IF jsonb_typeof(d->'write') = 'object' THEN
+        -- Kept in the data directory first, for a row made anew
+        -- (durability/registry_candidates.rs).
+        PERFORM snowflake_id_internal.snowflake_lease_candidates_keep(d->'write');
         -- Not waited for: a row that no candidate received changes nothing
         -- they may conclude (each keeps the older row it has).
         UPDATE @extschema@.snowflake_lease_standbys
@@ -591,6 +630,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) FRO
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_call(text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_apply(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() FROM PUBLIC;
 
 CREATE FUNCTION snowflake_lease_set_limits(max_lease_ms bigint DEFAULT NULL,
@@ -689,38 +729,16 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_forget() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    now_ms bigint := (extract(epoch FROM now()) * 1000)::bigint;
-    lim record;
-    new_floor bigint;
+    facts jsonb;
 BEGIN
     -- After any lease call in progress, which would write over this row.
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
-    -- The limits bound every grant the registry confirmed (they are in
-    -- range: no sum below leaves bigint's).
-    SELECT * INTO lim FROM snowflake_id_internal.snowflake_lease_limits_in_force();
-    -- history: the last 16 incarnations of the lineage, this one last
-    -- (core/src/registry/begin.rs, IncarnationRow::history_after).
-    UPDATE @extschema@.snowflake_lease_registry g
-       SET history = (SELECT a[greatest(cardinality(a) - 15, 1):]
-                        FROM (SELECT g.history
-                                     || CASE WHEN g.previous_incarnation IS NULL
-                                               OR g.previous_incarnation = ANY (g.history)
-                                             THEN '{}'::text[] ELSE ARRAY[g.previous_incarnation] END
-                                     || CASE WHEN g.incarnation = ANY (g.history) THEN '{}'::text[]
-                                             ELSE ARRAY[g.incarnation] END AS a) x),
-           previous_incarnation = NULL,
-           incarnation = md5(gen_random_uuid()::text), started_at = now(),
-           cause = format('rows of the lease table were %s',
-                          CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted'
-                                     ELSE 'truncated' END),
-           fenced_until = now() + (lim.fence_lease_ms + lim.fence_grace_ms) * interval '1 millisecond',
-           fence_floor_ms = now_ms + lim.fence_ahead_ms + lim.fence_grace_ms
-    RETURNING g.fence_floor_ms INTO new_floor;
-    UPDATE @extschema@.snowflake_lease_blocks b
-       SET high_water_ms = greatest(b.high_water_ms, new_floor)
-     WHERE new_floor IS NOT NULL AND b.high_water_ms < new_floor;
-    RAISE LOG 'snowflake_id registry: the lease table was changed by % (%): new incarnation, fenced',
-        TG_OP, TG_TABLE_NAME;
+    facts := snowflake_id_internal.snowflake_lease_facts('');
+    -- core/src/registry/mod.rs, forgotten.
+    PERFORM snowflake_id_internal.snowflake_lease_apply(
+        snowflake_id_internal.snowflake_lease_forget_decide(
+            CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted' ELSE 'truncated' END,
+            facts->'server', facts->'rows'));
     RETURN NULL;
 END
 $fn$;

@@ -33,6 +33,11 @@ pub enum Fault {
     RestoreSnapshotBefore { before_ms: i64 },
     /// `DROP EXTENSION` and `CREATE EXTENSION` on the registry.
     DropCreate,
+    /// A copy of the registry's database, the newest snapshot taken before
+    /// `copied_ms` (simulated time; `CREATE DATABASE ... TEMPLATE`), put in
+    /// its place (`DROP DATABASE`, `ALTER DATABASE ... RENAME`): no
+    /// restart, the WAL moving on.
+    PutBackDatabaseCopy { copied_ms: i64 },
     /// The registry's database restored from a `pg_dump` taken earlier.
     DumpRestore,
     /// A copy of holder `n`'s data directory starts, keeping its node id,
@@ -53,6 +58,12 @@ pub enum Fault {
     /// primary's `pg_stat_replication` until it streams again or is
     /// promoted.
     StandbyCut { standby: usize, ms: i64 },
+    /// Standby `n` taken out of the primary's `synchronous_standby_names`.
+    TakeOut { standby: usize },
+    /// The registry's data directory without its kept candidates' row:
+    /// upgraded from 0.7.0 and no durable write since, or the file
+    /// removed.
+    LoseKeptCandidates,
     /// Holder `n` is cut off from the registry.
     Partition { holder: usize, ms: i64 },
     /// Holder `n`'s wall clock steps (its monotonic clock does not).
@@ -97,10 +108,12 @@ pub const FAULTS: &[Row] = &[
     Row { name: "snapshot restored in place, its WAL passes the holders' positions", label: Label::Kept, why: "a holder's signed grant count above the registry's starts a fenced incarnation" },
     Row { name: "snapshot from before DROP and CREATE EXTENSION restored in place, its WAL passed", label: Label::Kept, why: "a holder's signed incarnation the restored registry never had, within a fence (or the marks' lead plus grace) of its start, starts a fenced incarnation" },
     Row { name: "DROP and CREATE EXTENSION", label: Label::Kept, why: "live block locks, or a holder naming the older incarnation, fence it" },
+    Row { name: "a copy of the registry's database put in its place, no restart", label: Label::Kept, why: "the row names the database it was written in: in another, it starts a fenced incarnation" },
     Row { name: "pg_dump restore", label: Label::Kept, why: "restored leased rows fire the trigger's fence; the incarnation is not dumped" },
     Row { name: "copy of a data directory keeping its node id", label: Label::Kept, why: "blocks stay with the registry session that leased them" },
     Row { name: "holder crash and restart", label: Label::Kept, why: "saved blocks are used once a renewal confirms them" },
-    Row { name: "a candidate cut off, then DROP and CREATE EXTENSION under ANY 1 (*)", label: Label::Kept, why: "a row made anew under a `*` holds every report back until any row a dropped registry wrote has expired" },
+    Row { name: "a candidate cut off, then DROP and CREATE EXTENSION under ANY 1 (*)", label: Label::Kept, why: "the row made anew names the members of the last one, kept in the data directory, until they are dropped; with none kept, a `*` holds every report back until any row a dropped registry wrote has expired" },
+    Row { name: "a candidate cut off and taken out of synchronous_standby_names, then DROP and CREATE EXTENSION", label: Label::Kept, why: "the row made anew names the members of the last one, kept in the data directory: the cut-off candidate holds every report back until it is dropped" },
     Row { name: "stalls of a holder, the registry or a standby", label: Label::Kept, why: "marks bound IDs; the registry hands over after expiry plus grace" },
     Row { name: "partitions and lost answers", label: Label::Kept, why: "a grant is used only once the registry said it is durable" },
     Row { name: "clock offsets and steps", label: Label::Kept, why: "marks are in ID time; a new holder waits for its floor" },
@@ -281,6 +294,45 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
             Fault::RestoreSnapshotBefore { before_ms: at },
         ));
     }
+    // A copy of the registry's database put back in its place, maybe
+    // after the extension was made again (tests/fleet/test_adversarial_s19.py):
+    // drawn apart too.
+    let mut copy = Rng::new(seed.wrapping_mul(257).wrapping_add(29));
+    if Scenario::KEPT.contains(&scenario) && copy.chance(0.3) {
+        let at = copy.range(5_000, until.max(5_001));
+        if copy.chance(0.5) {
+            out.push((at + copy.range(100, 3_000), Fault::DropCreate));
+        }
+        out.push((
+            at + copy.range(4_000, 30_000),
+            Fault::PutBackDatabaseCopy { copied_ms: at },
+        ));
+    }
+    // A candidate cut off and taken out of the setting before the
+    // extension is made again, then promoted under its name
+    // (tests/fleet/test_adversarial_s19.py): drawn apart too.
+    let mut out_of = Rng::new(seed.wrapping_mul(521).wrapping_add(43));
+    if matches!(scenario, Scenario::KeptFirst | Scenario::KeptAny) && out_of.chance(0.3) {
+        let at = out_of.range(5_000, until.max(5_001));
+        let standby = out_of.range(0, STANDBYS as i64) as usize;
+        out.push((
+            at,
+            Fault::StandbyCut {
+                standby,
+                ms: 60_000,
+            },
+        ));
+        out.push((at + out_of.range(100, 2_000), Fault::TakeOut { standby }));
+        out.push((at + out_of.range(2_000, 5_000), Fault::DropCreate));
+        out.push((
+            at + out_of.range(6_000, 30_000),
+            Fault::Failover {
+                named: true,
+                old_runs: false,
+                to: Some(standby),
+            },
+        ));
+    }
     // The fault the scenario is about, at least twice.
     for _ in 0..2 {
         let at = rng.range(5_000, until.max(5_001));
@@ -314,7 +366,11 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
                         ms: 60_000,
                     },
                 ));
-                out.push((at + rng.range(100, 5_000), Fault::DropCreate));
+                let drop = at + rng.range(100, 5_000);
+                if rng.chance(0.5) {
+                    out.push((drop - 1, Fault::LoseKeptCandidates));
+                }
+                out.push((drop, Fault::DropCreate));
                 out.push((
                     at + rng.range(6_000, 30_000),
                     Fault::Failover {

@@ -174,7 +174,8 @@ struct Link<'a> {
     t: i64,
     rng: &'a mut Rng,
     cut: bool,
-    names: &'a str,
+    /// The primary's `synchronous_standby_names`.
+    names: String,
 }
 
 fn needed(names: &str) -> usize {
@@ -223,7 +224,7 @@ impl Link<'_> {
                     "async"
                 } else if first {
                     sync_taken += 1;
-                    if sync_taken <= needed(self.names) {
+                    if sync_taken <= needed(&self.names) {
                         "sync"
                     } else {
                         "potential"
@@ -310,7 +311,7 @@ impl Link<'_> {
             .count();
         let out = out
             .map_err(|r| CallError::from_registry(Some(r.code.code().into()), r.message, r.hint))?;
-        if flushed < needed(self.names) && self.rng.chance(0.5) {
+        if flushed < needed(&self.names) && self.rng.chance(0.5) {
             // The commit waits for a standby that does not come: the
             // holder gives the call up at its deadline (committed here).
             // Otherwise someone cancels the wait, and the answer comes
@@ -721,9 +722,9 @@ impl World {
             max_blocks: MAX_BLOCKS,
             replication: Replication::Auto,
         };
-        let names = self.scenario.synchronous_standby_names();
         let result = match n.conn {
             Some((p, pid)) => {
+                let names = self.regs[p].store.synchronous_standby_names.clone();
                 let mut link = Link {
                     regs: &mut self.regs,
                     p,
@@ -887,6 +888,7 @@ impl World {
                 // A standby is a base backup of the primary: it has its key
                 // file.
                 store.data_key = self.regs[p].store.data_key.clone();
+                store.database_oid = self.regs[p].store.database_oid;
                 // In a split brain, the promoted server runs without a
                 // synchronous standby (it has none left to wait for).
                 store.synchronous_standby_names =
@@ -959,6 +961,28 @@ impl World {
                 self.regs[p].store.create_extension(pnow);
                 self.regs[p].store.set_limits(limits);
             }
+            Fault::PutBackDatabaseCopy { copied_ms } => {
+                let r = &mut self.regs[p];
+                let Some((_, tables, _)) =
+                    r.history.iter().rev().find(|h| h.0 < copied_ms).cloned()
+                else {
+                    return;
+                };
+                r.restored_ms = pnow;
+                r.store.put_back_copy(&tables);
+                // Its sessions ended: holders connect again.
+                for i in 0..self.nodes.len() {
+                    self.drop_conn(i);
+                }
+            }
+            Fault::TakeOut { standby } => {
+                // What a DBA does with a synchronous standby that is gone,
+                // so that commits do not wait for it.
+                let name = format!("s{}", standby + 1);
+                let names = &mut self.regs[p].store.synchronous_standby_names;
+                *names = without(names, &name);
+            }
+            Fault::LoseKeptCandidates => self.regs[p].store.data_candidates = None,
             Fault::DumpRestore => {
                 let back = self.rng.range(2, 30) as usize;
                 let Some((_, dumped, _)) = self.regs[p].history.iter().rev().nth(back).cloned()
@@ -1376,5 +1400,23 @@ impl World {
         if let Some(what) = broken {
             self.checker.broken(t, what);
         }
+    }
+}
+
+/// `synchronous_standby_names` (`FIRST n (...)`, `ANY n (...)`) with `name`
+/// taken out of its list; empty when none is left.
+fn without(names: &str, name: &str) -> String {
+    let (Some(open), Some(close)) = (names.find('('), names.rfind(')')) else {
+        return names.to_string();
+    };
+    let rest: Vec<&str> = names[open + 1..close]
+        .split(',')
+        .map(str::trim)
+        .filter(|n| *n != name)
+        .collect();
+    if rest.is_empty() {
+        String::new()
+    } else {
+        format!("{}({})", &names[..open], rest.join(", "))
     }
 }

@@ -124,13 +124,11 @@ const HINTS: &[(Mutation, u64, Scenario)] = &[
     (Mutation::CandidateFromSession, 34, Scenario::KeptFirst),
     (Mutation::ManyNodesPerSession, 3, Scenario::KeptFirst),
     (Mutation::NoRoleLimit, 0, Scenario::KeptFirst),
-    (
-        Mutation::StarCountsStreamingOnly,
-        125,
-        Scenario::KeptAnyStar,
-    ),
+    (Mutation::StarCountsStreamingOnly, 28, Scenario::KeptAnyStar),
     (Mutation::NoIncarnationHistory, 49, Scenario::KeptFirst),
-    (Mutation::AsyncGrantCommitUncounted, 229, Scenario::KeptAny),
+    (Mutation::AsyncGrantCommitUncounted, 12, Scenario::KeptAsync),
+    (Mutation::NoDatabaseIdentity, 6, Scenario::KeptFirst),
+    (Mutation::NoKeptCandidates, 214, Scenario::KeptAny),
 ];
 
 /// Whether seed `seed` of `scenario` fails with `m` switched on and passes

@@ -5,10 +5,13 @@
 //! - `backfill`    backfill grants: counted, written and WAL-logged before
 //!   use, replayed
 //! - `registry_key` the registry's token key, kept in the data directory
+//! - `registry_candidates` the registry's last failover candidates' row,
+//!   kept in the data directory
 //! - `wal`         the custom WAL resource manager and its records (a leaf:
 //!   `reservation` calls it, it calls back through registered functions)
 
 pub mod backfill;
+pub mod registry_candidates;
 pub mod registry_key;
 pub mod reservation;
 pub mod wal;

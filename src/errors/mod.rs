@@ -58,8 +58,8 @@ pub use settings::{
     public_key_removed_setting, registry_check_failed, unknown_setting,
 };
 pub use state_file::{
-    registry_key_file, registry_key_file_unreadable, state_file, state_file_too_new,
-    state_file_unreadable,
+    registry_candidates_file, registry_candidates_file_unreadable, registry_key_file,
+    registry_key_file_unreadable, state_file, state_file_too_new, state_file_unreadable,
 };
 
 use pgrx::{PgLogLevel, PgSqlErrorCode};

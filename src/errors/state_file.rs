@@ -62,3 +62,25 @@ pub fn registry_key_file_unreadable(path: &str) -> ! {
         Some("Restore the file from a backup of this data directory (or a standby's copy). If there is none, move it away: a new key is made, and the registry's next new incarnation is fenced once.".into()),
     )
 }
+
+/// 58030: the registry's candidates file cannot be read or written.
+#[track_caller]
+pub fn registry_candidates_file(action: &str, path: &str, err: std::io::Error) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_IO_ERROR,
+        format!("could not {action} snowflake_id registry candidates file \"{path}\": {err}"),
+        Some("The file keeps the registry's last failover candidates' row, so that a row made anew after DROP EXTENSION names them again.".into()),
+        Some("Check the permissions and free space of the data directory.".into()),
+    )
+}
+
+/// XX001: the registry's candidates file exists but holds no row.
+#[track_caller]
+pub fn registry_candidates_file_unreadable(path: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!("snowflake_id registry candidates file \"{path}\" holds no candidates' row"),
+        Some("A standby that received the row it held may prove a promotion by it: a row made anew without it could let that standby lose grants.".into()),
+        Some("Restore the file from a backup of this data directory. If there is none, move it away once every standby that was a failover candidate is streaming or has been rebuilt; the row made anew then names every standby that may be synchronous for 30 s.".into()),
+    )
+}

@@ -19,6 +19,7 @@ use pgrx::JsonB;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use snowflake_core::protocol::{AcquireRequest, ReleaseRequest, RenewRequest};
+use snowflake_core::registry::begin::Forgotten;
 use snowflake_core::registry::{self, durable, hello, token, Call, Rows, Server};
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
@@ -120,6 +121,29 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
     }
 }
 
+/// The `snowflake_lease_forget` trigger's rule
+/// (`snowflake_core::registry::forgotten`): rows of the lease table
+/// `deleted`, `truncated` or `restored`; `server` and `rows` as
+/// `snowflake_lease_facts` gathers them. Returns the writes.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(how text, server jsonb, rows jsonb)
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_forget_decide_wrapper';
+"#)]
+fn snowflake_lease_forget_decide(how: &str, server: JsonB, rows: JsonB) -> JsonB {
+    let how = match how {
+        "deleted" => Forgotten::Deleted,
+        "truncated" => Forgotten::Truncated,
+        "restored" => Forgotten::Restored,
+        other => errors::internal(&format!(
+            "snowflake_id registry: no change of the lease table is named {other}"
+        )),
+    };
+    let server: Server = facts(server.0, "server facts");
+    let rows: Rows = facts(rows.0, "rows");
+    to_jsonb(&registry::forgotten(how, &server, &rows))
+}
+
 /// `snowflake_lease_hello`'s rule, one node per session
 /// (`snowflake_core::registry::hello`): `facts` are what the SQL gathered
 /// (`node`, `other_node_locked`, this session's `blocks`, and `role` and
@@ -173,6 +197,44 @@ fn snowflake_lease_durable_decide(facts: JsonB) -> JsonB {
         "write": serde_json::to_value(&d.write).unwrap_or(Value::Null),
         "log": d.log,
     }))
+}
+
+/// The last candidates' row this data directory wrote
+/// (`durability::registry_candidates`), or NULL: for the durability
+/// check's facts (`kept`).
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept()
+RETURNS jsonb VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_candidates_kept_wrapper';
+"#)]
+fn snowflake_lease_candidates_kept() -> Option<JsonB> {
+    crate::durability::registry_candidates::kept().map(|row| to_jsonb(&row))
+}
+
+/// Keeps the candidates' row `candidates` in the data directory, durably:
+/// called by `snowflake_lease_durable` before it writes the row.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(candidates jsonb)
+RETURNS void VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_candidates_keep_wrapper';
+"#)]
+fn snowflake_lease_candidates_keep(candidates: JsonB) {
+    let row: durable::CandidatesRow = self::facts(candidates.0, "candidates' row");
+    crate::durability::registry_candidates::keep(&row);
+}
+
+/// The candidates' row `CREATE EXTENSION` makes on timeline `timeline` at
+/// `now_ms` (`durable::made_anew`): the members of the last one this data
+/// directory wrote, or every standby that may be synchronous.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(timeline int, now_ms bigint)
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_candidates_anew_wrapper';
+"#)]
+fn snowflake_lease_candidates_anew(timeline: i32, now_ms: i64) -> JsonB {
+    let kept = crate::durability::registry_candidates::kept();
+    let timeline = u32::try_from(timeline).unwrap_or_default();
+    to_jsonb(&durable::made_anew(kept.as_ref(), timeline, now_ms))
 }
 
 /// The data directory's token key (`durability::registry_key`), as
@@ -232,10 +294,14 @@ pgrx::extension_sql_file!(
     name = "leases",
     requires = [
         snowflake_lease_decide,
+        snowflake_lease_forget_decide,
         snowflake_lease_durable_progress,
         snowflake_lease_durable_decide,
         snowflake_lease_sign,
         snowflake_lease_data_key,
+        snowflake_lease_candidates_kept,
+        snowflake_lease_candidates_keep,
+        snowflake_lease_candidates_anew,
         snowflake_lease_autocommit,
         snowflake_lease_hello_decide
     ]

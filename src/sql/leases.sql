@@ -163,7 +163,12 @@ CREATE TABLE snowflake_lease_registry (
     -- The incarnations this row descends from, oldest first, at most 16
     -- (0.8.0): a holder's signed incarnation that is none of them, soon
     -- after the postmaster started, shows a registry restored to before it.
-    history           text[] NOT NULL DEFAULT '{}'
+    history           text[] NOT NULL DEFAULT '{}',
+    -- The database the row was written in (0.8.0; NULL: not yet known): a
+    -- row in another is a copy of the database put in the registry's place
+    -- (CREATE DATABASE ... TEMPLATE, then a rename), which forgot what was
+    -- granted since the copy and which no restart or WAL position shows.
+    database_oid      oid
 );
 CREATE UNIQUE INDEX snowflake_lease_registry_one_row ON snowflake_lease_registry ((true));
 COMMENT ON TABLE snowflake_lease_registry IS
@@ -461,38 +466,16 @@ REVOKE EXECUTE ON FUNCTION snowflake_lease_set_limits(bigint, bigint, bigint, in
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_forget() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    now_ms bigint := (extract(epoch FROM now()) * 1000)::bigint;
-    lim record;
-    new_floor bigint;
+    facts jsonb;
 BEGIN
     -- After any lease call in progress, which would write over this row.
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
-    -- The limits bound every grant the registry confirmed (they are in
-    -- range: no sum below leaves bigint's).
-    SELECT * INTO lim FROM snowflake_id_internal.snowflake_lease_limits_in_force();
-    -- history: the last 16 incarnations of the lineage, this one last
-    -- (core/src/registry/begin.rs, IncarnationRow::history_after).
-    UPDATE @extschema@.snowflake_lease_registry g
-       SET history = (SELECT a[greatest(cardinality(a) - 15, 1):]
-                        FROM (SELECT g.history
-                                     || CASE WHEN g.previous_incarnation IS NULL
-                                               OR g.previous_incarnation = ANY (g.history)
-                                             THEN '{}'::text[] ELSE ARRAY[g.previous_incarnation] END
-                                     || CASE WHEN g.incarnation = ANY (g.history) THEN '{}'::text[]
-                                             ELSE ARRAY[g.incarnation] END AS a) x),
-           previous_incarnation = NULL,
-           incarnation = md5(gen_random_uuid()::text), started_at = now(),
-           cause = format('rows of the lease table were %s',
-                          CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted'
-                                     ELSE 'truncated' END),
-           fenced_until = now() + (lim.fence_lease_ms + lim.fence_grace_ms) * interval '1 millisecond',
-           fence_floor_ms = now_ms + lim.fence_ahead_ms + lim.fence_grace_ms
-    RETURNING g.fence_floor_ms INTO new_floor;
-    UPDATE @extschema@.snowflake_lease_blocks b
-       SET high_water_ms = greatest(b.high_water_ms, new_floor)
-     WHERE new_floor IS NOT NULL AND b.high_water_ms < new_floor;
-    RAISE LOG 'snowflake_id registry: the lease table was changed by % (%): new incarnation, fenced',
-        TG_OP, TG_TABLE_NAME;
+    facts := snowflake_id_internal.snowflake_lease_facts('');
+    -- core/src/registry/mod.rs, forgotten.
+    PERFORM snowflake_id_internal.snowflake_lease_apply(
+        snowflake_id_internal.snowflake_lease_forget_decide(
+            CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted' ELSE 'truncated' END,
+            facts->'server', facts->'rows'));
     RETURN NULL;
 END
 $fn$;
@@ -649,6 +632,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
             'insert_lsn', pg_catalog.pg_current_wal_insert_lsn() - '0/0'::pg_lsn,
             'session', snowflake_id_internal.snowflake_lease_session(),
             'postmaster_start_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.pg_postmaster_start_time()),
+            'database_oid', h.db::bigint,
             'fsync_off', pg_catalog.current_setting('fsync') = 'off',
             'synchronous_commit_off', pg_catalog.current_setting('synchronous_commit') = 'off',
             'node_locked', k.node_locked,
@@ -674,7 +658,8 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                 'fence_floor_ms', r.fence_floor_ms, 'max_lease_ms', r.max_lease_ms,
                 'max_grace_ms', r.max_grace_ms, 'max_ahead_ms', r.max_ahead_ms, 'cause', r.cause,
                 'previous_incarnation', r.previous_incarnation, 'token_key', r.token_key,
-                'new_key', r.new_key, 'grants', r.grants, 'history', to_jsonb(r.history)) FROM reg r),
+                'new_key', r.new_key, 'grants', r.grants, 'history', to_jsonb(r.history),
+                'database_oid', r.database_oid::bigint) FROM reg r),
             'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'block', b.block, 'first_worker_id', b.first_worker_id,
                 'last_worker_id', b.last_worker_id, 'layout', b.layout,
@@ -739,50 +724,30 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jsonb) IS
   'Used by the lease functions: the reply with the incarnation, WAL position, token and fence.';
 
--- One lease call (`acquire`, `renew`, `release`): under the registry's
--- lock, gathers its facts, has the rules decide (a refusal is raised
--- there, and logged with the node, the session's role and address), writes
--- what they return (rows replaced or added, block locks taken or given
--- up), logs their lines and replies. A request larger than any holder
--- sends is refused before it is parsed.
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_call(call text, req jsonb) RETURNS jsonb
+-- Writes what the rules decided (core/src/registry/mod.rs, Writes): the
+-- registry's row replaced, block rows replaced or added, block locks taken
+-- or given up, log lines. Under the registry's lock.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_apply(w jsonb) RETURNS void
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    -- Its text's size: pg_column_size() would count a compressed value.
-    size int := pg_catalog.octet_length(req::text);
-    facts jsonb;
-    decided jsonb;
-    w jsonb;
     line text;
 BEGIN
-    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
-    IF size > 65536 THEN
-        RAISE LOG 'snowflake_id registry: refused a lease request of % bytes (role %, %)',
-            size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
-        RAISE EXCEPTION 'lease request of % bytes refused: the limit is 65536', size
-            USING ERRCODE = '54000',
-                  HINT = 'The snowflake_id lease worker never sends such a request: who called the lease functions by hand?';
-    END IF;
-    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
-    facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
-    decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
-    w := decided->'writes';
     IF jsonb_typeof(w->'registry') = 'object' THEN
         DELETE FROM @extschema@.snowflake_lease_registry;
         INSERT INTO @extschema@.snowflake_lease_registry
                (incarnation, timeline, postmaster_start, started_at, fenced_until, fence_floor_ms,
                 max_lease_ms, max_grace_ms, max_ahead_ms, cause, previous_incarnation, token_key, new_key,
-                grants, history)
+                grants, history, database_oid)
         SELECT r.incarnation, r.timeline, snowflake_id_internal.snowflake_lease_time(r.postmaster_start_ms),
                snowflake_id_internal.snowflake_lease_time(r.started_at_ms),
                snowflake_id_internal.snowflake_lease_time(r.fenced_until_ms), r.fence_floor_ms,
                r.max_lease_ms, r.max_grace_ms, r.max_ahead_ms, r.cause, r.previous_incarnation,
-               r.token_key, r.new_key, r.grants, coalesce(r.history, '{}')
+               r.token_key, r.new_key, r.grants, coalesce(r.history, '{}'), r.database_oid::oid
           FROM jsonb_to_record(w->'registry') AS r(
                incarnation text, timeline int, postmaster_start_ms bigint, started_at_ms bigint,
                fenced_until_ms bigint, fence_floor_ms bigint, max_lease_ms bigint, max_grace_ms bigint,
                max_ahead_ms bigint, cause text, previous_incarnation text, token_key text, new_key boolean,
-               grants bigint, history text[]);
+               grants bigint, history text[], database_oid bigint);
     END IF;
     IF jsonb_array_length(w->'blocks') > 0 THEN
         -- New rows arrive unleased (a leased row inserted is a restore:
@@ -817,6 +782,37 @@ BEGIN
     FOR line IN SELECT jsonb_array_elements_text(w->'log') LOOP
         RAISE LOG 'snowflake_id registry: %', line;
     END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_apply(jsonb) IS
+  'Used by the lease functions and triggers: writes the rows, locks and log lines the rules in the extension decided.';
+
+-- One lease call (`acquire`, `renew`, `release`): under the registry's
+-- lock, gathers its facts, has the rules decide (a refusal is raised
+-- there, and logged with the node, the session's role and address), writes
+-- what they return (rows replaced or added, block locks taken or given
+-- up), logs their lines and replies. A request larger than any holder
+-- sends is refused before it is parsed.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_call(call text, req jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    -- Its text's size: pg_column_size() would count a compressed value.
+    size int := pg_catalog.octet_length(req::text);
+    facts jsonb;
+    decided jsonb;
+BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
+    IF size > 65536 THEN
+        RAISE LOG 'snowflake_id registry: refused a lease request of % bytes (role %, %)',
+            size, session_user, coalesce('client ' || inet_client_addr()::text, 'local connection');
+        RAISE EXCEPTION 'lease request of % bytes refused: the limit is 65536', size
+            USING ERRCODE = '54000',
+                  HINT = 'The snowflake_id lease worker never sends such a request: who called the lease functions by hand?';
+    END IF;
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
+    facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
+    decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
+    PERFORM snowflake_id_internal.snowflake_lease_apply(decided->'writes');
     RETURN snowflake_id_internal.snowflake_lease_reply(
         decided->'answer', (SELECT g.token_key FROM @extschema@.snowflake_lease_registry g LIMIT 1),
         CASE call WHEN 'release' THEN jsonb_build_object('released', coalesce(decided->'answer'->'released', 'false'))
@@ -928,7 +924,8 @@ BEGIN
                                      WHERE g.timeline = tli),
         'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
                                   w.members, w.valid_until, w.timeline, w.updated_at)
-                         FROM @extschema@.snowflake_lease_standbys w LIMIT 1));
+                         FROM @extschema@.snowflake_lease_standbys w LIMIT 1),
+        'kept', snowflake_id_internal.snowflake_lease_candidates_kept());
     LOOP
         facts := facts || jsonb_build_object(
             'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.clock_timestamp()),
@@ -951,6 +948,9 @@ BEGIN
     END IF;
     d := snowflake_id_internal.snowflake_lease_durable_decide(facts);
     IF jsonb_typeof(d->'write') = 'object' THEN
+        -- Kept in the data directory first, for a row made anew
+        -- (durability/registry_candidates.rs).
+        PERFORM snowflake_id_internal.snowflake_lease_candidates_keep(d->'write');
         -- Not waited for: a row that no candidate received changes nothing
         -- they may conclude (each keeps the older row it has).
         UPDATE @extschema@.snowflake_lease_standbys
@@ -990,6 +990,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_facts(text) FRO
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_lock_registry() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_reply(jsonb, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_call(text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_apply(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_begin(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_acquire(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_renew(jsonb) FROM PUBLIC;
@@ -998,18 +999,30 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_standbys_now() 
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) FROM PUBLIC;
 -- The rules (src/sql/leases.rs), called by the functions above only.
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() IS
   'Used when the registry''s row is made: the data directory''s token key (snowflake_id.key), made when missing.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept() IS
+  'Used by snowflake_lease_durable: the last failover candidates'' row this data directory wrote (snowflake_id.candidates), or NULL.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(jsonb) IS
+  'Used by snowflake_lease_durable: keeps the failover candidates'' row it writes in the data directory (snowflake_id.candidates), durably.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) IS
+  'Used when the failover candidates'' row is made: the members of the last one this data directory wrote, or every standby that may be synchronous (*).';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
   'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(text, jsonb, jsonb) IS
+  'Used by the lease table''s triggers: the registry''s rules (core/src/registry) for rows deleted, truncated or restored: a new, fenced incarnation.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) IS
   'Used by snowflake_lease_durable while it waits: the synchronous standbys that flushed, and the failover candidates behind.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) IS
@@ -1026,9 +1039,10 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() IS
 -- Made again while holders' sessions hold block locks (the extension
 -- dropped and created again), no row: the first lease call fences.
 INSERT INTO @extschema@.snowflake_lease_registry
-       (incarnation, timeline, postmaster_start, started_at, cause, token_key, new_key)
+       (incarnation, timeline, postmaster_start, started_at, cause, token_key, new_key, database_oid)
 SELECT md5(gen_random_uuid()::text), snowflake_id_internal.snowflake_lease_timeline(),
-       pg_postmaster_start_time(), now(), 'created', k->>'key', NOT (k->>'kept')::boolean
+       pg_postmaster_start_time(), now(), 'created', k->>'key', NOT (k->>'kept')::boolean,
+       (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
   FROM snowflake_id_internal.snowflake_lease_data_key() k
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
                     WHERE l.locktype = 'advisory' AND l.objsubid = 2
@@ -1037,8 +1051,14 @@ SELECT md5(gen_random_uuid()::text), snowflake_id_internal.snowflake_lease_timel
                                          WHERE d.datname = pg_catalog.current_database()));
 
 -- The failover candidates' one row (snowflake_lease_durable updates it in
--- place): every standby that may be synchronous ('*') for 30 s, as long as
--- a row of a registry dropped before may still name one
--- (core/src/registry/durable.rs, EVERY_STANDBY).
+-- place): the members of the last row this data directory wrote, until
+-- its valid_until, which a standby cut off before may still hold; with
+-- none, every standby that may be synchronous ('*') for 30 s
+-- (core/src/registry/durable.rs, made_anew).
 INSERT INTO @extschema@.snowflake_lease_standbys (members, valid_until, timeline, updated_at)
-SELECT '{*}', now() + interval '30 s', snowflake_id_internal.snowflake_lease_timeline(), now();
+SELECT ARRAY(SELECT jsonb_array_elements_text(a->'members')),
+       snowflake_id_internal.snowflake_lease_time((a->>'valid_until_ms')::bigint),
+       (a->>'timeline')::int, now()
+  FROM snowflake_id_internal.snowflake_lease_candidates_anew(
+           snowflake_id_internal.snowflake_lease_timeline(),
+           snowflake_id_internal.snowflake_lease_ms(now())) a;

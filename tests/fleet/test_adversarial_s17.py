@@ -513,7 +513,9 @@ def registry_row(r) -> dict:
         return dict(zip(names, row)) if row else {}
 
 
-def test_a_candidate_cut_off_before_the_extension_is_made_again_shares_no_worker_id(make_cluster):
+@pytest.mark.parametrize("kept", [True, False], ids=["kept_row", "no_kept_row"])
+def test_a_candidate_cut_off_before_the_extension_is_made_again_shares_no_worker_id(make_cluster,
+                                                                                    kept):
     """The registry P with two quorum standbys s1 and s2 under
     synchronous_standby_names = 'ANY 1 (*)' (no names listed), both failover
     candidates (named). Holder B holds block 0 (worker ids 0-15, max_drift
@@ -524,13 +526,17 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_shares_no_worker
     committed on P and flushed by s2. Once B's IDs pass the mark of block 0
     that s1 has, P dies and s1 is promoted; holder C, which also wants
     block 0, leases from s1. Wanted: no worker id is used by B and C over
-    the same milliseconds. How (core/src/registry/durable.rs): P cannot
-    name s1 (the setting lists no names, and s1 no longer streams), so the
-    row CREATE EXTENSION made ('{*}') holds every grant back until any row
-    of the dropped registry has expired; B says so, and uses nothing P
-    granted meanwhile. Measured on 0.8.0 before that rule: s1 proved
-    itself, was not fenced, and C leased block 0 while B still used it:
-    86,287 IDs made by both (PostgreSQL 15)."""
+    the same milliseconds. How (core/src/registry/durable.rs): kept_row:
+    the row CREATE EXTENSION made names the members of the last row P
+    wrote, kept in its data directory (snowflake_id.candidates): s1 is
+    behind and holds the re-assertion back. no_kept_row (the file removed
+    before the DROP, as on a registry updated from 0.7.0 with no grant
+    since): P cannot name s1 (the setting lists no names, and s1 no longer
+    streams), so the row made anew ('{*}') holds every grant back until any
+    row of the dropped registry has expired. B says so either way, and
+    uses nothing P granted meanwhile. Measured on 0.8.0 before the '{*}'
+    rule: s1 proved itself, was not fenced, and C leased block 0 while B
+    still used it: 86,287 IDs made by both (PostgreSQL 15)."""
     p = make_cluster(tcp=True, settings={"fsync": True})
     p.create_extension()
     lease_limits(p)
@@ -549,13 +555,17 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_shares_no_worker
                timeout=30, what="s1 cut off")
     cut = time.monotonic()
     before = registry_row(p)
+    kept_file = os.path.join(p.datadir, "snowflake_id.candidates")
+    assert os.path.exists(kept_file), "P kept no candidates' row"
+    if not kept:
+        os.remove(kept_file)
     with p.connect() as conn:
         conn.execute(AGAIN)
     wait_until(lambda: registry_row(p).get("incarnation") not in (None, before["incarnation"])
                and [h for (_, h, *_) in p.sql("SELECT block, holder_node FROM snowflake_leases"
                                               " WHERE leased")],
                timeout=30, what="B's block re-asserted to P's new incarnation")
-    held_back = "made anew under a synchronous_standby_names with *"
+    held_back = "but not yet on s1" if kept else "made anew under a synchronous_standby_names with *"
     wait_until(lambda: held_back in (b.scalar("SELECT lease_problem FROM snowflake_config()") or ""),
                timeout=30, what="B told the re-assertion is held back")
     # B goes on past the mark of block 0 that s1 has.
@@ -573,7 +583,8 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_shares_no_worker
         time.sleep(3)
     made_b, made_c = maker_b.stop(), maker_c.stop()
     problems = apart_problems("B", made_b, "C", made_c) + duplicates({"B": made_b, "C": made_c})
-    print(f"\n[cut-off candidate, ANY 1 (*)] promoted {promoted:.1f} s after s1 was cut off;"
+    print(f"\n[cut-off candidate, ANY 1 (*), kept row {kept}] promoted {promoted:.1f} s after s1"
+          " was cut off;"
           f" s1's incarnation: fenced {row['fenced']}, {row['cause']}; B made {len(made_b)},"
           f" C {len(made_c)}; {problems}")
     assert not problems, "; ".join(problems)

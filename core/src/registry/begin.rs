@@ -1,8 +1,9 @@
 //! The start of every lease call: the caller's authority, and the
 //! registry's incarnation. A registry that may have forgotten grants it
 //! confirmed (a new timeline, its WAL below a position a holder saw, its
-//! row gone, a restart with fsync off, a holder of an older incarnation
-//! soon after an unfenced one began) starts a new incarnation; when
+//! row gone, its row written in another database, a restart with fsync
+//! off, a holder of an older incarnation soon after an unfenced one
+//! began) starts a new incarnation; when
 //! holders may be using grants it forgot, it is fenced
 //! ([`Invariant::FenceFromLimits`]), unless this server proves it kept
 //! every durable grant ([`Invariant::PromotionNeedsProof`], [`Proof`]).
@@ -83,6 +84,12 @@ pub struct IncarnationRow {
     /// registry never had (module header).
     #[serde(default)]
     pub history: Vec<String>,
+    /// The OID of the database the row was written in (`None`: a row from
+    /// before 0.8.0, taken as this one's). A row in another database is a
+    /// copy put in the registry's place (`CREATE DATABASE ... TEMPLATE`,
+    /// then a rename): it forgot what the registry granted since the copy.
+    #[serde(default)]
+    pub database_oid: Option<u32>,
 }
 
 /// How many earlier incarnations a row keeps in `history`.
@@ -156,6 +163,7 @@ enum Cause {
     FsyncOffRestart,
     OlderIncarnation { known: String },
     UnknownIncarnation { known: String },
+    DatabaseCopied { was: u32 },
 }
 
 impl Cause {
@@ -181,6 +189,10 @@ impl Cause {
                 "a holder saw {seen} grants, this registry has made {have} (it was restored to an earlier state)"
             ),
             Cause::FsyncOffRestart => "a restart with fsync off".into(),
+            Cause::DatabaseCopied { was } => format!(
+                "the registry's row was written in database OID {was}, this is OID {} (a copy of the database put in its place)",
+                server.database_oid
+            ),
             Cause::OlderIncarnation { known } => format!("node {node} knew incarnation {known}"),
             Cause::UnknownIncarnation { known } => format!(
                 "node {node} knew incarnation {known}, which this registry never had (it was restored to an earlier state)"
@@ -327,6 +339,21 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 evidence,
             )
         }
+        Some(r)
+            if server.database_oid != 0
+                && r.database_oid.is_some_and(|d| d != server.database_oid)
+                && !super::mutation::active(super::mutation::Mutation::NoDatabaseIdentity) =>
+        {
+            // A copy of the registry's database in its place: no restart,
+            // one WAL for every database, so no other rule sees it. It
+            // forgot every grant made since the copy, at any time before.
+            (
+                Some(Cause::DatabaseCopied {
+                    was: r.database_oid.unwrap_or_default(),
+                }),
+                true,
+            )
+        }
         Some(_) if earlier_past.is_some() => {
             let (lsn, grants, have) = earlier_past.unwrap_or_default();
             let cause = if lsn > server.insert_lsn {
@@ -418,8 +445,15 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         let mut row = rows.registry.clone().unwrap_or_default();
         // What holders ask for, shown for choosing the limits.
         let ahead = high_ms.map_or(0, |h| h.saturating_sub(now));
-        let write =
-            lease_ms > row.max_lease_ms || grace_ms > row.max_grace_ms || ahead > row.max_ahead_ms;
+        // A row from before 0.8.0 learns its database.
+        let place = row.database_oid.is_none() && server.database_oid != 0;
+        if place {
+            row.database_oid = Some(server.database_oid);
+        }
+        let write = place
+            || lease_ms > row.max_lease_ms
+            || grace_ms > row.max_grace_ms
+            || ahead > row.max_ahead_ms;
         row.max_lease_ms = row.max_lease_ms.max(lease_ms);
         row.max_grace_ms = row.max_grace_ms.max(grace_ms);
         row.max_ahead_ms = row.max_ahead_ms.max(ahead);
@@ -480,6 +514,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             },
             |o| o.history_after(known_verified),
         ),
+        database_oid: (server.database_oid != 0).then_some(server.database_oid),
     };
     let mut raise = None;
     if evidence {
@@ -517,6 +552,28 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
     })
 }
 
+/// How rows of the lease table were forgotten: the trigger's operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Forgotten {
+    /// `DELETE`.
+    Deleted,
+    /// `TRUNCATE`.
+    Truncated,
+    /// Rows inserted already leased: a restore (`pg_restore`, `COPY`).
+    Restored,
+}
+
+impl Forgotten {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Forgotten::Deleted => "deleted",
+            Forgotten::Truncated => "truncated",
+            Forgotten::Restored => "restored",
+        }
+    }
+}
+
 /// Rows of the lease table deleted, truncated or restored (the
 /// `snowflake_lease_forget` trigger): the registry forgot grants, so a new
 /// incarnation begins at once, fenced, also with no holder connected. The
@@ -527,13 +584,13 @@ pub fn forget(
     lim: &InForce,
     now_ms: i64,
     fresh_incarnation: &str,
-    cause: &str,
+    how: Forgotten,
 ) -> Option<IncarnationRow> {
     let mut r = row?.clone();
     r.history = r.history_after(None);
     r.incarnation = fresh_incarnation.to_string();
     r.started_at_ms = now_ms;
-    r.cause = format!("rows of the lease table were {cause}");
+    r.cause = format!("rows of the lease table were {}", how.as_str());
     // Invariant::FenceFromLimits.
     r.fenced_until_ms = Some(now_ms + lim.fence_ms());
     r.fence_floor_ms = lim.fence_floor_ms(now_ms);

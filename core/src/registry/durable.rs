@@ -21,6 +21,12 @@
 //! `reply_time`, so the proof rests on no assumption about offsets between
 //! the registry's servers beyond what is measured.
 //!
+//! A row made anew ([`made_anew`]: `CREATE EXTENSION`, a row deleted by
+//! hand) cannot know what a dropped registry's row named, which a standby
+//! may still hold: every row written is kept in the data directory too
+//! (`Facts::kept`), and the new row names the kept row's members until
+//! its `valid_until`; without one of this timeline, [`EVERY_STANDBY`].
+//!
 //! [`Invariant::DurableBeforeUse`]: crate::protocol::Invariant::DurableBeforeUse
 //! [`Invariant::PromotionNeedsProof`]: crate::protocol::Invariant::PromotionNeedsProof
 
@@ -101,6 +107,43 @@ pub struct Facts {
     /// The candidates' row (read `FOR UPDATE` for the final decision).
     #[serde(default)]
     pub candidates: Option<CandidatesRow>,
+    /// The last candidates' row this data directory wrote
+    /// (`snowflake_id.candidates`, kept by `DROP EXTENSION`): what a row
+    /// made anew names ([`made_anew`]).
+    #[serde(default)]
+    pub kept: Option<CandidatesRow>,
+}
+
+/// The candidates' row made anew (`CREATE EXTENSION`, the row deleted by
+/// hand), from `kept`, the last one this data directory wrote before:
+/// its members, until its `valid_until`, when it is of this timeline. A
+/// standby cut off before the row was made anew, and then taken out of
+/// `synchronous_standby_names`, may still hold that row naming it, and
+/// prove its promotion by it: it stays a candidate, behind, so that
+/// nothing is durable without it until it is dropped (a row made anew
+/// under the setting alone, naming s2 only, let s1 prove a promotion that
+/// repeated 39,682 IDs on real servers). Without one (a new data
+/// directory, or a row of another timeline), [`EVERY_STANDBY`].
+pub fn made_anew(kept: Option<&CandidatesRow>, timeline: u32, now_ms: i64) -> CandidatesRow {
+    match kept {
+        Some(k)
+            if k.timeline == timeline
+                && !super::mutation::active(super::mutation::Mutation::NoKeptCandidates) =>
+        {
+            CandidatesRow {
+                members: k.members.clone(),
+                valid_until_ms: k.valid_until_ms,
+                timeline,
+                updated_at_ms: now_ms,
+            }
+        }
+        _ => CandidatesRow {
+            members: vec![EVERY_STANDBY.into()],
+            valid_until_ms: now_ms + CANDIDATE_TTL_MS,
+            timeline,
+            updated_at_ms: now_ms,
+        },
+    }
 }
 
 /// `synchronous_standby_names` read: how many standbys must have a grant.
@@ -338,12 +381,7 @@ pub fn decide(facts: &Facts) -> Decision {
     let Some(row) = facts.candidates.as_ref() else {
         // Deleted by hand: made again, as CREATE EXTENSION makes it; ask
         // again.
-        out.write = Some(CandidatesRow {
-            members: vec![EVERY_STANDBY.into()],
-            valid_until_ms: facts.now_ms + CANDIDATE_TTL_MS,
-            timeline: facts.timeline,
-            updated_at_ms: facts.now_ms,
-        });
+        out.write = Some(made_anew(facts.kept.as_ref(), facts.timeline, facts.now_ms));
         out.reply = reply;
         return out;
     };

@@ -34,6 +34,8 @@ pub struct Store {
     pub lsn: u64,
     pub timeline: u32,
     pub postmaster_start_ms: i64,
+    /// The OID of the registry's database.
+    pub database_oid: u32,
     pub fsync_off: bool,
     /// `snowflake_id.registry_standby_name` in its configuration files.
     pub standby_name: String,
@@ -52,6 +54,9 @@ pub struct Store {
     /// The data directory's token key (`snowflake_id.key`): made with the
     /// first row, kept by `DROP EXTENSION`, a snapshot and a standby.
     pub data_key: Option<String>,
+    /// The last candidates' row it wrote (`snowflake_id.candidates`, in
+    /// the data directory): kept by `DROP EXTENSION`.
+    pub data_candidates: Option<CandidatesRow>,
     /// Where fresh incarnation names and keys come from (deterministic).
     pub seed: u64,
     names: u64,
@@ -66,6 +71,7 @@ impl Store {
             lsn: 0x100_0000,
             timeline: 1,
             postmaster_start_ms: now_ms,
+            database_oid: 16_384,
             fsync_off: false,
             standby_name: String::new(),
             history: None,
@@ -75,6 +81,7 @@ impl Store {
             sessions: BTreeMap::new(),
             signed: (0, 0),
             data_key: None,
+            data_candidates: None,
             seed,
             names: 0,
         };
@@ -98,37 +105,31 @@ impl Store {
                     cause: "created".into(),
                     token_key: key,
                     new_key: !kept,
+                    database_oid: Some(self.database_oid),
                     ..IncarnationRow::default()
                 }),
                 blocks: Vec::new(),
                 limits: None,
             },
-            candidates: Some(CandidatesRow {
-                members: vec![super::durable::EVERY_STANDBY.into()],
-                valid_until_ms: now_ms + super::durable::CANDIDATE_TTL_MS,
-                timeline: self.timeline,
-                updated_at_ms: now_ms,
-            }),
+            candidates: Some(durable::made_anew(
+                self.data_candidates.as_ref(),
+                self.timeline,
+                now_ms,
+            )),
         };
         self.commit();
     }
 
-    /// Rows of the lease table deleted or restored (`cause`: "deleted",
-    /// "restored"): the trigger's new, fenced incarnation.
-    pub fn forget(&mut self, now_ms: i64, cause: &str) {
-        let lim = super::limits::in_force(self.tables.rows.limits.as_ref(), now_ms);
-        let fresh = self.fresh_name();
-        if let Some(r) = super::begin::forget(
-            self.tables.rows.registry.as_ref(),
-            &lim,
-            now_ms,
-            &fresh,
-            cause,
-        ) {
-            for b in &mut self.tables.rows.blocks {
-                b.high_water_ms = b.high_water_ms.max(r.fence_floor_ms);
-            }
-            self.tables.rows.registry = Some(r);
+    /// Rows of the lease table forgotten (`how`): the trigger's new,
+    /// fenced incarnation.
+    pub fn forget(&mut self, now_ms: i64, how: super::begin::Forgotten) {
+        // The trigger gathers the facts without a session (pid 0 is none)
+        // and never reads the data directory's key, which only a row to
+        // be made needs: with no row there is nothing to forget.
+        if self.tables.rows.registry.is_some() {
+            let server = self.server(0, "", now_ms);
+            let w = super::forgotten(how, &server, &self.tables.rows);
+            self.write_rows(&w);
         }
         self.commit();
     }
@@ -147,10 +148,21 @@ impl Store {
             .iter()
             .any(|b| b.holder_node.is_some())
         {
-            self.forget(now_ms, "restored");
+            self.forget(now_ms, super::begin::Forgotten::Restored);
         } else {
             self.commit();
         }
+    }
+
+    /// A copy of the registry's database (`CREATE DATABASE ... TEMPLATE`,
+    /// holding `copied`) put in its place (`DROP DATABASE`, `ALTER
+    /// DATABASE ... RENAME`): a new OID, every session of it ended, no
+    /// restart, and the WAL, one for every database, moving on.
+    pub fn put_back_copy(&mut self, copied: &Tables) {
+        self.tables = copied.clone();
+        self.database_oid += 1;
+        self.sessions.clear();
+        self.commit();
     }
 
     pub fn set_limits(&mut self, limits: Option<LimitsRow>) {
@@ -274,6 +286,7 @@ impl Store {
             session: session.id.clone(),
             role: session.role.clone(),
             postmaster_start_ms: self.postmaster_start_ms,
+            database_oid: self.database_oid,
             signed_grants: if self.signed.0 == self.postmaster_start_ms {
                 self.signed.1
             } else {
@@ -297,6 +310,26 @@ impl Store {
         }
     }
 
+    /// The rows `w` replaces or adds, as `snowflake_lease_apply` writes
+    /// them.
+    fn write_rows(&mut self, w: &super::Writes) {
+        if let Some(r) = &w.registry {
+            self.tables.rows.registry = Some(r.clone());
+        }
+        for b in &w.blocks {
+            match self
+                .tables
+                .rows
+                .blocks
+                .iter_mut()
+                .find(|r| r.block == b.block)
+            {
+                Some(r) => *r = b.clone(),
+                None => self.tables.rows.blocks.push(b.clone()),
+            }
+        }
+    }
+
     /// One lease call in session `pid`: gathers, decides, applies, commits.
     fn call(
         &mut self,
@@ -307,21 +340,7 @@ impl Store {
         let server = self.server(pid, call.node(), now_ms);
         let out = super::decide(call, &server, &self.tables.rows)?;
         let w = out.writes;
-        if let Some(r) = w.registry {
-            self.tables.rows.registry = Some(r);
-        }
-        for b in w.blocks {
-            match self
-                .tables
-                .rows
-                .blocks
-                .iter_mut()
-                .find(|r| r.block == b.block)
-            {
-                Some(r) => *r = b,
-                None => self.tables.rows.blocks.push(b),
-            }
-        }
+        self.write_rows(&w);
         if let Some(s) = self.sessions.get_mut(&pid) {
             s.blocks.retain(|b| !w.unlock.contains(b));
             for b in w.lock {
@@ -388,9 +407,12 @@ impl Store {
                 .is_some_and(|r| r.timeline == self.timeline),
             standbys: standbys.to_vec(),
             candidates: self.tables.candidates.clone(),
+            kept: self.data_candidates.clone(),
         };
         let d = durable::decide(&facts);
         if let Some(row) = d.write {
+            // The file first, as the glue writes it.
+            self.data_candidates = Some(row.clone());
             self.tables.candidates = Some(row);
             // Written with synchronous_commit = local: not waited for.
             self.commit();
@@ -413,6 +435,8 @@ impl Store {
             lsn,
             timeline: old_timeline + 1,
             postmaster_start_ms: now_ms,
+            // A physical copy: the caller sets the primary's.
+            database_oid: 16_384,
             fsync_off: false,
             standby_name: standby_name.to_string(),
             history: Some((
@@ -426,6 +450,7 @@ impl Store {
             sessions: BTreeMap::new(),
             signed: (0, 0),
             data_key: None,
+            data_candidates: None,
             seed,
             names: 0,
         }

@@ -132,6 +132,11 @@ pub struct Server {
     pub role: String,
     /// `pg_postmaster_start_time()`, Unix ms.
     pub postmaster_start_ms: i64,
+    /// The OID of the registry's database (`pg_database`): another one than
+    /// the row's is a copy of the database put in its place
+    /// ([`begin`]). 0: unknown.
+    #[serde(default)]
+    pub database_oid: u32,
     /// The highest grant count this server signed a token for since its
     /// postmaster started (shared memory). A count at or below it may be
     /// of a call that rolled back after its reply left (a `DO` block that
@@ -252,6 +257,44 @@ pub struct Answer {
 pub struct Outcome {
     pub answer: Answer,
     pub writes: Writes,
+}
+
+/// Rows of the lease table forgotten (`how`; the `snowflake_lease_forget`
+/// trigger, under the registry's lock): the new, fenced incarnation and
+/// every block's mark raised to its floor ([`begin::forget`]); with no
+/// registry row, nothing (the next call makes one).
+pub fn forgotten(how: begin::Forgotten, server: &Server, rows: &Rows) -> Writes {
+    let limits = limits::in_force(rows.limits.as_ref(), server.now_ms);
+    let Some(row) = begin::forget(
+        rows.registry.as_ref(),
+        &limits,
+        server.now_ms,
+        &server.fresh_incarnation,
+        how,
+    ) else {
+        return Writes::default();
+    };
+    let mut writes = Writes::default();
+    // Invariant::FenceFromLimits: every mark above what a forgotten grant
+    // allowed.
+    for b in rows
+        .blocks
+        .iter()
+        .filter(|b| b.high_water_ms < row.fence_floor_ms)
+    {
+        let mut b = b.clone();
+        b.high_water_ms = row.fence_floor_ms;
+        writes.blocks.push(b);
+    }
+    writes.log.push(format!(
+        "rows of the lease table were {}: new incarnation {}, no block is leased anew until {} (Unix ms), and every block's floor is raised to {}",
+        how.as_str(),
+        row.incarnation,
+        row.fenced_until_ms.unwrap_or_default(),
+        row.fence_floor_ms
+    ));
+    writes.registry = Some(row);
+    writes
 }
 
 /// Decides one lease call from the facts gathered for it.

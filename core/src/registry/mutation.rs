@@ -42,10 +42,18 @@ pub enum Mutation {
     /// reverted: a holder's signed grant count is no evidence. (Each
     /// alone is no duplicate; both are.)
     AsyncGrantCommitUncounted,
+    /// The row's database is not checked: a copy of the registry's
+    /// database put back in its place (no restart, the WAL moving on) is
+    /// taken for the registry it copied.
+    NoDatabaseIdentity,
+    /// A candidates' row made anew names every standby that may be
+    /// synchronous now, not the members of the last row this data
+    /// directory wrote.
+    NoKeptCandidates,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 12] = [
+    pub const ALL: [Mutation; 14] = [
         Mutation::TrustCancelledCommit,
         Mutation::FenceFromRequests,
         Mutation::ReleaseBelowFloor,
@@ -58,6 +66,8 @@ impl Mutation {
         Mutation::StarCountsStreamingOnly,
         Mutation::NoIncarnationHistory,
         Mutation::AsyncGrantCommitUncounted,
+        Mutation::NoDatabaseIdentity,
+        Mutation::NoKeptCandidates,
     ];
 }
 

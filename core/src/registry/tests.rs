@@ -571,6 +571,7 @@ fn a_standby_whose_clock_strays_never_becomes_a_candidate() {
             updated_at_ms: T0,
         }),
         me: String::new(),
+        kept: None,
     };
     let d = durable::decide(&facts);
     assert!(d.reply.durable);
@@ -594,6 +595,7 @@ fn a_candidate_behind_holds_durability_back_until_dropped() {
         standbys: vec![standby("s1", 0x400, T0), standby("s2", 0x500, T0)],
         candidates: Some(row.clone()),
         me: String::new(),
+        kept: None,
     };
     let d = durable::decide(&facts);
     assert!(!d.reply.durable);
@@ -628,6 +630,7 @@ fn a_row_made_anew_under_a_star_holds_durability_back_until_it_expires() {
         standbys: vec![standby("s2", 0x500, T0 + 1_000)],
         candidates: Some(row.clone()),
         me: String::new(),
+        kept: None,
     };
     let d = durable::decide(&facts);
     assert!(!d.reply.durable);
@@ -658,6 +661,44 @@ fn a_row_made_anew_under_a_star_holds_durability_back_until_it_expires() {
         assert!(!durable::decide(&facts).reply.durable, "{names}");
         assert_eq!(!durable::progress(&facts).done, waited, "{names}");
     }
+}
+
+#[test]
+fn a_row_made_anew_names_the_members_of_the_last_row_this_server_wrote() {
+    // tests/fleet/test_adversarial_s19.py: s1 cut off, taken out of
+    // `ANY 1 (s1, s2)`, then DROP and CREATE EXTENSION; s1, promoted, proved
+    // itself by the dropped registry's row naming it (39,682 IDs made
+    // twice). The row made anew names s1 again, behind, until it is
+    // dropped.
+    let mut s = Store::created(T0, 7);
+    s.synchronous_standby_names = "ANY 1 (s1, s2)".into();
+    let both = [standby("s1", u64::MAX, T0), standby("s2", u64::MAX, T0)];
+    assert!(s.durable(T0, s.lsn, &both).durable);
+    let last = s.tables.candidates.clone().unwrap();
+    assert_eq!(last.members, vec!["s1".to_string(), "s2".to_string()]);
+    assert_eq!(s.data_candidates.as_ref(), Some(&last));
+    // s1 is cut off and taken out of the setting; the extension is made
+    // again.
+    s.synchronous_standby_names = "ANY 1 (s2)".into();
+    let t = T0 + 2_000;
+    s.create_extension(t);
+    let anew = s.tables.candidates.clone().unwrap();
+    assert_eq!(anew.members, last.members);
+    assert_eq!(anew.valid_until_ms, last.valid_until_ms);
+    let s2 = [standby("s2", u64::MAX, t)];
+    let d = s.durable(t, s.lsn, &s2);
+    assert!(!d.durable, "{d:?}");
+    assert_eq!(d.behind, vec!["s1".to_string()]);
+    // Dropped after its valid_until and the margin: durable on s2 alone.
+    let t = last.valid_until_ms + durable::DROP_MARGIN_MS + 1;
+    let s2 = [standby("s2", u64::MAX, t)];
+    assert!(s.durable(t, s.lsn, &s2).durable);
+    assert_eq!(s.tables.candidates.unwrap().members, vec!["s2".to_string()]);
+    // A row of another timeline (a promoted server's copy of the file)
+    // names every standby that may be synchronous.
+    let other = durable::made_anew(Some(&last), 2, t);
+    assert_eq!(other.members, vec![durable::EVERY_STANDBY.to_string()]);
+    assert_eq!(durable::made_anew(None, 1, t).members, other.members);
 }
 
 #[test]
@@ -1060,12 +1101,76 @@ fn a_restart_fences_no_holder_of_an_incarnation_the_row_had() {
 }
 
 #[test]
+fn a_copy_of_the_registrys_database_put_in_its_place_fences() {
+    // tests/fleet/test_adversarial_s19.py: the copy put back 90 s after the
+    // postmaster started, with and without the extension made again in
+    // between (68,701 IDs made twice on PostgreSQL 15). No restart, and the
+    // WAL moved on: only the row's database tells.
+    for made_again in [false, true] {
+        let mut s = store_with(&["a"]);
+        let t = T0 + 1_000;
+        let r = s
+            .lease(100, &acquire("a", 1, Seen::default(), t), t)
+            .unwrap();
+        let copy = s.tables.clone();
+        let t = t + 1_000;
+        if made_again {
+            s.sessions.clear();
+            s.create_extension(t);
+            s.connect(100, t);
+            assert_eq!(s.hello(100, "a"), Ok(true));
+        }
+        let r = s
+            .lease(100, &acquire("a", 2, seen_of(&r.head), t), t)
+            .unwrap();
+        let now = T0 + 90_000 + FENCE + MARKS_PASSED;
+        s.put_back_copy(&copy);
+        s.connect(101, now);
+        assert_eq!(s.hello(101, "b"), Ok(true));
+        let reply = s.lease(101, &acquire("b", 1, Seen::default(), now), now);
+        let r2 = reply.unwrap();
+        assert_eq!(
+            r2.head.fenced_until_ms,
+            Some(now + FENCE),
+            "{made_again}: {r2:?}"
+        );
+        let row = s.tables.rows.registry.clone().unwrap();
+        assert!(row.cause.contains("copy of the database"), "{}", row.cause);
+        assert_eq!(row.database_oid, Some(s.database_oid));
+        // Written in this database now: the next call fences nothing more.
+        s.connect(102, now);
+        assert_eq!(s.hello(102, "a"), Ok(true));
+        let later = now + FENCE + 1_000;
+        let r3 = s
+            .lease(102, &renew("a", &[], seen_of(&r.head), later), later)
+            .unwrap();
+        assert_eq!(r3.head.incarnation, row.incarnation, "{r3:?}");
+    }
+}
+
+#[test]
+fn a_row_from_before_its_database_was_recorded_learns_it_unfenced() {
+    let mut s = store_with(&["a"]);
+    if let Some(r) = s.tables.rows.registry.as_mut() {
+        r.database_oid = None;
+    }
+    let first = incarnation(&s);
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
+    assert_eq!(r.head.incarnation, first);
+    let row = s.tables.rows.registry.clone().unwrap();
+    assert_eq!(row.database_oid, Some(s.database_oid));
+}
+
+#[test]
 fn history_keeps_the_newest_incarnations_of_the_lineage() {
     let mut s = store_with(&["a"]);
     let mut names = Vec::new();
     for i in 0..(begin::HISTORY_KEPT as i64 + 3) {
         names.push(incarnation(&s));
-        s.forget(T0 + i, "deleted");
+        s.forget(T0 + i, super::begin::Forgotten::Deleted);
     }
     let row = s.tables.rows.registry.clone().unwrap();
     assert_eq!(row.history, names[3..].to_vec());
@@ -1331,4 +1436,39 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn rows_forgotten_fence_and_raise_every_mark_to_the_floor() {
+    let mut s = store_with(&["a", "b"]);
+    let r = s
+        .lease(100, &acquire("a", 2, Seen::default(), T0), T0)
+        .unwrap();
+    assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
+    let old = incarnation(&s);
+    s.forget(T0 + 10, begin::Forgotten::Restored);
+    let row = s.tables.rows.registry.clone().unwrap();
+    assert_ne!(row.incarnation, old);
+    assert!(row.had(&old), "{row:?}");
+    assert_eq!(row.cause, "rows of the lease table were restored");
+    let lim = limits::in_force(s.tables.rows.limits.as_ref(), T0 + 10);
+    assert_eq!(row.fenced_until_ms, Some(T0 + 10 + lim.fence_ms()));
+    assert!(row.fence_floor_ms > T0, "{row:?}");
+    assert!(!s.tables.rows.blocks.is_empty());
+    for b in &s.tables.rows.blocks {
+        assert!(b.high_water_ms >= row.fence_floor_ms, "{b:?} below {row:?}");
+    }
+    // A call now is refused new blocks until the fence ends.
+    let r = s
+        .lease(101, &acquire("b", 1, Seen::default(), T0 + 20), T0 + 20)
+        .unwrap();
+    assert!(r.blocks.is_empty(), "{r:?}");
+}
+
+#[test]
+fn rows_forgotten_before_the_registry_row_was_made_change_nothing() {
+    let mut s = Store::created(T0, 7);
+    s.tables.rows.registry = None;
+    s.forget(T0, begin::Forgotten::Truncated);
+    assert_eq!(s.tables.rows.registry, None);
 }
