@@ -18,14 +18,20 @@
 #      (scripts/package-commit.sh, cached in .cache/)
 #   1b. the lint gate, scripts/check.sh (fmt, clippy for every version,
 #      ruff, shellcheck, dead paths): stops the run when it fails
-#   2. the Rust tests, once (they do not depend on the PostgreSQL version):
-#      `cargo test -p snowflake_core` (the pure core's unit and property
-#      tests, no PostgreSQL), `cargo test -p snowflake_sim --release` (the
-#      fleet simulation, sim/: a fixed budget of seeds) and the extension
-#      crate's own unit tests built against the first version
+#   2. `cargo pgrx install --release` into the first version's PostgreSQL;
+#      then, niced, in the background, one job after another (they share
+#      target/): the release install of every other version, in the order
+#      they are tested, and last the Rust tests, which do not depend on the
+#      version: `cargo test -p snowflake_core` (the pure core's unit and
+#      property tests, no PostgreSQL), `cargo test -p snowflake_sim
+#      --release` (the fleet simulation, sim/: a fixed budget of seeds) and
+#      the extension crate's own unit tests built against the first version.
+#      Each job's output goes to target/test-results/ (install-pgNN.log,
+#      cargo-core.log, cargo-sim.log, cargo-extension.log)
 #   3. for each version NN in PG_VERSIONS (15 16 17 18 19; SNOWFLAKE_PG_VERSIONS
 #      narrows it):
-#      a. `cargo pgrx install --release` into that PostgreSQL
+#      a. (after the first) waits for its install; a failed install prints
+#         its log and leaves that version's tests out, reported as failed
 #      b. pytest tests/ with PG_CONFIG pointing at it: the integration tests,
 #         each with its own throwaway clusters (tests/conftest.py), on
 #         SNOWFLAKE_PYTEST_WORKERS pytest-xdist workers (default 3); then,
@@ -36,11 +42,15 @@
 #         "What is tested where"); SNOWFLAKE_TESTS set by the caller applies
 #         to every version. Slow tests (@pytest.mark.slow) run only with
 #         SNOWFLAKE_SLOW=1.
-#   4. prints one line per version and the totals over all versions:
-#      "total: N passed, N failed, N skipped"; last, the wall time of each
-#      phase (dependencies, lint gate, Rust tests, each version's install,
-#      pytest and serial pytest) and the total, also when a phase stopped
-#      the run.
+#   4. waits for the Rust tests and prints each one's result (the whole
+#      output of one that failed); one line per version and the totals over
+#      all versions: "total: N passed, N failed, N skipped"; last, the wall
+#      time of each phase (dependencies, lint gate, the first install, each
+#      version's wait for its install, pytest and serial pytest, the wait
+#      for the Rust tests) and the total, also when a phase stopped the
+#      run; then, apart and not in the total, the wall time of each
+#      background job (each install, each Rust test, the previous release's
+#      packages).
 #
 # Exits non-zero on any failure (every version is still tested). Other
 # clusters (e.g. the quickstart demo) are left alone. CI runs this via
@@ -97,30 +107,117 @@ done
 build_previous_packages() {
     [[ ${#previous[@]} -gt 0 ]] || return 0
     log "building the $PREVIOUS_RELEASE_VERSION packages for the repository test (${previous[*]}), in the background"
-    for v in "${previous[@]}"; do
-        nice -n 10 bash "$REPO_ROOT/scripts/package-commit.sh" "$PREVIOUS_RELEASE_COMMIT" "$v" || break
-    done >"$RESULTS/previous-packages.log" 2>&1 &
+    (
+        started=$SECONDS
+        for v in "${previous[@]}"; do
+            nice -n 10 bash "$REPO_ROOT/scripts/package-commit.sh" "$PREVIOUS_RELEASE_COMMIT" "$v" || break
+        done
+        echo $((SECONDS - started)) >"$RESULTS/previous-packages.seconds"
+    ) >"$RESULTS/previous-packages.log" 2>&1 &
     previous=()
 }
 
 first="${PG_VERSIONS[0]}"
-phase_start "Rust tests (snowflake_core, the extension's unit tests)"
-log "cargo test -p snowflake_core (the pure core: no PostgreSQL)"
-cargo test -p snowflake_core 2>&1 | tee "$RESULTS/cargo-core.log"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-log "cargo test -p snowflake_sim --release (the fleet simulation: a fixed budget of seeds, SNOWFLAKE_SIM_SEEDS per scenario)"
-cargo test -p snowflake_sim --release 2>&1 | tee "$RESULTS/cargo-sim.log"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-log "cargo test --lib (the extension's own unit tests, built for PostgreSQL $first)"
-cargo test --lib --no-default-features --features "pg$first" 2>&1 | tee "$RESULTS/cargo-extension.log"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+# Each background job of the build queue below writes NAME.rc (its exit
+# status, last) and NAME.seconds (its wall time) into $RESULTS; the phase
+# report lists those times as background ones.
+background_job() {
+    local name=$1 started=$SECONDS rc
+    shift
+    "$@" >"$RESULTS/$name.log" 2>&1
+    rc=$?
+    echo $((SECONDS - started)) >"$RESULTS/$name.seconds"
+    echo "$rc" >"$RESULTS/$name.rc.tmp" && mv "$RESULTS/$name.rc.tmp" "$RESULTS/$name.rc"
+}
+install_release() {
+    cargo pgrx install --release --pg-config "$(pg_config_for "$1")" --no-default-features --features "pg$1"
+}
+# The build queue, niced, in the background while the first version's
+# pytest runs (its tests wait on servers more than on the cores), one job
+# after another (they share target/): the release install of every other
+# version, in the order they are tested, then the Rust tests, which do not
+# depend on the version and nothing waits for. A version's pytest waits for
+# its own install.
+build_queue() {
+    local v
+    renice -n 10 -p "$BASHPID" >/dev/null
+    for v in "${PG_VERSIONS[@]:1}"; do
+        background_job "install-pg$v" install_release "$v"
+    done
+    background_job cargo-core cargo test -p snowflake_core
+    background_job cargo-sim cargo test -p snowflake_sim --release
+    background_job cargo-extension cargo test --lib --no-default-features --features "pg$first"
+}
+queue_pid=""
+# Waits until the background job $1 has ended (its .rc file); returns its
+# status, 1 when the queue died without writing it.
+wait_for_job() {
+    while [[ ! -f $RESULTS/$1.rc ]]; do
+        if [[ -z $queue_pid ]] || ! kill -0 "$queue_pid" 2>/dev/null; then
+            [[ -f $RESULTS/$1.rc ]] && break
+            echo "the build queue ended without running $1" >>"$RESULTS/$1.log"
+            return 1
+        fi
+        sleep 2
+    done
+    return "$(cat "$RESULTS/$1.rc")"
+}
+# The Rust tests' results, once the queue has run them: the log of each
+# that failed, and a line for each.
+report_rust_tests() {
+    local job what
+    for job in cargo-core cargo-sim cargo-extension; do
+        case $job in
+            cargo-core) what="cargo test -p snowflake_core (the pure core: no PostgreSQL)" ;;
+            cargo-sim) what="cargo test -p snowflake_sim --release (the fleet simulation: a fixed budget of seeds, SNOWFLAKE_SIM_SEEDS per scenario)" ;;
+            cargo-extension) what="cargo test --lib (the extension's own unit tests, built for PostgreSQL $first)" ;;
+        esac
+        if wait_for_job "$job"; then
+            log "$what: passed ($(_duration "$(cat "$RESULTS/$job.seconds")"), in the background; $RESULTS/$job.log)"
+            grep -h "^test result:" "$RESULTS/$job.log"
+        else
+            status=1
+            log "$what: FAILED; its output:"
+            cat "$RESULTS/$job.log"
+        fi
+    done
+}
+# The background jobs' wall times, for the phase report.
+# shellcheck disable=SC2317  # run by the EXIT trap
+report_background() {
+    local job v
+    for v in "${PG_VERSIONS[@]:1}"; do
+        [[ ! -f $RESULTS/install-pg$v.seconds ]] \
+            || phase_background "PostgreSQL $v: cargo pgrx install --release" "$(cat "$RESULTS/install-pg$v.seconds")"
+    done
+    for job in cargo-core cargo-sim cargo-extension; do
+        [[ ! -f $RESULTS/$job.seconds ]] \
+            || phase_background "Rust tests: ${job#cargo-}" "$(cat "$RESULTS/$job.seconds")"
+    done
+    [[ ! -f $RESULTS/previous-packages.seconds ]] \
+        || phase_background "the $PREVIOUS_RELEASE_VERSION packages (repository test)" "$(cat "$RESULTS/previous-packages.seconds")"
+}
+trap 'report_background; phase_report' EXIT
 
 for v in "${PG_VERSIONS[@]}"; do
     started=$SECONDS
     pgc="$(pg_config_for "$v")"
-    phase_start "PostgreSQL $v: cargo pgrx install --release"
-    log "PostgreSQL $v: cargo pgrx install --release"
-    if ! cargo pgrx install --release --pg-config "$pgc" --no-default-features --features "pg$v"; then
+    if [[ $v == "$first" ]]; then
+        phase_start "PostgreSQL $v: cargo pgrx install --release"
+        log "PostgreSQL $v: cargo pgrx install --release"
+        install_release "$v"
+        rc=$?
+        log "building the other versions' release installs, then the Rust tests, niced, in the background (logs in $RESULTS)"
+        build_queue &
+        queue_pid=$!
+    else
+        phase_start "PostgreSQL $v: wait for its install (background)"
+        log "PostgreSQL $v: waiting for its cargo pgrx install --release (background, $RESULTS/install-pg$v.log)"
+        wait_for_job "install-pg$v"
+        rc=$?
+        [[ $rc -eq 0 ]] || cat "$RESULTS/install-pg$v.log"
+    fi
+    if [[ $rc -ne 0 ]]; then
         status=1
         echo "pg$v: release install failed; its integration tests are not run" >>"$RESULTS/summary"
         continue
@@ -145,6 +242,8 @@ for v in "${PG_VERSIONS[@]}"; do
     [[ $rc -eq 0 || $rc -eq 5 ]] || status=1
     echo $((SECONDS - started)) >"$RESULTS/seconds-pg$v"
 done
+phase_start "Rust tests (wait for the background queue)"
+report_rust_tests
 phase_start "summary"
 "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/scripts/test_summary.py" "$RESULTS" "${PG_VERSIONS[@]}" || status=1
 exit "$status"

@@ -2,8 +2,8 @@
 
 usage: test_summary.py RESULTS_DIR VERSION...
 
-Reads RESULTS_DIR/cargo-core.log and cargo-extension.log (cargo's "test
-result:" lines; the Rust tests run once) and, for each version,
+Reads RESULTS_DIR/cargo-core.log, cargo-sim.log and cargo-extension.log
+(cargo's "test result:" lines; the Rust tests run once) and, for each version,
 RESULTS_DIR/pytest-pgNN.xml and pytest-pgNN-serial.xml (pytest's JUnit XML);
 prints a line per version and, last, "total: N passed, N failed, N skipped".
 Exits 1 when anything failed or a version left no results.
@@ -63,6 +63,7 @@ def main():
         total = [a + b for a, b in zip(total, counts)]
 
     add("Rust, snowflake_core", cargo_counts(os.path.join(results, "cargo-core.log")))
+    add("Rust, the fleet simulation", cargo_counts(os.path.join(results, "cargo-sim.log")))
     add("Rust, the extension's unit tests",
         cargo_counts(os.path.join(results, "cargo-extension.log")))
     for v in versions:
@@ -75,7 +76,13 @@ def main():
                 which = f"the {chosen} subset of the tests"
         if os.path.exists(seconds):
             s = int(open(seconds).read())
-            print(f"PostgreSQL {v}: {s // 60} min {s % 60} s (install and {which})")
+            background = os.path.join(results, f"install-pg{v}.seconds")
+            if os.path.exists(background):
+                b = int(open(background).read())
+                print(f"PostgreSQL {v}: {s // 60} min {s % 60} s ({which}, and the wait for"
+                      f" its install, which took {b // 60} min {b % 60} s in the background)")
+            else:
+                print(f"PostgreSQL {v}: {s // 60} min {s % 60} s (install and {which})")
         parallel = pytest_counts(os.path.join(results, f"pytest-pg{v}.xml"))
         serial = pytest_counts(os.path.join(results, f"pytest-pg{v}-serial.xml"))
         if parallel is not None and serial is not None:
