@@ -20,13 +20,17 @@
 #      ruff, shellcheck, dead paths): stops the run when it fails
 #   2. `cargo pgrx install --release` into the first version's PostgreSQL;
 #      then, niced, in the background, one job after another (they share
-#      target/): the release install of every other version, in the order
-#      they are tested, and last the Rust tests, which do not depend on the
-#      version: `cargo test -p snowflake_core` (the pure core's unit and
-#      property tests, no PostgreSQL), `cargo test -p snowflake_sim
-#      --release` (the fleet simulation, sim/: a fixed budget of seeds) and
-#      the extension crate's own unit tests built against the first version.
-#      Each job's output goes to target/test-results/ (install-pgNN.log,
+#      target/): the first version's release artifacts (scripts/release.sh,
+#      into target/test-results/release-pgNN/, SNOWFLAKE_RELEASE_DIR: the
+#      package test checks them), the release install of every other
+#      version, in the order they are tested, each followed by its release
+#      artifacts (right after its build, which `cargo pgrx package` reuses),
+#      and last the Rust tests, which do not depend on the version: `cargo
+#      test -p snowflake_core` (the pure core's unit and property tests, no
+#      PostgreSQL), `cargo test -p snowflake_sim --release` (the fleet
+#      simulation, sim/: a fixed budget of seeds) and the extension crate's
+#      own unit tests built against the first version. Each job's output
+#      goes to target/test-results/ (install-pgNN.log, release-pgNN.log,
 #      cargo-core.log, cargo-sim.log, cargo-extension.log)
 #   3. for each version NN in PG_VERSIONS (15 16 17 18 19; SNOWFLAKE_PG_VERSIONS
 #      narrows it):
@@ -36,7 +40,9 @@
 #         each with its own throwaway clusters (tests/conftest.py), on
 #         SNOWFLAKE_PYTEST_WORKERS pytest-xdist workers (default 3); then,
 #         alone, the tests marked `serial` (they change the installation
-#         itself, e.g. install and remove the Debian package). Which tests
+#         itself, e.g. install and remove the Debian package), once its
+#         release artifacts are made (SNOWFLAKE_RELEASE_RESULTS tells
+#         tests/upgrade/test_package.py where they are). Which tests
 #         run on which version: tests_for_version in scripts/lib.sh (the
 #         whole suite on 15, named subsets on the others; CONTRIBUTING.md,
 #         "What is tested where"); SNOWFLAKE_TESTS set by the caller applies
@@ -46,10 +52,11 @@
 #      output of one that failed); one line per version and the totals over
 #      all versions: "total: N passed, N failed, N skipped"; last, the wall
 #      time of each phase (dependencies, lint gate, the first install, each
-#      version's wait for its install, pytest and serial pytest, the wait
-#      for the Rust tests) and the total, also when a phase stopped the
-#      run; then, apart and not in the total, the wall time of each
-#      background job (each install, each Rust test, the previous release's
+#      version's wait for its install, pytest, wait for its release
+#      artifacts and serial pytest, the wait for the Rust tests) and the
+#      total, also when a phase stopped the run; then, apart and not in the
+#      total, the wall time of each background job (each install, each
+#      version's release artifacts, each Rust test, the previous release's
 #      packages).
 #
 # Exits non-zero on any failure (every version is still tested). Other
@@ -132,17 +139,37 @@ background_job() {
 install_release() {
     cargo pgrx install --release --pg-config "$(pg_config_for "$1")" --no-default-features --features "pg$1"
 }
+# The release artifacts of version $1 (scripts/release.sh: the package, the
+# tarball, the PGXN zip, the signed apt repository), which the package test
+# (tests/upgrade/test_package.py) checks: made right after that version's
+# install, whose release build `cargo pgrx package` then reuses (made
+# later, after another version's build, it would compile the crate again:
+# minutes). Each version's in a directory of its own
+# ($RESULTS/release-pgNN/, SNOWFLAKE_RELEASE_DIR); the paths release.sh
+# printed in $RESULTS/release-pgNN.paths, its log in release-pgNN.log.
+# shellcheck disable=SC2317  # run by background_job
+make_release() {
+    SNOWFLAKE_RELEASE_DIR="$RESULTS/release-pg$1" bash "$REPO_ROOT/scripts/release.sh" "$1" \
+        >"$RESULTS/release-pg$1.paths"
+}
+# The package test reads them here (the fixture `artifacts`) instead of
+# running release.sh itself.
+export SNOWFLAKE_RELEASE_RESULTS="$RESULTS"
 # The build queue, niced, in the background while the first version's
 # pytest runs (its tests wait on servers more than on the cores), one job
-# after another (they share target/): the release install of every other
-# version, in the order they are tested, then the Rust tests, which do not
-# depend on the version and nothing waits for. A version's pytest waits for
-# its own install.
+# after another (they share target/): the first version's release
+# artifacts, then the release install of every other version, in the order
+# they are tested, each followed by its release artifacts, then the Rust
+# tests, which do not depend on the version and nothing waits for. A
+# version's pytest waits for its own install, its serial tests (the package
+# test) for its release artifacts.
 build_queue() {
     local v
     renice -n 10 -p "$BASHPID" >/dev/null
+    [[ $first_installed -ne 0 ]] || background_job "release-pg$first" make_release "$first"
     for v in "${PG_VERSIONS[@]:1}"; do
         background_job "install-pg$v" install_release "$v"
+        [[ $(cat "$RESULTS/install-pg$v.rc") -ne 0 ]] || background_job "release-pg$v" make_release "$v"
     done
     background_job cargo-core cargo test -p snowflake_core
     background_job cargo-sim cargo test -p snowflake_sim --release
@@ -186,9 +213,11 @@ report_rust_tests() {
 # shellcheck disable=SC2317  # run by the EXIT trap
 report_background() {
     local job v
-    for v in "${PG_VERSIONS[@]:1}"; do
+    for v in "${PG_VERSIONS[@]}"; do
         [[ ! -f $RESULTS/install-pg$v.seconds ]] \
             || phase_background "PostgreSQL $v: cargo pgrx install --release" "$(cat "$RESULTS/install-pg$v.seconds")"
+        [[ ! -f $RESULTS/release-pg$v.seconds ]] \
+            || phase_background "PostgreSQL $v: release artifacts (release.sh)" "$(cat "$RESULTS/release-pg$v.seconds")"
     done
     for job in cargo-core cargo-sim cargo-extension; do
         [[ ! -f $RESULTS/$job.seconds ]] \
@@ -207,7 +236,8 @@ for v in "${PG_VERSIONS[@]}"; do
         log "PostgreSQL $v: cargo pgrx install --release"
         install_release "$v"
         rc=$?
-        log "building the other versions' release installs, then the Rust tests, niced, in the background (logs in $RESULTS)"
+        first_installed=$rc
+        log "building the release artifacts and the other versions' release installs, then the Rust tests, niced, in the background (logs in $RESULTS)"
         build_queue &
         queue_pid=$!
     else
@@ -233,6 +263,10 @@ for v in "${PG_VERSIONS[@]}"; do
     rc=$?
     # pytest's 5 is "no test collected": a failure here.
     [[ $rc -eq 0 ]] || status=1
+    phase_start "PostgreSQL $v: wait for its release artifacts"
+    log "PostgreSQL $v: waiting for its release artifacts (scripts/release.sh, background, $RESULTS/release-pg$v.log)"
+    # A failure is the package test's to report (it shows the log).
+    wait_for_job "release-pg$v"
     phase_start "PostgreSQL $v: pytest -m serial"
     log "PostgreSQL $v: pytest tests/ -m serial (tests that change the installation, run alone)"
     SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
