@@ -10,14 +10,15 @@
 #      into .pg/, cargo-pgrx, Citus, faketime, the real clients
 #      (scripts/clients.sh: Python, npm and Debian clients, JDK, Ruby,
 #      pg_partman); stops at once, with the reason, when something cannot be
-#      installed (no test installs anything). Starts making the Debian 12
-#      and 13 roots of the 15 and 17 package tests in the background
-#      (downloads; the tests wait for them); when the first version's
-#      pytest starts, building in the background the previous release's 15
-#      and 17 packages the repository test upgrades from
-#      (scripts/package-commit.sh, cached in .cache/)
+#      installed (no test installs anything). Then starts, niced, in the
+#      background, building the previous release's 15 and 17 packages
+#      (scripts/package-commit.sh, cached in .cache/), which the repository
+#      test upgrades from and a test of the first version's pytest runs
+#      (the tests wait for them)
 #   1b. the lint gate, scripts/check.sh (fmt, clippy for every version,
-#      ruff, shellcheck, dead paths): stops the run when it fails
+#      ruff, shellcheck, dead paths): stops the run (and those builds) when
+#      it fails. Starts making the Debian 12 and 13 roots of the 15 and 17
+#      package tests in the background (downloads; the tests wait for them)
 #   2. `cargo pgrx install --release` into the first version's PostgreSQL;
 #      then, niced, in the background, one job after another (they share
 #      target/): the first version's release artifacts (scripts/release.sh,
@@ -75,11 +76,42 @@ trap phase_report EXIT
 phase_start "dependencies (ensure_deps)"
 ensure_deps
 cd "$REPO_ROOT"
-phase_start "lint gate (scripts/check.sh)"
-bash "$REPO_ROOT/scripts/check.sh" || die "the lint gate (scripts/check.sh) failed: fix what it printed above"
-
 rm -rf "$RESULTS"
 mkdir -p "$RESULTS"
+# The repository test (15 and 17) upgrades from the previous release's
+# package, built once per version into .cache/ (scripts/package-commit.sh);
+# on 15 the first version's pytest needs it too (a 0.7.0 holder,
+# tests/fleet/test_registry_client.py), and a test waits for its package
+# (package-commit.sh holds a lock), holding its pytest worker meanwhile.
+# So those builds start first, niced, in the background, beside the lint
+# gate and the first install (whose single-threaded stretches leave a core
+# to them), not at the first pytest, where they ran on what the tests and
+# the build queue left and took longer than the tests that wait for them.
+# A failed lint gate stops them.
+previous=()
+for v in 15 17; do
+    [[ " ${PG_VERSIONS[*]} " != *" $v "* ]] || previous+=("$v")
+done
+previous_pid=""
+if [[ ${#previous[@]} -gt 0 ]]; then
+    log "building the $PREVIOUS_RELEASE_VERSION packages for the repository test (${previous[*]}), niced, in the background"
+    # Its own process group (set -m), which a failed lint gate stops whole.
+    set -m
+    (
+        started=$SECONDS
+        for v in "${previous[@]}"; do
+            nice -n 10 bash "$REPO_ROOT/scripts/package-commit.sh" "$PREVIOUS_RELEASE_COMMIT" "$v" || break
+        done
+        echo $((SECONDS - started)) >"$RESULTS/previous-packages.seconds"
+    ) >"$RESULTS/previous-packages.log" 2>&1 &
+    previous_pid=$!
+    set +m
+fi
+phase_start "lint gate (scripts/check.sh)"
+if ! bash "$REPO_ROOT/scripts/check.sh"; then
+    [[ -z $previous_pid ]] || kill -- "-$previous_pid" 2>/dev/null
+    die "the lint gate (scripts/check.sh) failed: fix what it printed above"
+fi
 # Tests that need two versions at once (pg_upgrade) find the others here:
 # SNOWFLAKE_PG_CONFIG_NN for each version installed in this run's order.
 for v in "${PG_VERSIONS[@]}"; do
@@ -100,29 +132,6 @@ if [[ ${#roots[@]} -gt 0 ]]; then
         bash "$REPO_ROOT/scripts/debian-root.sh" "$suite" || break
     done >"$RESULTS/debian-root.log" 2>&1 &
 fi
-
-# The repository test (15 and 17) upgrades from the previous release's
-# package, built once per version into .cache/ (scripts/package-commit.sh).
-# Those builds start, niced, in the background when the first version's
-# pytest does (its tests wait on servers more than on the cores), not
-# beside the builds before it; the test waits for its package
-# (package-commit.sh holds a lock).
-previous=()
-for v in 15 17; do
-    [[ " ${PG_VERSIONS[*]} " != *" $v "* ]] || previous+=("$v")
-done
-build_previous_packages() {
-    [[ ${#previous[@]} -gt 0 ]] || return 0
-    log "building the $PREVIOUS_RELEASE_VERSION packages for the repository test (${previous[*]}), in the background"
-    (
-        started=$SECONDS
-        for v in "${previous[@]}"; do
-            nice -n 10 bash "$REPO_ROOT/scripts/package-commit.sh" "$PREVIOUS_RELEASE_COMMIT" "$v" || break
-        done
-        echo $((SECONDS - started)) >"$RESULTS/previous-packages.seconds"
-    ) >"$RESULTS/previous-packages.log" 2>&1 &
-    previous=()
-}
 
 first="${PG_VERSIONS[0]}"
 # Each background job of the build queue below writes NAME.rc (its exit
@@ -254,7 +263,6 @@ for v in "${PG_VERSIONS[@]}"; do
     fi
     tests="${SNOWFLAKE_TESTS:-$(tests_for_version "$v")}"
     echo "$tests" >"$RESULTS/tests-pg$v"
-    build_previous_packages
     phase_start "PostgreSQL $v: pytest ($tests)"
     log "PostgreSQL $v: pytest tests/ (SNOWFLAKE_TESTS=$tests, $WORKERS workers${SNOWFLAKE_SLOW:+, SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW})"
     SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
