@@ -33,32 +33,35 @@
 #      own unit tests built against the first version. Each job's output
 #      goes to target/test-results/ (install-pgNN.log, release-pgNN.log,
 #      cargo-core.log, cargo-sim.log, cargo-extension.log)
-#   3. for each version NN in PG_VERSIONS (15 16 17 18 19; SNOWFLAKE_PG_VERSIONS
-#      narrows it):
-#      a. (after the first) waits for its install; a failed install prints
-#         its log and leaves that version's tests out, reported as failed
-#      b. pytest tests/ with PG_CONFIG pointing at it: the integration tests,
-#         each with its own throwaway clusters (tests/conftest.py), on
-#         SNOWFLAKE_PYTEST_WORKERS pytest-xdist workers (default 3); then,
-#         alone, the tests marked `serial` (they change the installation
-#         itself, e.g. install and remove the Debian package), once its
-#         release artifacts are made (SNOWFLAKE_RELEASE_RESULTS tells
-#         tests/upgrade/test_package.py where they are). Which tests
-#         run on which version: tests_for_version in scripts/lib.sh (the
-#         whole suite on 15, named subsets on the others; CONTRIBUTING.md,
-#         "What is tested where"); SNOWFLAKE_TESTS set by the caller applies
-#         to every version. Slow tests (@pytest.mark.slow) run only with
-#         SNOWFLAKE_SLOW=1.
+#   3. the integration tests of each version NN in PG_VERSIONS (15 16 17 18
+#      19; SNOWFLAKE_PG_VERSIONS narrows it): pytest tests/ with PG_CONFIG
+#      pointing at it, each test with its own throwaway clusters
+#      (tests/conftest.py), on SNOWFLAKE_PYTEST_WORKERS pytest-xdist workers
+#      (default 3), then the tests marked `serial` (the package test,
+#      tests/upgrade/test_package.py, once the version's release artifacts
+#      are made: SNOWFLAKE_RELEASE_RESULTS tells it where they are). The
+#      first version's pytest runs in the foreground; beside it, in the
+#      background, the other versions' pytest and serial tests, one version
+#      after another, each as soon as its install is done (a failed install
+#      leaves that version's tests out, reported as failed); their output
+#      is printed after the first version's pytest. Last, alone, the first
+#      version's serial tests (on 15 the package test installs the package
+#      into Debian's own PostgreSQL, which other tests use). Which tests run
+#      on which version: tests_for_version in scripts/lib.sh (the whole
+#      suite on 15, named subsets on the others; CONTRIBUTING.md, "What is
+#      tested where"); SNOWFLAKE_TESTS set by the caller applies to every
+#      version. Slow tests (@pytest.mark.slow) run only with SNOWFLAKE_SLOW=1.
 #   4. waits for the Rust tests and prints each one's result (the whole
 #      output of one that failed); one line per version and the totals over
 #      all versions: "total: N passed, N failed, N skipped"; last, the wall
-#      time of each phase (dependencies, lint gate, the first install, each
-#      version's wait for its install, pytest, wait for its release
-#      artifacts and serial pytest, the wait for the Rust tests) and the
+#      time of each phase (dependencies, lint gate, the first install, the
+#      first version's pytest, the wait for each other version's tests, the
+#      first version's serial tests, the wait for the Rust tests) and the
 #      total, also when a phase stopped the run; then, apart and not in the
 #      total, the wall time of each background job (each install, each
-#      version's release artifacts, each Rust test, the previous release's
-#      packages).
+#      version's release artifacts, each other version's wait for its
+#      install, pytest and serial tests, each Rust test, the previous
+#      release's packages).
 #
 # Exits non-zero on any failure (every version is still tested). Other
 # clusters (e.g. the quickstart demo) are left alone. CI runs this via
@@ -185,13 +188,15 @@ build_queue() {
     background_job cargo-extension cargo test --lib --no-default-features --features "pg$first"
 }
 queue_pid=""
-# Waits until the background job $1 has ended (its .rc file); returns its
-# status, 1 when the queue died without writing it.
+later_pid=""
+# Waits until the background job $1 (of the background process $2: the
+# build queue or the later versions' pytest) has ended (its .rc file);
+# returns its status, 1 when that process ended without writing it.
 wait_for_job() {
     while [[ ! -f $RESULTS/$1.rc ]]; do
-        if [[ -z $queue_pid ]] || ! kill -0 "$queue_pid" 2>/dev/null; then
+        if [[ -z $2 ]] || ! kill -0 "$2" 2>/dev/null; then
             [[ -f $RESULTS/$1.rc ]] && break
-            echo "the build queue ended without running $1" >>"$RESULTS/$1.log"
+            echo "the background process ended without running $1" >>"$RESULTS/$1.log"
             return 1
         fi
         sleep 2
@@ -208,7 +213,7 @@ report_rust_tests() {
             cargo-sim) what="cargo test -p snowflake_sim --release (the fleet simulation: a fixed budget of seeds, SNOWFLAKE_SIM_SEEDS per scenario)" ;;
             cargo-extension) what="cargo test --lib (the extension's own unit tests, built for PostgreSQL $first)" ;;
         esac
-        if wait_for_job "$job"; then
+        if wait_for_job "$job" "$queue_pid"; then
             log "$what: passed ($(_duration "$(cat "$RESULTS/$job.seconds")"), in the background; $RESULTS/$job.log)"
             grep -h "^test result:" "$RESULTS/$job.log"
         else
@@ -223,6 +228,12 @@ report_rust_tests() {
 report_background() {
     local job v
     for v in "${PG_VERSIONS[@]}"; do
+        [[ ! -f $RESULTS/wait-pg$v.seconds ]] \
+            || phase_background "PostgreSQL $v: pytest's wait for its install" "$(cat "$RESULTS/wait-pg$v.seconds")"
+        [[ $v == "$first" || ! -f $RESULTS/pytest-pg$v.seconds ]] \
+            || phase_background "PostgreSQL $v: pytest ($(cat "$RESULTS/tests-pg$v"))" "$(cat "$RESULTS/pytest-pg$v.seconds")"
+        [[ $v == "$first" || $v == 15 || ! -f $RESULTS/serial-pg$v.seconds ]] \
+            || phase_background "PostgreSQL $v: pytest -m serial (and its wait)" "$(cat "$RESULTS/serial-pg$v.seconds")"
         [[ ! -f $RESULTS/install-pg$v.seconds ]] \
             || phase_background "PostgreSQL $v: cargo pgrx install --release" "$(cat "$RESULTS/install-pg$v.seconds")"
         [[ ! -f $RESULTS/release-pg$v.seconds ]] \
@@ -237,52 +248,122 @@ report_background() {
 }
 trap 'report_background; phase_report' EXIT
 
-for v in "${PG_VERSIONS[@]}"; do
-    started=$SECONDS
-    pgc="$(pg_config_for "$v")"
-    if [[ $v == "$first" ]]; then
-        phase_start "PostgreSQL $v: cargo pgrx install --release"
-        log "PostgreSQL $v: cargo pgrx install --release"
-        install_release "$v"
-        rc=$?
-        first_installed=$rc
-        log "building the release artifacts and the other versions' release installs, then the Rust tests, niced, in the background (logs in $RESULTS)"
-        build_queue &
-        queue_pid=$!
-    else
-        phase_start "PostgreSQL $v: wait for its install (background)"
-        log "PostgreSQL $v: waiting for its cargo pgrx install --release (background, $RESULTS/install-pg$v.log)"
-        wait_for_job "install-pg$v"
-        rc=$?
-        [[ $rc -eq 0 ]] || cat "$RESULTS/install-pg$v.log"
-    fi
-    if [[ $rc -ne 0 ]]; then
-        status=1
-        echo "pg$v: release install failed; its integration tests are not run" >>"$RESULTS/summary"
-        continue
-    fi
-    tests="${SNOWFLAKE_TESTS:-$(tests_for_version "$v")}"
-    echo "$tests" >"$RESULTS/tests-pg$v"
-    phase_start "PostgreSQL $v: pytest ($tests)"
+# pytest on version $1's PostgreSQL, every test but the serial ones, on
+# $WORKERS workers; the rest of the arguments go to pytest.
+run_pytest() {
+    local v=$1 tests
+    shift
+    tests="$(cat "$RESULTS/tests-pg$v")"
     log "PostgreSQL $v: pytest tests/ (SNOWFLAKE_TESTS=$tests, $WORKERS workers${SNOWFLAKE_SLOW:+, SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW})"
-    SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
-        -n "$WORKERS" --dist loadgroup -m "not serial" --durations=25 \
+    SNOWFLAKE_TESTS="$tests" PG_CONFIG="$(pg_config_for "$v")" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra \
+        -p no:cacheprovider -n "$WORKERS" --dist loadgroup -m "not serial" --durations=25 \
         --junitxml="$RESULTS/pytest-pg$v.xml" "$@"
+}
+# The tests marked `serial` on version $1's PostgreSQL (the package test,
+# tests/upgrade/test_package.py), once its release artifacts are made; the
+# rest of the arguments go to pytest. Returns 0 also when none was selected
+# (pytest's 5, e.g. with -k).
+run_serial() {
+    local v=$1 rc
+    shift
+    log "PostgreSQL $v: waiting for its release artifacts (scripts/release.sh, background, $RESULTS/release-pg$v.log)"
+    # A failure is the package test's to report (it shows the log).
+    wait_for_job "release-pg$v" "$queue_pid"
+    log "PostgreSQL $v: pytest tests/ -m serial (the package test)"
+    SNOWFLAKE_TESTS="$(cat "$RESULTS/tests-pg$v")" PG_CONFIG="$(pg_config_for "$v")" \
+        "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
+        -m serial --junitxml="$RESULTS/pytest-pg$v-serial.xml" "$@"
+    rc=$?
+    [[ $rc -eq 5 ]] && return 0
+    return "$rc"
+}
+# The later versions' tests, one version after another, in the background
+# beside the first version's pytest: each starts once the queue has
+# installed its version (install-pgNN.rc). Their tests wait on servers more
+# than on the cores, as the first version's do. Each version's pytest, then
+# its serial tests: but on 15, the package test installs nothing into the
+# PostgreSQL other tests use (only into copies of Debian roots, or nowhere:
+# 16 and 18), so they need not run alone. 15's, which install the package
+# into Debian's own PostgreSQL 15 (other versions' tests use it too), run
+# alone after everything else, as the first version's do. Writes pytest-pgNN.log and serial-pgNN.log (their
+# output, printed after the first version's pytest), .rc and .seconds, and
+# the wait for the install in wait-pgNN.seconds.
+later_tests() {
+    local v started
+    for v in "${PG_VERSIONS[@]:1}"; do
+        started=$SECONDS
+        wait_for_job "install-pg$v" "$queue_pid"
+        echo $((SECONDS - started)) >"$RESULTS/wait-pg$v.seconds"
+        if [[ $(cat "$RESULTS/install-pg$v.rc" 2>/dev/null) != 0 ]]; then
+            for job in pytest serial; do
+                echo "not run: its install failed" >"$RESULTS/$job-pg$v.log"
+                echo 1 >"$RESULTS/$job-pg$v.rc"
+            done
+            continue
+        fi
+        background_job "pytest-pg$v" run_pytest "$v" "$@"
+        [[ $v == 15 ]] || background_job "serial-pg$v" run_serial "$v" "$@"
+    done
+}
+
+for v in "${PG_VERSIONS[@]}"; do
+    echo "${SNOWFLAKE_TESTS:-$(tests_for_version "$v")}" >"$RESULTS/tests-pg$v"
+done
+phase_start "PostgreSQL $first: cargo pgrx install --release"
+log "PostgreSQL $first: cargo pgrx install --release"
+install_release "$first"
+first_installed=$?
+log "building the release artifacts and the other versions' release installs, then the Rust tests, niced, in the background (logs in $RESULTS)"
+build_queue &
+queue_pid=$!
+if [[ ${#PG_VERSIONS[@]} -gt 1 ]]; then
+    log "the tests of PostgreSQL ${PG_VERSIONS[*]:1}, one version after another as each is installed, in the background beside $first's pytest (their output printed after it)"
+    later_tests "$@" &
+    later_pid=$!
+fi
+if [[ $first_installed -eq 0 ]]; then
+    phase_start "PostgreSQL $first: pytest ($(cat "$RESULTS/tests-pg$first"))"
+    run_pytest "$first" "$@"
     rc=$?
     # pytest's 5 is "no test collected": a failure here.
     [[ $rc -eq 0 ]] || status=1
-    phase_start "PostgreSQL $v: wait for its release artifacts"
-    log "PostgreSQL $v: waiting for its release artifacts (scripts/release.sh, background, $RESULTS/release-pg$v.log)"
-    # A failure is the package test's to report (it shows the log).
-    wait_for_job "release-pg$v"
-    phase_start "PostgreSQL $v: pytest -m serial"
-    log "PostgreSQL $v: pytest tests/ -m serial (tests that change the installation, run alone)"
-    SNOWFLAKE_TESTS="$tests" PG_CONFIG="$pgc" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra -p no:cacheprovider \
-        -m serial --junitxml="$RESULTS/pytest-pg$v-serial.xml" "$@"
-    rc=$?
-    # 5: no serial test selected on this version (e.g. by -k): fine.
-    [[ $rc -eq 0 || $rc -eq 5 ]] || status=1
-    echo $((SECONDS - started)) >"$RESULTS/seconds-pg$v"
+    echo $((SECONDS - _phase_started)) >"$RESULTS/pytest-pg$first.seconds"
+else
+    status=1
+    echo "pg$first: release install failed; its integration tests are not run" >>"$RESULTS/summary"
+fi
+for v in "${PG_VERSIONS[@]:1}"; do
+    phase_start "PostgreSQL $v: tests (background; the wait for them)"
+    for job in pytest serial; do
+        [[ $job-$v != serial-15 ]] || continue
+        wait_for_job "$job-pg$v" "$later_pid"
+        rc=$?
+        if [[ $(cat "$RESULTS/install-pg$v.rc" 2>/dev/null) != 0 ]]; then
+            cat "$RESULTS/install-pg$v.log"
+            status=1
+            echo "pg$v: release install failed; its integration tests are not run" >>"$RESULTS/summary"
+            break
+        fi
+        what="pytest"
+        [[ $job == pytest ]] || what="pytest -m serial"
+        log "PostgreSQL $v: $what (ran in the background, $(_duration "$(cat "$RESULTS/$job-pg$v.seconds" 2>/dev/null || echo 0)")); its output:"
+        cat "$RESULTS/$job-pg$v.log"
+        [[ $rc -eq 0 ]] || status=1
+    done
+done
+# Alone, once every other test has ended: the first version's serial
+# tests, and 15's, which install the package into Debian's own PostgreSQL
+# 15.
+alone=()
+[[ $first_installed -ne 0 ]] || alone+=("$first")
+for v in "${PG_VERSIONS[@]:1}"; do
+    [[ $v != 15 || $(cat "$RESULTS/install-pg$v.rc" 2>/dev/null) != 0 ]] || alone+=("$v")
+done
+for v in "${alone[@]}"; do
+    phase_start "PostgreSQL $v: pytest -m serial (alone, at the end)"
+    started=$SECONDS
+    run_serial "$v" "$@" || status=1
+    echo $((SECONDS - started)) >"$RESULTS/serial-pg$v.seconds"
 done
 phase_start "Rust tests (wait for the background queue)"
 report_rust_tests
