@@ -61,10 +61,12 @@ MAJOR = str(PG_MAJOR)
 DEBIAN_PG15 = PG_CONFIG == "/usr/lib/postgresql/15/bin/pg_config"
 AS_ROOT = os.geteuid() == 0
 
-# Installing the package for real sets the installed extension aside while
-# it runs: no other test may run meanwhile (scripts/test.sh runs these
-# alone, after the others). The whole module, so that its package is built
-# once.
+# Installing the package for real into Debian's own PostgreSQL 15 sets the
+# installed extension aside while it runs: no other test may run meanwhile
+# (scripts/test.sh runs 15's alone, after every other test; on the other
+# versions the package goes only into copies of Debian roots, and their
+# serial tests run after their version's pytest, beside other versions'
+# tests). The whole module, so that the artifacts are read once.
 pytestmark = pytest.mark.serial
 
 
