@@ -523,15 +523,25 @@ ensure_release_deps() {
 
 # Phase timing: `phase_start NAME` ends the phase running (if any) and starts
 # NAME; `phase_end` ends the one running; `phase_report` prints every phase's
-# wall time, in order, and the total (scripts/test.sh, scripts/quickstart.sh).
+# wall time, in order, and the total, then the background jobs' times
+# (phase_background) (scripts/test.sh, scripts/quickstart.sh).
 _phase_names=()
 _phase_seconds=()
+_phase_bg_names=()
+_phase_bg_seconds=()
 _phase_current=""
 _phase_started=0
 phase_start() {
     phase_end
     _phase_current=$1
     _phase_started=$SECONDS
+}
+# `phase_background NAME SECONDS`: a job that ran in the background, beside
+# the phases: listed after the total, which it is not part of (its time
+# overlaps theirs).
+phase_background() {
+    _phase_bg_names+=("$1")
+    _phase_bg_seconds+=("$2")
 }
 phase_end() {
     [[ -n $_phase_current ]] || return 0
@@ -556,6 +566,11 @@ phase_report() {
         total=$((total + _phase_seconds[i]))
     done
     printf '  %-52s %s\n' "total" "$(_duration "$total")"
+    [[ ${#_phase_bg_names[@]} -gt 0 ]] || return 0
+    printf 'in the background, beside the phases above (not in the total):\n'
+    for i in "${!_phase_bg_names[@]}"; do
+        printf '  %-52s %s\n' "${_phase_bg_names[$i]}" "$(_duration "${_phase_bg_seconds[$i]}")"
+    done
 }
 
 # Scripts that source this file and find cargo build with pgrx's rust-version

@@ -15,6 +15,10 @@
 # test dependencies (Python test environment, Citus, faketime, npm). It
 # prints the path of each artifact, one per line; SHA256SUMS lists exactly
 # the files this run made. CARGO_TARGET_DIR moves target/ as for cargo.
+# SNOWFLAKE_RELEASE_DIR (default: that target directory) is where it writes
+# dist/ and its work files (deb-stage/): a directory of its own for each
+# run, while the cargo build stays shared in CARGO_TARGET_DIR
+# (scripts/release.sh, scripts/test.sh).
 #
 # Each package holds the release build made by `cargo pgrx package` against
 # PostgreSQL NN, laid out where Debian's (and the PostgreSQL project's apt
@@ -44,8 +48,8 @@ for v in "${versions[@]}"; do pg_config_for "$v" >/dev/null; done
 PG_VERSIONS=("${versions[@]}")
 ensure_build_deps
 cd "$REPO_ROOT"
-TARGET="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
-OUT="$TARGET/dist"
+WORK="${SNOWFLAKE_RELEASE_DIR:-${CARGO_TARGET_DIR:-$REPO_ROOT/target}}"
+OUT="$WORK/dist"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
 [[ -n $version ]] || die "no version in Cargo.toml"
 arch="$(dpkg --print-architecture)"
@@ -55,8 +59,8 @@ made=()
 for v in "${versions[@]}"; do
     pgc="$(pg_config_for "$v")"
     name="postgresql-$v-snowflake-id"
-    stage="$TARGET/deb-stage/$name"
-    src="$TARGET/deb-stage/pgrx-$v"
+    stage="$WORK/deb-stage/$name"
+    src="$WORK/deb-stage/pgrx-$v"
     log "PostgreSQL $v: cargo pgrx package"
     rm -rf "$stage" "$src"
     cargo pgrx package --pg-config "$pgc" --no-default-features --features "pg$v" \
@@ -79,7 +83,7 @@ for v in "${versions[@]}"; do
     } >"$stage/usr/share/doc/$name/copyright"
     # The shared libraries it links (libc6, and libpq5 when it uses libpq),
     # at the versions its symbols need, as dpkg-shlibdeps says for Debian 12.
-    shl="$TARGET/deb-stage/shlibdeps-$v"
+    shl="$WORK/deb-stage/shlibdeps-$v"
     rm -rf "$shl" && mkdir -p "$shl/debian"
     printf 'Source: snowflake-id\n\nPackage: %s\nArchitecture: any\n' "$name" >"$shl/debian/control"
     shlibs="$(cd "$shl" && dpkg-shlibdeps -O -e"$stage/usr/lib/postgresql/$v/lib/snowflake_id.so" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
 # scripts/release.sh -- a release of snowflake_id from one commit, in
-# target/dist/:
+# target/dist/ (SNOWFLAKE_RELEASE_DIR moves it, below):
 #
 #   postgresql-NN-snowflake-id_<version>_<arch>.deb   one per PostgreSQL version
 #                                                     (scripts/package.sh)
@@ -22,6 +22,16 @@
 #
 # It prints the path of each artifact, one per line (apt/ as a directory).
 #
+# Where it writes: SNOWFLAKE_RELEASE_DIR, default CARGO_TARGET_DIR (or
+# target/). It holds dist/ (the artifacts, made afresh each run: the
+# directory is removed first), release-repo/, release-gnupg/, deb-stage/
+# (scripts/package.sh's work) and the logs. Cargo's build stays in
+# CARGO_TARGET_DIR: scripts/test.sh gives each version a directory of its
+# own, in its test results, while every build shares target/, so that
+# `cargo pgrx package` reuses the release build its `cargo pgrx install`
+# has just made (a build for another version would compile the crate
+# again).
+#
 # The apt repository is made with reprepro (Debian's reprepro package): one
 # suite per Debian release, bookworm (12) and trixie (13), component main,
 # each holding every version's package (built on Debian 12, they install on
@@ -38,7 +48,7 @@
 #
 # The repository's state (reprepro's conf/ and db/) is in
 # target/release-repo/; what is published is target/dist/apt/ with the
-# public key beside it. A DBA adds it with one line (README.md,
+# public key beside it (both under SNOWFLAKE_RELEASE_DIR when it is set). A DBA adds it with one line (README.md,
 # "Installing"):
 #
 #   deb [signed-by=/usr/share/keyrings/snowflake-id-archive-keyring.gpg] <URL>/apt <codename> main
@@ -58,9 +68,9 @@ PG_VERSIONS=("${versions[@]}")
 ensure_release_deps
 cd "$REPO_ROOT"
 
-TARGET="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
-OUT="$TARGET/dist"
-REPO_STATE="$TARGET/release-repo"
+WORK="${SNOWFLAKE_RELEASE_DIR:-${CARGO_TARGET_DIR:-$REPO_ROOT/target}}"
+OUT="$WORK/dist"
+REPO_STATE="$WORK/release-repo"
 KEYRING_NAME=snowflake-id-archive-keyring
 # The Debian releases the repository has a suite for, and their numbers.
 SUITES=(bookworm:12 trixie:13)
@@ -71,9 +81,9 @@ commit="$(git rev-parse --short=12 HEAD)"
 
 # 1. The packages, the tarball (and package.sh's SHA256SUMS, rewritten below).
 rm -rf "$OUT"
-mkdir -p "$TARGET"
-bash "$REPO_ROOT/scripts/package.sh" "${versions[@]}" >"$TARGET/release-packages.txt"
-mapfile -t built <"$TARGET/release-packages.txt"
+mkdir -p "$WORK"
+bash "$REPO_ROOT/scripts/package.sh" "${versions[@]}" >"$WORK/release-packages.txt"
+mapfile -t built <"$WORK/release-packages.txt"
 debs=() tarball=""
 for f in "${built[@]}"; do
     case $f in
@@ -86,7 +96,7 @@ done
 
 # 2. The PGXN distribution: the tarball's files as a zip.
 zipfile="$OUT/snowflake_id-$version.zip"
-stage="$TARGET/release-zip"
+stage="$WORK/release-zip"
 rm -rf "$stage" && mkdir -p "$stage"
 tar -xzf "$tarball" -C "$stage"
 [[ -f $stage/snowflake_id-$version/META.json ]] || die "no META.json at the top of $tarball"
@@ -101,15 +111,15 @@ if [[ -n ${SNOWFLAKE_SIGNING_KEY:-} ]]; then
         || die "SNOWFLAKE_SIGNING_KEY=$key: no such secret key in ${GNUPGHOME:-~/.gnupg}"
     log "signing with $key"
 else
-    export GNUPGHOME="$TARGET/release-gnupg"
+    export GNUPGHOME="$WORK/release-gnupg"
     # The agent of an earlier run's keyring goes with it.
     [[ ! -d $GNUPGHOME ]] || gpgconf --kill gpg-agent
     trap 'gpgconf --kill gpg-agent' EXIT
     rm -rf "$GNUPGHOME" && mkdir -p "$GNUPGHOME" && chmod 0700 "$GNUPGHOME"
     gpg --batch --quiet --pinentry-mode loopback --passphrase '' \
         --quick-gen-key "snowflake_id throwaway release key (not for publishing) <snowflake-id@localhost>" \
-        ed25519 sign 30d 2>"$TARGET/release-gpg.log" \
-        || die "gpg could not make a throwaway key: $(cat "$TARGET/release-gpg.log")"
+        ed25519 sign 30d 2>"$WORK/release-gpg.log" \
+        || die "gpg could not make a throwaway key: $(cat "$WORK/release-gpg.log")"
     key="$(gpg --batch --with-colons --list-secret-keys 2>/dev/null | awk -F: '$1 == "fpr" { print $10; exit }')"
     log "signing with a throwaway key ($key, in $GNUPGHOME): set SNOWFLAKE_SIGNING_KEY to sign a real release"
 fi

@@ -2,10 +2,11 @@
 
 usage: test_summary.py RESULTS_DIR VERSION...
 
-Reads RESULTS_DIR/cargo-core.log and cargo-extension.log (cargo's "test
-result:" lines; the Rust tests run once) and, for each version,
-RESULTS_DIR/pytest-pgNN.xml and pytest-pgNN-serial.xml (pytest's JUnit XML);
-prints a line per version and, last, "total: N passed, N failed, N skipped".
+Reads RESULTS_DIR/cargo-core.log, cargo-sim.log and cargo-extension.log
+(cargo's "test result:" lines; the Rust tests run once) and, for each version,
+RESULTS_DIR/pytest-pgNN.xml and pytest-pgNN-serial.xml (pytest's JUnit XML)
+and the wall times scripts/test.sh wrote (pytest-pgNN.seconds,
+serial-pgNN.seconds, install-pgNN.seconds); prints a line per version and, last, "total: N passed, N failed, N skipped".
 Exits 1 when anything failed or a version left no results.
 """
 
@@ -42,6 +43,11 @@ def pytest_counts(path):
     return tests - failed - skipped, failed, skipped
 
 
+def duration(name):
+    s = int(open(os.path.join(sys.argv[1], name)).read())
+    return f"{s // 60} min {s % 60} s"
+
+
 def main():
     results, versions = sys.argv[1], sys.argv[2:]
     total = [0, 0, 0]
@@ -63,19 +69,23 @@ def main():
         total = [a + b for a, b in zip(total, counts)]
 
     add("Rust, snowflake_core", cargo_counts(os.path.join(results, "cargo-core.log")))
+    add("Rust, the fleet simulation", cargo_counts(os.path.join(results, "cargo-sim.log")))
     add("Rust, the extension's unit tests",
         cargo_counts(os.path.join(results, "cargo-extension.log")))
     for v in versions:
-        seconds = os.path.join(results, f"seconds-pg{v}")
+        seconds = os.path.join(results, f"pytest-pg{v}.seconds")
         selection = os.path.join(results, f"tests-pg{v}")
-        which = "tests"
+        which = "the whole suite"
         if os.path.exists(selection):
             chosen = open(selection).read().strip()
             if chosen != "all":
                 which = f"the {chosen} subset of the tests"
         if os.path.exists(seconds):
-            s = int(open(seconds).read())
-            print(f"PostgreSQL {v}: {s // 60} min {s % 60} s (install and {which})")
+            times = [f"{label} {duration(seconds)}" for label, seconds in (
+                ("pytest", f"pytest-pg{v}.seconds"), ("the serial tests", f"serial-pg{v}.seconds"),
+                ("its install (in the background)", f"install-pg{v}.seconds"))
+                if os.path.exists(os.path.join(results, seconds))]
+            print(f"PostgreSQL {v}, {which}: " + ", ".join(times))
         parallel = pytest_counts(os.path.join(results, f"pytest-pg{v}.xml"))
         serial = pytest_counts(os.path.join(results, f"pytest-pg{v}-serial.xml"))
         if parallel is not None and serial is not None:

@@ -36,7 +36,8 @@ tested where").
 
 Tests marked ``@pytest.mark.serial`` change the installation itself (the
 package test installs and removes the Debian package): scripts/test.sh runs
-them alone, after the others (``-m serial``).
+them after the others of their version (``-m serial``); 15's, which install
+into Debian's own PostgreSQL 15, alone, after every other test.
 
 The tests are grouped by component, one folder each: claims/, clocks/,
 durability/, fleet/, settings/, sql_api/, upgrade/, clients/, docs/ (and

@@ -61,10 +61,12 @@ MAJOR = str(PG_MAJOR)
 DEBIAN_PG15 = PG_CONFIG == "/usr/lib/postgresql/15/bin/pg_config"
 AS_ROOT = os.geteuid() == 0
 
-# Installing the package for real sets the installed extension aside while
-# it runs: no other test may run meanwhile (scripts/test.sh runs these
-# alone, after the others). The whole module, so that its package is built
-# once.
+# Installing the package for real into Debian's own PostgreSQL 15 sets the
+# installed extension aside while it runs: no other test may run meanwhile
+# (scripts/test.sh runs 15's alone, after every other test; on the other
+# versions the package goes only into copies of Debian roots, and their
+# serial tests run after their version's pytest, beside other versions'
+# tests). The whole module, so that the artifacts are read once.
 pytestmark = pytest.mark.serial
 
 
@@ -78,15 +80,36 @@ KEYRING = "snowflake-id-archive-keyring"
 SUITES = {"bookworm": "12", "trixie": "13"}
 
 
+def _release_paths() -> list[str]:
+    """The paths scripts/release.sh printed for the PostgreSQL under test.
+    scripts/test.sh runs it right after that version's install (whose build
+    `cargo pgrx package` then reuses) and sets SNOWFLAKE_RELEASE_RESULTS to
+    the directory of its outputs: release-pgNN.rc (its exit status),
+    release-pgNN.paths (what it printed), release-pgNN.log. Run without
+    that, the test runs release.sh itself."""
+    results = os.environ.get("SNOWFLAKE_RELEASE_RESULTS")
+    if not results:
+        proc = subprocess.run(["bash", os.path.join(REPO, "scripts/release.sh"), MAJOR],
+                              capture_output=True, text=True, timeout=3000)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return proc.stdout.split()
+    base = os.path.join(results, f"release-pg{MAJOR}")
+    assert os.path.exists(base + ".rc"), \
+        f"SNOWFLAKE_RELEASE_RESULTS={results}: scripts/release.sh {MAJOR} was not run there"
+    with open(base + ".rc") as f:
+        rc = f.read().strip()
+    with open(base + ".log", errors="replace") as f:
+        assert rc == "0", f"scripts/release.sh {MAJOR} failed ({rc}): {f.read()[-4000:]}"
+    with open(base + ".paths") as f:
+        return f.read().split()
+
+
 @pytest.fixture(scope="module")
 def artifacts() -> dict:
-    """Runs scripts/release.sh for the PostgreSQL under test; returns the
-    paths it printed: {"deb", "tarball", "zip", "keyring", "keyring_asc",
+    """The artifacts scripts/release.sh made for the PostgreSQL under test
+    (_release_paths): {"deb", "tarball", "zip", "keyring", "keyring_asc",
     "apt", "sums"}."""
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts/release.sh"), MAJOR],
-                          capture_output=True, text=True, timeout=3000)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    paths = proc.stdout.split()
+    paths = _release_paths()
     arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
     version = _cargo_version()
     names = [os.path.basename(p) for p in paths]
