@@ -418,16 +418,19 @@ impl World {
             let mut store = Store::created(clock.wall(0), seed.wrapping_add(i as u64 * 1_000));
             store.standby_name = name.into();
             store.synchronous_standby_names = names.into();
-            store.set_limits(Some(LimitsRow {
-                max_lease_ms: LEASE_MS,
-                max_grace_ms: Timing::new(LEASE_MS).grace_ms,
-                max_ahead_ms: MAX_AHEAD_MS,
-                max_blocks_per_node: 8,
-                // The documented configuration: a login role per server,
-                // bounded to a server's blocks.
-                max_blocks_per_role: Some(i64::from(MAX_BLOCKS)),
-                ..LimitsRow::default()
-            }));
+            store.set_limits(
+                Some(LimitsRow {
+                    max_lease_ms: LEASE_MS,
+                    max_grace_ms: Timing::new(LEASE_MS).grace_ms,
+                    max_ahead_ms: MAX_AHEAD_MS,
+                    max_blocks_per_node: 8,
+                    // The documented configuration: a login role per server,
+                    // bounded to a server's blocks.
+                    max_blocks_per_role: Some(i64::from(MAX_BLOCKS)),
+                    ..LimitsRow::default()
+                }),
+                clock.wall(0),
+            );
             let kind = if i == 0 {
                 Kind::Primary
             } else {
@@ -959,7 +962,7 @@ impl World {
                 let limits = self.regs[p].store.tables.rows.limits.clone();
                 self.regs[p].restored_ms = pnow;
                 self.regs[p].store.create_extension(pnow);
-                self.regs[p].store.set_limits(limits);
+                self.regs[p].store.set_limits(limits, pnow);
             }
             Fault::PutBackDatabaseCopy { copied_ms } => {
                 let r = &mut self.regs[p];

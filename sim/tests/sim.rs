@@ -101,7 +101,7 @@ fn faults_outside_the_assumptions_show_duplicates() {
 /// Reverted fixes the simulation cannot reach, and why: each is checked
 /// to stay uncaught, so that this list is revisited when the simulation
 /// learns more.
-const UNREACHED: [(Mutation, &str); 2] = [
+const UNREACHED: [(Mutation, &str); 3] = [
     (
         Mutation::ValidUntilBack,
         "a valid_until moving back matters only when a durability check's now() lags the clock by more than the drop margin less the skew bound (10 s), which no simulated call does: calls here are atomic",
@@ -109,6 +109,10 @@ const UNREACHED: [(Mutation, &str); 2] = [
     (
         Mutation::AsyncGrantCommit,
         "the grant count (0.8.0) catches a registry that lost its last commits: a holder presents a signed count above the registry's, which fences; synchronous commits stay the first defence, and the only one for holders before 0.8.0, which present no count. With the count reverted too (AsyncGrantCommitUncounted) a seed duplicates",
+    ),
+    (
+        Mutation::LoweredLimitsForgotten,
+        "no simulated DBA lowers the limits below a lease a holder was granted: the simulated holders all ask for the lease the limits were set for. Covered by the core test a_lowered_limit_bounds_fences_only_once_grants_under_the_higher_have_run_out",
     ),
 ];
 

@@ -144,6 +144,24 @@ fn snowflake_lease_forget_decide(how: &str, server: JsonB, rows: JsonB) -> JsonB
     to_jsonb(&registry::forgotten(how, &server, &rows))
 }
 
+/// The limits' trigger's rule (`snowflake_core::registry::limits::changed`):
+/// `new` is the row to be written (its limits), `server` and `rows` as
+/// `snowflake_lease_facts` gathers them (the row before the change).
+/// Returns `{"row": ..., "kept": ...}`: the row with its `previous_*`
+/// values, and whether fences keep the higher limits.
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_limits_decide(new jsonb, server jsonb, rows jsonb)
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_limits_decide_wrapper';
+"#)]
+fn snowflake_lease_limits_decide(new: JsonB, server: JsonB, rows: JsonB) -> JsonB {
+    let new: registry::LimitsRow = facts(new.0, "limits");
+    let server: Server = facts(server.0, "server facts");
+    let rows: Rows = facts(rows.0, "rows");
+    let (row, kept) = registry::limits::changed(&rows, new, server.now_ms);
+    to_jsonb(&json!({ "row": row, "kept": kept }))
+}
+
 /// `snowflake_lease_hello`'s rule, one node per session
 /// (`snowflake_core::registry::hello`): `facts` are what the SQL gathered
 /// (`node`, `other_node_locked`, this session's `blocks`, and `role` and
@@ -295,6 +313,7 @@ pgrx::extension_sql_file!(
     requires = [
         snowflake_lease_decide,
         snowflake_lease_forget_decide,
+        snowflake_lease_limits_decide,
         snowflake_lease_durable_progress,
         snowflake_lease_durable_decide,
         snowflake_lease_sign,

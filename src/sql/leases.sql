@@ -321,7 +321,8 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_limits_in_force
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_limits_changed() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    was record;
+    facts jsonb;
+    decided jsonb;
     bad text;
 BEGIN
     IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
@@ -348,28 +349,23 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'Pass each limit within its range (max_lease_ms 2000 to 86400000, max_grace_ms 1000 to 86400000, max_ahead_ms 0 to 172800000, max_blocks_per_node 1 to 64, reserve_blocks 0 to 63, max_blocks_per_role 1 to 64 or 0 for no bound), or NULL to keep it.';
     END IF;
-    -- Before this change (a BEFORE trigger's query does not see its row).
-    SELECT * INTO was FROM snowflake_id_internal.snowflake_lease_limits_in_force();
     NEW.changed_at := now();
-    IF (NEW.max_lease_ms < was.max_lease_ms OR NEW.max_grace_ms < was.max_grace_ms
-        OR NEW.max_ahead_ms < was.max_ahead_ms)
-       AND (EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks b
-                     WHERE (b.holder_node IS NOT NULL AND b.expires_at + b.grace > now())
-                        OR b.high_water_ms > extract(epoch FROM now()) * 1000)
-            OR EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_registry g WHERE g.fenced_until > now())) THEN
-        NEW.previous_max_lease_ms := was.fence_lease_ms;
-        NEW.previous_max_grace_ms := was.fence_grace_ms;
-        NEW.previous_max_ahead_ms := was.fence_ahead_ms;
-        NEW.previous_until := greatest(was.previous_until,
-            now() + (greatest(was.fence_lease_ms, was.fence_ahead_ms) + was.fence_grace_ms)
-                    * interval '1 millisecond');
+    -- The rows as they stand (a BEFORE trigger's query does not see its
+    -- row): core/src/registry/limits.rs, changed.
+    facts := snowflake_id_internal.snowflake_lease_facts('');
+    decided := snowflake_id_internal.snowflake_lease_limits_decide(
+        jsonb_build_object('max_lease_ms', NEW.max_lease_ms, 'max_grace_ms', NEW.max_grace_ms,
+                           'max_ahead_ms', NEW.max_ahead_ms,
+                           'max_blocks_per_node', NEW.max_blocks_per_node),
+        facts->'server', facts->'rows');
+    NEW.previous_max_lease_ms := (decided->'row'->>'previous_max_lease_ms')::bigint;
+    NEW.previous_max_grace_ms := (decided->'row'->>'previous_max_grace_ms')::bigint;
+    NEW.previous_max_ahead_ms := (decided->'row'->>'previous_max_ahead_ms')::bigint;
+    NEW.previous_until := snowflake_id_internal.snowflake_lease_time(
+        (decided->'row'->>'previous_until_ms')::bigint);
+    IF (decided->>'kept')::boolean THEN
         RAISE NOTICE 'fences use the higher limits until %: grants made under them may still run',
             NEW.previous_until;
-    ELSE
-        NEW.previous_max_lease_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_lease_ms END;
-        NEW.previous_max_grace_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_grace_ms END;
-        NEW.previous_max_ahead_ms := CASE WHEN was.previous_until IS NOT NULL THEN was.fence_ahead_ms END;
-        NEW.previous_until := was.previous_until;
     END IF;
     -- A holder whose lease_time is max_lease_ms asks for more than these.
     IF NEW.max_grace_ms < greatest(NEW.max_lease_ms / 5, 1000) THEN
@@ -1000,6 +996,7 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable(jsonb) 
 -- The rules (src/sql/leases.rs), called by the functions above only.
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(text, jsonb, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_limits_decide(jsonb, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_lsn, bigint) FROM PUBLIC;
@@ -1021,6 +1018,8 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
   'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_limits_decide(jsonb, jsonb, jsonb) IS
+  'Used by the limits'' trigger: the registry''s rules (core/src/registry/limits.rs) keep a lowered limit bounding fences while grants made under the higher one may run.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(text, jsonb, jsonb) IS
   'Used by the lease table''s triggers: the registry''s rules (core/src/registry) for rows deleted, truncated or restored: a new, fenced incarnation.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_durable_progress(jsonb) IS

@@ -305,14 +305,16 @@ impl MemRegistry {
 
     /// The limits for leases up to `lease_ms`.
     fn with_limits(mut self, lease_ms: i64) -> MemRegistry {
-        self.store
-            .set_limits(Some(crate::registry::limits::LimitsRow {
+        self.store.set_limits(
+            Some(crate::registry::limits::LimitsRow {
                 max_lease_ms: lease_ms,
                 max_grace_ms: Timing::new(lease_ms).grace_ms,
                 max_ahead_ms: lease_ms + DRIFT + 1_000,
                 max_blocks_per_node: 8,
                 ..Default::default()
-            }));
+            }),
+            0,
+        );
         self
     }
 

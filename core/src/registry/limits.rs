@@ -153,6 +153,40 @@ pub fn in_force(row: Option<&LimitsRow>, now_ms: i64) -> InForce {
     }
 }
 
+/// A change of the limits (`snowflake_lease_limits_changed`, before the
+/// row is written): `new` with its `previous_*` values set from the limits
+/// in force before (`rows`). A lowered lease time, grace or lead keeps the
+/// higher fence values while a grant made under them may still run (a
+/// block leased, its lease plus grace not over; a mark ahead of the clock;
+/// a fence not over), until the longest of them has run out from now.
+/// Returns the row and whether fences keep the higher values.
+pub fn changed(rows: &super::Rows, mut new: LimitsRow, now_ms: i64) -> (LimitsRow, bool) {
+    let was = in_force(rows.limits.as_ref(), now_ms);
+    let lowered = new.max_lease_ms < was.max_lease_ms
+        || new.max_grace_ms < was.max_grace_ms
+        || new.max_ahead_ms < was.max_ahead_ms;
+    let may_run = rows
+        .blocks
+        .iter()
+        .any(|b| !b.free(now_ms) || b.high_water_ms > now_ms)
+        || rows
+            .registry
+            .as_ref()
+            .is_some_and(|r| r.fenced_until_ms.is_some_and(|f| f > now_ms));
+    let kept = lowered && may_run && !mutation::active(Mutation::LoweredLimitsForgotten);
+    if kept {
+        let until = now_ms + was.fence_lease_ms.max(was.fence_ahead_ms) + was.fence_grace_ms;
+        new.previous_until_ms = Some(was.previous_until_ms.map_or(until, |u| u.max(until)));
+    } else {
+        new.previous_until_ms = was.previous_until_ms;
+    }
+    let carried = new.previous_until_ms.is_some();
+    new.previous_max_lease_ms = carried.then_some(was.fence_lease_ms);
+    new.previous_max_grace_ms = carried.then_some(was.fence_grace_ms);
+    new.previous_max_ahead_ms = carried.then_some(was.fence_ahead_ms);
+    (new, kept)
+}
+
 /// What a request asks for, as the limits see it.
 struct Asked {
     /// Every block it names.

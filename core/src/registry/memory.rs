@@ -165,8 +165,10 @@ impl Store {
         self.commit();
     }
 
-    pub fn set_limits(&mut self, limits: Option<LimitsRow>) {
-        self.tables.rows.limits = limits;
+    pub fn set_limits(&mut self, limits: Option<LimitsRow>, now_ms: i64) {
+        // As the limits' trigger writes a row (none: the defaults).
+        self.tables.rows.limits =
+            limits.map(|l| super::limits::changed(&self.tables.rows, l, now_ms).0);
         self.commit();
     }
 

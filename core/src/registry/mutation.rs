@@ -50,10 +50,13 @@ pub enum Mutation {
     /// synchronous now, not the members of the last row this data
     /// directory wrote.
     NoKeptCandidates,
+    /// A lowered limit bounds fences at once, while grants made under the
+    /// higher one may still run.
+    LoweredLimitsForgotten,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 14] = [
+    pub const ALL: [Mutation; 15] = [
         Mutation::TrustCancelledCommit,
         Mutation::FenceFromRequests,
         Mutation::ReleaseBelowFloor,
@@ -68,6 +71,7 @@ impl Mutation {
         Mutation::AsyncGrantCommitUncounted,
         Mutation::NoDatabaseIdentity,
         Mutation::NoKeptCandidates,
+        Mutation::LoweredLimitsForgotten,
     ];
 }
 

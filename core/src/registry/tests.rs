@@ -245,14 +245,17 @@ fn an_unsigned_position_counts_only_where_the_dba_lets_it() {
     // A holder before 0.8.0 sends no token: believed from a node with
     // blocks while unsigned_evidence is on (after an upgrade from 0.7.0).
     let mut s = store_with(&["a"]);
-    s.set_limits(Some(LimitsRow {
-        max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
-        max_grace_ms: limits::DEFAULT_MAX_GRACE_MS,
-        max_ahead_ms: limits::DEFAULT_MAX_AHEAD_MS,
-        max_blocks_per_node: limits::DEFAULT_MAX_BLOCKS_PER_NODE,
-        unsigned_evidence: true,
-        ..LimitsRow::default()
-    }));
+    s.set_limits(
+        Some(LimitsRow {
+            max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
+            max_grace_ms: limits::DEFAULT_MAX_GRACE_MS,
+            max_ahead_ms: limits::DEFAULT_MAX_AHEAD_MS,
+            max_blocks_per_node: limits::DEFAULT_MAX_BLOCKS_PER_NODE,
+            unsigned_evidence: true,
+            ..LimitsRow::default()
+        }),
+        T0,
+    );
     let reply = s
         .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
         .unwrap();
@@ -391,7 +394,7 @@ proptest! {
             max_blocks_per_node: 16,
             reserve_blocks: Some(reserve),
             ..LimitsRow::default()
-        }));
+        }), T0);
         let mut now = T0;
         for (node, want, advance) in steps {
             now += advance;
@@ -425,7 +428,7 @@ fn the_reserve_follows_the_limits_and_the_layouts_blocks() {
         ..LimitsRow::default()
     };
     // 0: every block may go to one node.
-    s.set_limits(Some(limits(0)));
+    s.set_limits(Some(limits(0)), T0);
     let r = s
         .lease(100, &acquire("a", 64, Seen::default(), T0), T0)
         .unwrap();
@@ -433,7 +436,7 @@ fn the_reserve_follows_the_limits_and_the_layouts_blocks() {
     // A layout of 8 blocks (max_worker_id 7, a block of 1 id) and a
     // reserve of 8: each node gets its first block only.
     let mut s = store_with(&["a", "b"]);
-    s.set_limits(Some(limits(8)));
+    s.set_limits(Some(limits(8)), T0);
     let small = |node: &str, want: i64| {
         let mut c = acquire(node, want, Seen::default(), T0);
         if let Call::Acquire(r) = &mut c {
@@ -486,14 +489,17 @@ fn a_request_cannot_fix_the_layout_for_others() {
         "rows only for the blocks granted"
     );
     // The DBA fixes the fleet's layout: the free rows follow it.
-    s.set_limits(Some(LimitsRow {
-        max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
-        max_grace_ms: limits::DEFAULT_MAX_GRACE_MS,
-        max_ahead_ms: limits::DEFAULT_MAX_AHEAD_MS,
-        max_blocks_per_node: limits::DEFAULT_MAX_BLOCKS_PER_NODE,
-        layout: Some("classic".into()),
-        ..LimitsRow::default()
-    }));
+    s.set_limits(
+        Some(LimitsRow {
+            max_lease_ms: limits::DEFAULT_MAX_LEASE_MS,
+            max_grace_ms: limits::DEFAULT_MAX_GRACE_MS,
+            max_ahead_ms: limits::DEFAULT_MAX_AHEAD_MS,
+            max_blocks_per_node: limits::DEFAULT_MAX_BLOCKS_PER_NODE,
+            layout: Some("classic".into()),
+            ..LimitsRow::default()
+        }),
+        T0,
+    );
     let r = s
         .lease(101, &acquire("a", 1, Seen::default(), T0), T0)
         .unwrap();
@@ -1226,7 +1232,7 @@ fn the_sessions_of_one_login_role_hold_no_more_than_its_limit() {
     // server got none: with max_blocks_per_role they take one server's
     // share, whatever their number.
     let mut s = Store::created(T0, 7);
-    s.set_limits(Some(role_limits(Some(8))));
+    s.set_limits(Some(role_limits(Some(8))), T0);
     let a = sessions_of(&mut s, "server_a", 100, 1);
     assert_eq!(take_all(&mut s, &a, T0), vec![8]);
     let leaked = sessions_of(&mut s, "server_x", 200, 20);
@@ -1269,7 +1275,7 @@ fn a_renewal_of_a_lapsed_block_takes_room_within_the_roles_limit() {
     // still its node's) renewed after the role had leased up to its limit
     // made the role hold one block more than max_blocks_per_role.
     let mut s = Store::created(T0, 7);
-    s.set_limits(Some(role_limits(Some(2))));
+    s.set_limits(Some(role_limits(Some(2))), T0);
     let x = sessions_of(&mut s, "server_x", 100, 2);
     let first = s
         .lease(100, &acquire(&x[0].1, 2, Seen::default(), T0), T0)
@@ -1299,7 +1305,7 @@ fn one_shared_login_role_is_bounded_per_node_only() {
     // they make up: 20 of them leave a new server nothing beyond the
     // reserve's last blocks (outside the assumptions: docs/operations/fleet.md).
     let mut s = Store::created(T0, 7);
-    s.set_limits(Some(role_limits(None)));
+    s.set_limits(Some(role_limits(None)), T0);
     let a = sessions_of(&mut s, "snowflake_lease", 100, 1);
     take_all(&mut s, &a, T0);
     let xs: Vec<(u64, String)> = (0..20u64)
@@ -1321,7 +1327,7 @@ fn a_row_recorded_before_roles_counts_once_renewed() {
     // A 0.7.0 registry's rows have no role; a renewal records the role of
     // the renewing session.
     let mut s = Store::created(T0, 7);
-    s.set_limits(Some(role_limits(Some(2))));
+    s.set_limits(Some(role_limits(Some(2))), T0);
     let a = sessions_of(&mut s, "server_a", 100, 1);
     let r = s
         .lease(100, &acquire("server_a-0", 2, Seen::default(), T0), T0)
@@ -1392,7 +1398,7 @@ proptest! {
         per_role in 1..20i64,
     ) {
         let mut s = Store::created(T0, 7);
-        s.set_limits(Some(role_limits(Some(per_role))));
+        s.set_limits(Some(role_limits(Some(per_role))), T0);
         let roles = ["r0", "r1", "r2"];
         let mut pids: Vec<u64> = (0..6u64).map(|i| 100 + i).collect();
         for (i, &pid) in pids.iter().enumerate() {
@@ -1471,4 +1477,46 @@ fn rows_forgotten_before_the_registry_row_was_made_change_nothing() {
     s.tables.rows.registry = None;
     s.forget(T0, begin::Forgotten::Truncated);
     assert_eq!(s.tables.rows.registry, None);
+}
+
+#[test]
+fn a_lowered_limit_bounds_fences_only_once_grants_under_the_higher_have_run_out() {
+    let high = role_limits(None);
+    let low = LimitsRow {
+        max_lease_ms: 2_000,
+        max_grace_ms: 1_000,
+        max_ahead_ms: 3_000,
+        ..high.clone()
+    };
+    // Nothing leased, no mark ahead: the lower limits bound fences at once.
+    let mut idle = store_with(&["a"]);
+    idle.set_limits(Some(high.clone()), T0);
+    idle.set_limits(Some(low.clone()), T0 + 1);
+    let lim = limits::in_force(idle.tables.rows.limits.as_ref(), T0 + 2);
+    assert_eq!(lim.fence_ms(), 3_000, "{lim:?}");
+    // A block leased under the higher limits: fences keep them until the
+    // longest grant they allowed has run out.
+    let mut s = store_with(&["a"]);
+    s.set_limits(Some(high.clone()), T0);
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    assert_eq!(r.blocks.len(), 1, "{r:?}");
+    s.set_limits(Some(low), T0 + 10);
+    let row = s.tables.rows.limits.clone().unwrap();
+    let until = T0 + 10 + high.max_ahead_ms.max(high.max_lease_ms) + high.max_grace_ms;
+    assert_eq!(row.previous_until_ms, Some(until), "{row:?}");
+    let lim = limits::in_force(Some(&row), T0 + 20);
+    assert_eq!(lim.fence_ms(), high.max_lease_ms + high.max_grace_ms);
+    assert_eq!(lim.max_lease_ms, 2_000);
+    // A forget now fences for the higher limits.
+    s.forget(T0 + 20, begin::Forgotten::Deleted);
+    let reg = s.tables.rows.registry.clone().unwrap();
+    assert_eq!(
+        reg.fenced_until_ms,
+        Some(T0 + 20 + high.max_lease_ms + high.max_grace_ms)
+    );
+    // Past the window, the lower limits alone.
+    let lim = limits::in_force(Some(&row), until + 1);
+    assert_eq!(lim.fence_ms(), 3_000);
 }
