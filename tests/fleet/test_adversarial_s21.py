@@ -12,6 +12,8 @@ table's trigger in Rust (registry::forgotten).
    first lease call) learns its database unfenced: a copy of the database
    taken then and put back later is not seen.
 3. A kept file that cannot be read: what the registry answers, and when.
+4. The original database put back after a copy served in its place: its
+   row names its own database.
 
 Real holders make IDs meanwhile. Lease times of 6 s
 (fleet_helpers.LEASE), the registry's limits set to match (a fence lasts
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -289,17 +292,22 @@ def made_within(maker: Maker, seconds: float) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["garbage", "empty", "unreadable", "directory"])
+@pytest.mark.parametrize("damage", ["garbage", "unreadable"])
 def test_a_kept_candidates_file_that_cannot_be_read(make_cluster, damage):
     """The registry R (no standby) with holder A making IDs; R's lease
     calls have kept a candidates' row in snowflake_id.candidates. The
-    file is damaged (`damage`: not JSON, empty, mode 000, a directory in
-    its place). Measured: what A makes in the next 20 s (over three lease
-    times), what R logs, and what CREATE EXTENSION in another database
-    answers (SQLSTATE, hint). Wanted: no crash of R (the postmaster keeps
-    its pid), CREATE EXTENSION refused with the documented SQLSTATE
-    (XX001 for a file that is no row, 58030 for one that cannot be
-    read), and A making IDs again once the file is put back."""
+    file is damaged (`damage`: not JSON, mode 000; an empty file and a
+    directory in its place measured the same). Measured: what A makes in
+    the next 20 s (over three lease times), what R logs, and what CREATE
+    EXTENSION in another database answers (SQLSTATE, hint). Wanted: no
+    crash of R (the postmaster keeps its pid), CREATE EXTENSION refused
+    with the documented SQLSTATE (XX001 for a file that is no row, 58030
+    for one that cannot be read), and A making IDs again once the file
+    is put back. Measured on PostgreSQL 15: all that, but A stopped
+    making IDs about one lease time (6 s) after the damage: every
+    durability check reads the file, also while the candidates' row it
+    only stands in for exists, so a damaged file stops the whole fleet
+    (about 700 lines in R's log in 20 s)."""
     r = registry_server(make_cluster)
     lease_limits(r)
     a = holder(make_cluster, r)
@@ -309,38 +317,29 @@ def test_a_kept_candidates_file_that_cannot_be_read(make_cluster, damage):
     wait_until(lambda: os.path.exists(path), timeout=30, what="the kept file")
     with open(path) as f:
         good = f.read()
-    postmaster = r.scalar("SELECT pg_backend_pid()")  # a session, to see R serve after
     pm_pid = int(open(os.path.join(r.datadir, "postmaster.pid")).readline())
     mark = r.log_mark()
     os.rename(path, path + ".good")
     if damage == "garbage":
         with open(path, "w") as f:
             f.write("not a row {")
-    elif damage == "empty":
-        open(path, "w").close()
-    elif damage == "unreadable":
+    else:
         with open(path, "w") as f:
             f.write(good)
         os.chmod(path, 0)
-    else:
-        os.mkdir(path)
-    if damage != "directory":
-        os.system(f"chown postgres {path}")
+    shutil.chown(path, "postgres")
     try:
         during = made_within(maker_a, 20)
         problem = a.scalar("SELECT lease_problem FROM snowflake_config()")
         r.create_db("other")
-        want = "XX001" if damage in ("garbage", "empty") else "58030"
+        want = "XX001" if damage == "garbage" else "58030"
         with pytest.raises(psycopg.Error) as err:
             r.create_extension("other")
         got = (err.value.sqlstate, str(err.value).splitlines()[0],
                err.value.diag.message_hint)
         log = r.log(since=mark)
     finally:
-        if os.path.isdir(path):
-            os.rmdir(path)
-        else:
-            os.unlink(path)
+        os.unlink(path)
         os.rename(path + ".good", path)
     after = made_within(maker_a, 15)
     made = maker_a.stop()
@@ -348,9 +347,100 @@ def test_a_kept_candidates_file_that_cannot_be_read(make_cluster, damage):
     print(f"\n[kept file {damage}] A made {during} IDs in 20 s with it; A's lease problem"
           f" {problem!r}; CREATE EXTENSION: {got}; candidates-file lines in R's log:"
           f" {log.count('candidates file')}; after it was put back A made {after} in 15 s;"
-          f" postmaster kept {same_pm} ({postmaster}); {len(made)} IDs, dups"
+          f" postmaster kept {same_pm}; {len(made)} IDs, dups"
           f" {len(made) - len(set(made))}")
     assert same_pm
     assert got[0] == want, got
     assert got[2], got
     assert after > 0
+
+
+# ------------------ 4. the original put back after a copy served in its place
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "measured on PostgreSQL 15: the original's row back unfenced (cause 'created', grants 77;"
+    " the copy had made 153: no GrantsBack, the postmaster's signed count is 153); 94,958 IDs"
+    " made by both A and B, worker id 0 used by both over 5,479 ms"))
+def test_the_original_registry_database_put_back_after_its_copy_served(make_cluster):
+    """The mirror of the database copy put back: the copy serves, then the
+    original comes back. The registry is the database `fleet` of R;
+    holder A holds block 0, B wants it too. With both lease workers
+    stopped and their sessions ended, the DBA copies the database and
+    swaps the copy in (ALTER DATABASE fleet RENAME TO orig; ALTER DATABASE
+    snap RENAME TO fleet): its row names fleet's OID, so its first call
+    starts a fenced incarnation (Cause::DatabaseCopied), and A renews
+    block 0 there for 15 s, its mark moving on. Over 90 s after the
+    postmaster started (every window closed), the DBA swaps the original
+    back (the copy renamed away, orig renamed to fleet) while A's lease
+    worker is stopped; B's continues. The original's row names its own
+    OID (no database rule), forgot every grant the copy made, and the
+    postmaster did not restart. Wanted: a fenced incarnation (or B kept
+    from block 0 until A's grant ran out), and A and B apart. Both
+    holders log the incarnation going back to the original's, but the
+    registry starts none: Cause::OlderIncarnation only soon after the row
+    began, Cause::GrantsBack only above the postmaster's signed count
+    (shared by every database), Cause::UnknownIncarnation only soon after
+    a restart."""
+    r = make_cluster(settings={"fsync": True})
+    r.create_db("fleet")
+    r.create_extension("fleet")
+    limits = ("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
+              " max_ahead_ms => 70000)")
+    r.sql(limits, dbname="fleet")
+    s = {**CONTESTED, "snowflake_id.registry": r.conninfo(dbname="fleet")}
+    a = holder(make_cluster, r, **s)
+    maker_a = Maker(a, statement_timeout="60s")
+    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
+    b = holder(make_cluster, r, **s)
+    maker_b = Maker(b, statement_timeout="60s")
+    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    time.sleep(5)
+
+    def state():
+        rows = r.sql("SELECT incarnation, coalesce(fenced_until > now(), false), cause, grants,"
+                     " database_oid FROM snowflake_lease_registry", dbname="fleet")
+        return rows[0] if rows else (None, False, None, 0, None)
+
+    orig = state()
+    workers = [lease_worker(a), lease_worker(b)]
+    for w in workers:
+        os.kill(w, signal.SIGSTOP)
+    try:
+        fleet_sessions_gone(r, "fleet")
+        r.sql("CREATE DATABASE snap TEMPLATE fleet")
+        r.sql("ALTER DATABASE fleet RENAME TO orig")
+        r.sql("ALTER DATABASE snap RENAME TO fleet")
+    finally:
+        resume(workers)
+    wait_until(lambda: state()[0] != orig[0], timeout=60, what="the copy's new incarnation")
+    copy = state()
+    made = len(maker_a.made)
+    wait_until(lambda: len(maker_a.made) > made, timeout=60, what="A's IDs from the copy")
+    time.sleep(15)
+    start_ms = int(r.scalar("SELECT extract(epoch FROM pg_postmaster_start_time()) * 1000"))
+    while now_ms() < start_ms + 100_000:
+        time.sleep(0.5)
+    served = state()
+    workers = [lease_worker(a), lease_worker(b)]
+    for w in workers:
+        os.kill(w, signal.SIGSTOP)
+    try:
+        fleet_sessions_gone(r, "fleet")
+        r.sql("ALTER DATABASE fleet RENAME TO copy")
+        r.sql("ALTER DATABASE orig RENAME TO fleet")
+    finally:
+        resume(workers[1:])
+    made_b = len(maker_b.made)
+    try:
+        wait_until(lambda: len(maker_b.made) > made_b, timeout=30, what="B's IDs from block 0")
+    except AssertionError:
+        pass
+    time.sleep(8)
+    after = state()
+    resume(workers[:1])
+    made_all = {"A": maker_a.stop(), "B": maker_b.stop()}
+    problems = duplicates(made_all) + apart_problems("A", made_all["A"], "B", made_all["B"])
+    print(f"\n[original put back after its copy served] original {orig}; copy's incarnation"
+          f" {copy}, after serving {served}; original back -> {after}; A made"
+          f" {len(made_all['A'])}, B {len(made_all['B'])}; {problems}")
+    assert not problems, "; ".join(problems)
