@@ -128,9 +128,9 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_sign(text, text, pg_ls
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() IS
   'Used when the registry''s row is made: the data directory''s token key (snowflake_id.key), made when missing.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept() IS
-  'Used by snowflake_lease_durable: the last failover candidates'' row this data directory wrote (snowflake_id.candidates), or NULL.';
+  'Used by snowflake_lease_durable: the last failover candidates'' row this data directory wrote (snowflake_id.candidates.<database OID>), or NULL.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(jsonb) IS
-  'Used by snowflake_lease_durable: keeps the failover candidates'' row it writes in the data directory (snowflake_id.candidates), durably.';
+  'Used by snowflake_lease_durable: keeps the failover candidates'' row it writes in the data directory (snowflake_id.candidates.<database OID>), durably.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) IS
   'Used when the failover candidates'' row is made: the members of the last one this data directory wrote, or every standby that may be synchronous (*).';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() IS
@@ -569,7 +569,10 @@ BEGIN
         'candidates', (SELECT snowflake_id_internal.snowflake_lease_candidates_json(
                                   w.members, w.valid_until, w.timeline, w.updated_at)
                          FROM @extschema@.snowflake_lease_standbys w LIMIT 1),
-        'kept', snowflake_id_internal.snowflake_lease_candidates_kept());
+        -- Read only when the row is to be made anew: a damaged file then
+        -- refuses that, not every check.
+        'kept', CASE WHEN NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_standbys)
+                     THEN snowflake_id_internal.snowflake_lease_candidates_kept() END);
     LOOP
         facts := facts || jsonb_build_object(
             'now_ms', snowflake_id_internal.snowflake_lease_ms(pg_catalog.clock_timestamp()),

@@ -528,7 +528,7 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_shares_no_worker
     block 0, leases from s1. Wanted: no worker id is used by B and C over
     the same milliseconds. How (core/src/registry/durable.rs): kept_row:
     the row CREATE EXTENSION made names the members of the last row P
-    wrote, kept in its data directory (snowflake_id.candidates): s1 is
+    wrote, kept in its data directory (snowflake_id.candidates.<database OID>): s1 is
     behind and holds the re-assertion back. no_kept_row (the file removed
     before the DROP, as on a registry updated from 0.7.0 with no grant
     since): P cannot name s1 (the setting lists no names, and s1 no longer
@@ -555,7 +555,8 @@ def test_a_candidate_cut_off_before_the_extension_is_made_again_shares_no_worker
                timeout=30, what="s1 cut off")
     cut = time.monotonic()
     before = registry_row(p)
-    kept_file = os.path.join(p.datadir, "snowflake_id.candidates")
+    db = p.scalar("SELECT oid FROM pg_database WHERE datname = current_database()")
+    kept_file = os.path.join(p.datadir, f"snowflake_id.candidates.{db}")
     assert os.path.exists(kept_file), "P kept no candidates' row"
     if not kept:
         os.remove(kept_file)

@@ -108,7 +108,7 @@ pub struct Facts {
     #[serde(default)]
     pub candidates: Option<CandidatesRow>,
     /// The last candidates' row this data directory wrote
-    /// (`snowflake_id.candidates`, kept by `DROP EXTENSION`): what a row
+    /// (`snowflake_id.candidates.<database OID>`, kept by `DROP EXTENSION`): what a row
     /// made anew names ([`made_anew`]).
     #[serde(default)]
     pub kept: Option<CandidatesRow>,

@@ -54,7 +54,7 @@ pub struct Store {
     /// The data directory's token key (`snowflake_id.key`): made with the
     /// first row, kept by `DROP EXTENSION`, a snapshot and a standby.
     pub data_key: Option<String>,
-    /// The last candidates' row it wrote (`snowflake_id.candidates`, in
+    /// The last candidates' row it wrote (`snowflake_id.candidates.<database OID>`, in
     /// the data directory): kept by `DROP EXTENSION`.
     pub data_candidates: Option<CandidatesRow>,
     /// Where fresh incarnation names and keys come from (deterministic).
@@ -409,7 +409,13 @@ impl Store {
                 .is_some_and(|r| r.timeline == self.timeline),
             standbys: standbys.to_vec(),
             candidates: self.tables.candidates.clone(),
-            kept: self.data_candidates.clone(),
+            // Read only when the row is to be made anew, as the glue does.
+            kept: self
+                .tables
+                .candidates
+                .is_none()
+                .then(|| self.data_candidates.clone())
+                .flatten(),
         };
         let d = durable::decide(&facts);
         if let Some(row) = d.write {
