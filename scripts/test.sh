@@ -41,8 +41,10 @@
 #      tests/upgrade/test_package.py, once the version's release artifacts
 #      are made: SNOWFLAKE_RELEASE_RESULTS tells it where they are). The
 #      first version's pytest runs in the foreground; beside it, in the
-#      background, the other versions' pytest and serial tests, one version
-#      after another, each as soon as its install is done (a failed install
+#      background, the other versions' pytest and serial tests, in
+#      SNOWFLAKE_LATER_LANES lanes side by side (default 2) on
+#      SNOWFLAKE_LATER_WORKERS workers each (default 2), one version after
+#      another in a lane, each as soon as its install is done (a failed install
 #      leaves that version's tests out, reported as failed); their output
 #      is printed after the first version's pytest. Last, alone, the first
 #      version's serial tests (on 15 the package test installs the package
@@ -74,6 +76,10 @@ set -e
 
 RESULTS="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/test-results"
 WORKERS="${SNOWFLAKE_PYTEST_WORKERS:-3}"
+# The later versions' tests run in LANES lanes side by side, each on
+# LATER_WORKERS workers (a lane's versions one after another).
+LANES="${SNOWFLAKE_LATER_LANES:-2}"
+LATER_WORKERS="${SNOWFLAKE_LATER_WORKERS:-2}"
 
 trap phase_report EXIT
 phase_start "dependencies (ensure_deps)"
@@ -249,14 +255,16 @@ report_background() {
 trap 'report_background; phase_report' EXIT
 
 # pytest on version $1's PostgreSQL, every test but the serial ones, on
-# $WORKERS workers; the rest of the arguments go to pytest.
+# $WORKERS workers for the first version, $LATER_WORKERS for the others;
+# the rest of the arguments go to pytest.
 run_pytest() {
-    local v=$1 tests
+    local v=$1 tests workers=$WORKERS
     shift
+    [[ $v == "$first" ]] || workers=$LATER_WORKERS
     tests="$(cat "$RESULTS/tests-pg$v")"
-    log "PostgreSQL $v: pytest tests/ (SNOWFLAKE_TESTS=$tests, $WORKERS workers${SNOWFLAKE_SLOW:+, SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW})"
+    log "PostgreSQL $v: pytest tests/ (SNOWFLAKE_TESTS=$tests, $workers workers${SNOWFLAKE_SLOW:+, SNOWFLAKE_SLOW=$SNOWFLAKE_SLOW})"
     SNOWFLAKE_TESTS="$tests" PG_CONFIG="$(pg_config_for "$v")" "$REPO_ROOT/.venv/bin/pytest" tests/ -ra \
-        -p no:cacheprovider -n "$WORKERS" --dist loadgroup -m "not serial" --durations=25 \
+        -p no:cacheprovider -n "$workers" --dist loadgroup -m "not serial" --durations=25 \
         --junitxml="$RESULTS/pytest-pg$v.xml" "$@"
 }
 # The tests marked `serial` on version $1's PostgreSQL (the package test,
@@ -277,10 +285,13 @@ run_serial() {
     [[ $rc -eq 5 ]] && return 0
     return "$rc"
 }
-# The later versions' tests, one version after another, in the background
-# beside the first version's pytest: each starts once the queue has
-# installed its version (install-pgNN.rc). Their tests wait on servers more
-# than on the cores, as the first version's do. Each version's pytest, then
+# The later versions' tests, in the background beside the first version's
+# pytest, in $LANES lanes side by side (the later versions dealt to them in
+# turn: with two, 16 and 18 in one, 17 and 19 in the other), one version
+# after another in a lane: each starts once the queue has installed its
+# version (install-pgNN.rc). Their tests wait on servers more than on the
+# cores, as the first version's do; one lane after the first version's
+# pytest left the run waiting 14 minutes for 18 and 19. Each version's pytest, then
 # its serial tests: but on 15, the package test installs nothing into the
 # PostgreSQL other tests use (only into copies of Debian roots, or nowhere:
 # 16 and 18), so they need not run alone. 15's, which install the package
@@ -289,8 +300,17 @@ run_serial() {
 # output, printed after the first version's pytest), .rc and .seconds, and
 # the wait for the install in wait-pgNN.seconds.
 later_tests() {
-    local v started
+    local lane
+    for ((lane = 0; lane < LANES; lane++)); do
+        later_lane "$lane" "$@" &
+    done
+    wait
+}
+later_lane() {
+    local lane=$1 v started i=0
+    shift
     for v in "${PG_VERSIONS[@]:1}"; do
+        ((i++ % LANES == lane)) || continue
         started=$SECONDS
         wait_for_job "install-pg$v" "$queue_pid"
         echo $((SECONDS - started)) >"$RESULTS/wait-pg$v.seconds"
