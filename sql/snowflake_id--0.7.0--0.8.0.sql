@@ -736,6 +736,13 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     facts jsonb;
 BEGIN
+    -- A DELETE that deleted no row forgot nothing (a role with only DELETE
+    -- on the table would otherwise fence the fleet at will).
+    IF TG_OP = 'DELETE' THEN
+        IF NOT EXISTS (SELECT 1 FROM gone) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
     -- After any lease call in progress, which would write over this row.
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     facts := snowflake_id_internal.snowflake_lease_facts('');
@@ -749,6 +756,11 @@ END
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget() IS
   'Trigger: rows of snowflake_lease_blocks deleted means grants forgotten; the next lease call starts a new, fenced incarnation.';
+-- A DELETE that deleted no row forgets nothing: the trigger sees the rows
+-- it deleted.
+DROP TRIGGER snowflake_lease_blocks_forget ON @extschema@.snowflake_lease_blocks;
+CREATE TRIGGER snowflake_lease_blocks_forget AFTER DELETE ON @extschema@.snowflake_lease_blocks
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 
 -- == Getting it, switching to it and watching it (issue 43) ==
 

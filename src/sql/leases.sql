@@ -464,6 +464,13 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     facts jsonb;
 BEGIN
+    -- A DELETE that deleted no row forgot nothing (a role with only DELETE
+    -- on the table would otherwise fence the fleet at will).
+    IF TG_OP = 'DELETE' THEN
+        IF NOT EXISTS (SELECT 1 FROM gone) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
     -- After any lease call in progress, which would write over this row.
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     facts := snowflake_id_internal.snowflake_lease_facts('');
@@ -479,7 +486,7 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget() IS
   'Trigger: rows of snowflake_lease_blocks deleted means grants forgotten; the next lease call starts a new, fenced incarnation.';
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_forget() FROM PUBLIC;
 CREATE TRIGGER snowflake_lease_blocks_forget AFTER DELETE ON snowflake_lease_blocks
-    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 CREATE TRIGGER snowflake_lease_blocks_truncate AFTER TRUNCATE ON snowflake_lease_blocks
     FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 -- Rows that arrive leased come from a restore (pg_restore, COPY): the
