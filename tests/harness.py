@@ -416,6 +416,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _postmaster_of(datadir: str) -> bool:
+    """Whether the pid in datadir's postmaster.pid is a server running in
+    it (its working directory). A server killed leaves the file behind,
+    and its pid, reused since, may be another test's postmaster: pg_ctl
+    stop would shut that one down (seen: a test's server stopped
+    "immediate" by another pytest run's start)."""
+    try:
+        with open(os.path.join(datadir, "postmaster.pid")) as f:
+            pid = int(f.readline().strip())
+        return os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(datadir)
+    except (OSError, ValueError):
+        return False
+
+
 def stop_orphans(dir_prefix: str = DIR_PREFIX, remove: bool = False) -> None:
     """Stop servers left running by an earlier harness process that died
     (and remove their directories if `remove`)."""
@@ -428,7 +442,7 @@ def stop_orphans(dir_prefix: str = DIR_PREFIX, remove: bool = False) -> None:
         datadir = os.path.join(d, "data")
         if pid == os.getpid() or _pid_alive(pid):
             continue
-        if os.path.exists(os.path.join(datadir, "postmaster.pid")):
+        if _postmaster_of(datadir):
             run_pg([os.path.join(PG_BINDIR, "pg_ctl"), "-D", datadir, "-m",
                     "immediate", "-w", "stop"], cwd="/", check=False)
         if remove:

@@ -4,10 +4,11 @@ without snowflake_id, so they also run before the extension is installed."""
 import datetime as dt
 import glob
 import os
+import shutil
 
 import pytest
 
-from harness import Cluster
+from harness import Cluster, stop_orphans
 
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
 
@@ -68,3 +69,28 @@ def test_tcp_listen(make_cluster):
     with psycopg.connect(host="127.0.0.1", port=c.port, user="postgres",
                          dbname="postgres") as conn:
         assert conn.execute("SELECT 3").fetchone()[0] == 3
+
+
+def test_an_orphan_whose_pid_was_reused_is_left_alone(make_cluster, tmp_path):
+    """A dead harness's directory whose postmaster.pid names a pid now used
+    by another test's server: stop_orphans must not shut that server down
+    (pg_ctl stop signals whatever the file names)."""
+    live = make_cluster()
+    pid = int(open(os.path.join(live.datadir, "postmaster.pid")).readline())
+    prefix = f"sfpyorphan{os.getpid()}_"
+    stale = f"/tmp/{prefix}x"
+    os.makedirs(os.path.join(stale, "data"))
+    try:
+        with open(os.path.join(stale, "owner.pid"), "w") as f:
+            f.write("999999999\n")   # above pid_max: dead
+        with open(os.path.join(stale, "data", "postmaster.pid"), "w") as f:
+            f.write(f"{pid}\n{stale}/data\n")
+        shutil.copy(os.path.join(live.datadir, "PG_VERSION"), os.path.join(stale, "data"))
+        for d, _, files in os.walk(stale):
+            for name in [d, *(os.path.join(d, f) for f in files)]:
+                shutil.chown(name, "postgres", "postgres")
+        stop_orphans(prefix, remove=True)
+        assert live.is_running() and live.scalar("SELECT 1") == 1
+        assert not os.path.exists(stale)
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
