@@ -109,8 +109,51 @@ pub struct Header {
     /// Fleet leases: mode, registry, blocks held (see `lease_worker`).
     pub lease: LeaseState,
     /// On a registry: the highest grant count it signed a token for since
-    /// the postmaster started (`snowflake_core::registry::Server::signed_grants`).
-    pub signed_grants: AtomicI64,
+    /// the postmaster started, per database
+    /// (`snowflake_core::registry::Server::signed_grants`).
+    pub signed_grants: SignedGrants,
+}
+
+/// How many registry databases of one cluster keep their own signed count.
+const SIGNED_DATABASES: usize = 8;
+
+/// The highest grant count signed in each registry database: a slot per
+/// database OID, claimed by compare-and-swap from 0 (no lock), never given
+/// back. A database past the slots reads 0: a count it signed is then no
+/// evidence against a fence (a holder's larger count fences), never the
+/// other way round.
+pub struct SignedGrants {
+    slots: [(AtomicU32, AtomicI64); SIGNED_DATABASES],
+}
+
+impl SignedGrants {
+    fn new() -> Self {
+        Self {
+            slots: std::array::from_fn(|_| (AtomicU32::new(0), AtomicI64::new(0))),
+        }
+    }
+
+    /// Records `grants` signed in database `db`.
+    pub fn record(&self, db: u32, grants: i64) {
+        for (oid, count) in &self.slots {
+            let owner = match oid.compare_exchange(0, db, AcqRel, Acquire) {
+                Ok(_) => db,
+                Err(current) => current,
+            };
+            if owner == db {
+                count.fetch_max(grants, AcqRel);
+                return;
+            }
+        }
+    }
+
+    /// The highest grant count signed in database `db` (0: none recorded).
+    pub fn get(&self, db: u32) -> i64 {
+        self.slots
+            .iter()
+            .find(|(oid, _)| oid.load(Acquire) == db)
+            .map_or(0, |(_, count)| count.load(Acquire))
+    }
 }
 
 /// Where this server's worker ids come from, as [`LeaseState::mode`] holds

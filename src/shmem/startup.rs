@@ -142,7 +142,7 @@ unsafe fn create(header: *mut Header, layout: &Layout, startup: &Startup) {
             nslots,
             nholders: nholders(),
             release_counter: AtomicU64::new(0),
-            signed_grants: AtomicI64::new(0),
+            signed_grants: super::SignedGrants::new(),
             changes: AtomicU64::new(0),
             reserved_until_ms: AtomicI64::new(startup.floor_ms),
             floor_ms: AtomicI64::new(startup.floor_ms),

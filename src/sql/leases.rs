@@ -21,7 +21,6 @@ use serde_json::{json, Value};
 use snowflake_core::protocol::{AcquireRequest, ReleaseRequest, RenewRequest};
 use snowflake_core::registry::begin::Forgotten;
 use snowflake_core::registry::{self, durable, hello, token, Call, Rows, Server};
-use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
 /// What each call's request must have (the detail of `invalid lease
 /// request`).
@@ -101,7 +100,8 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
     };
     let caller = caller(&server.0);
     let mut server: Server = facts(server.0, "server facts");
-    server.signed_grants = crate::shmem::header().map_or(0, |h| h.signed_grants.load(Acquire));
+    server.signed_grants =
+        crate::shmem::header().map_or(0, |h| h.signed_grants.get(this_database()));
     // This registry server's own layout settings: the fleet's layout on a
     // registry with no rows and none fixed by the DBA.
     server
@@ -279,7 +279,7 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
 "#)]
 fn snowflake_lease_sign(key: &str, incarnation: &str, lsn: i64, grants: i64) -> String {
     if let Some(header) = crate::shmem::header() {
-        header.signed_grants.fetch_max(grants, AcqRel);
+        header.signed_grants.record(this_database(), grants);
     }
     token::sign(
         key,
@@ -325,3 +325,10 @@ pgrx::extension_sql_file!(
         snowflake_lease_hello_decide
     ]
 );
+
+/// The OID of the database this backend is connected to.
+fn this_database() -> u32 {
+    // SAFETY: MyDatabaseId is set once this backend is connected to a
+    // database, as every backend running SQL functions is.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}

@@ -384,8 +384,11 @@ def test_a_holder_leases_from_a_0_7_0_registry_and_through_its_update(make_clust
     registry still on 0.7.0 (its lease functions in PL/pgSQL, replies
     without a token), as the lease role; the registry's ALTER EXTENSION
     UPDATE to 0.8.0 (the rules in the extension) happens under the
-    holder's open session, which renews its block in the same incarnation,
-    unfenced, and IDs keep coming for more than two lease times."""
+    holder's open session, which renews its block, and IDs keep coming for
+    more than two lease times. The first call after the update starts one
+    fenced incarnation: 0.7.0's row names no database, and a copy of the
+    database taken before the update looks the same (only new blocks wait
+    for the fence)."""
     r = make_cluster(settings={"fsync": True})
     with old_release("0.7.0"):
         r.sql("CREATE EXTENSION snowflake_id VERSION '0.7.0'")
@@ -413,8 +416,9 @@ def test_a_holder_leases_from_a_0_7_0_registry_and_through_its_update(make_clust
             made += ids(conn, 100)
             time.sleep(0.2)
     assert min(made) > max(before) and len(set(made)) == len(made)
-    assert r.sql("SELECT incarnation, fenced_until FROM snowflake_lease_registry") \
-        == [(incarnation, None)]
+    now, cause, oid = r.sql("SELECT incarnation, cause, database_oid FROM snowflake_lease_registry")[0]
+    assert now != incarnation and "names no database" in cause, cause
+    assert oid == r.scalar("SELECT oid FROM pg_database WHERE datname = current_database()")
     cfg = config(a)
     assert cfg["registry_unreachable_since"] is None and cfg["blocks_held"] == 1, cfg
 

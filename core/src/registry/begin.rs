@@ -85,7 +85,8 @@ pub struct IncarnationRow {
     #[serde(default)]
     pub history: Vec<String>,
     /// The OID of the database the row was written in (`None`: a row from
-    /// before 0.8.0, taken as this one's). A row in another database is a
+    /// before 0.8.0, which may be a copy too: its first call fences once,
+    /// and the new row names this database). A row in another database is a
     /// copy put in the registry's place (`CREATE DATABASE ... TEMPLATE`,
     /// then a rename): it forgot what the registry granted since the copy.
     #[serde(default)]
@@ -164,6 +165,7 @@ enum Cause {
     OlderIncarnation { known: String },
     UnknownIncarnation { known: String },
     DatabaseCopied { was: u32 },
+    DatabaseUnrecorded,
 }
 
 impl Cause {
@@ -193,12 +195,23 @@ impl Cause {
                 "the registry's row was written in database OID {was}, this is OID {} (a copy of the database put in its place)",
                 server.database_oid
             ),
+            Cause::DatabaseUnrecorded => format!(
+                "the registry's row names no database (written before 0.8.0), this is OID {}: it may be a copy of the database put in its place",
+                server.database_oid
+            ),
             Cause::OlderIncarnation { known } => format!("node {node} knew incarnation {known}"),
             Cause::UnknownIncarnation { known } => format!(
                 "node {node} knew incarnation {known}, which this registry never had (it was restored to an earlier state)"
             ),
         }
     }
+}
+
+/// Whether grants of incarnation `known` are behind this row's fence: an
+/// earlier incarnation of its lineage, which this one began fenced after
+/// (a holder of it coming back later fences nothing more).
+fn covered(r: &IncarnationRow, known: &str) -> bool {
+    r.fenced_until_ms.is_some() && known != r.incarnation && r.had(known)
 }
 
 /// Until when a grant made before the postmaster started (forgotten by a
@@ -354,6 +367,18 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 true,
             )
         }
+        Some(r)
+            if server.database_oid != 0
+                && r.database_oid.is_none()
+                && !super::mutation::active(super::mutation::Mutation::NoDatabaseIdentity) =>
+        {
+            // A row from before 0.8.0 names no database: the live registry's
+            // or a copy taken before the update and put in its place, which
+            // nothing else tells apart (tests/fleet/test_adversarial_s21.py:
+            // 45,949 IDs made twice when it learned its database unfenced).
+            // Fenced once, as a copy would be.
+            (Some(Cause::DatabaseUnrecorded), true)
+        }
         Some(_) if earlier_past.is_some() => {
             let (lsn, grants, have) = earlier_past.unwrap_or_default();
             let cause = if lsn > server.insert_lsn {
@@ -378,6 +403,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 && seen.grants > r.grants
                 && seen.grants > server.signed_grants
                 && r.previous_incarnation.as_deref() != Some(known)
+                && !covered(r, known)
                 && !seen.token.is_empty()
                 && believed(r, false) =>
         {
@@ -445,15 +471,8 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         let mut row = rows.registry.clone().unwrap_or_default();
         // What holders ask for, shown for choosing the limits.
         let ahead = high_ms.map_or(0, |h| h.saturating_sub(now));
-        // A row from before 0.8.0 learns its database.
-        let place = row.database_oid.is_none() && server.database_oid != 0;
-        if place {
-            row.database_oid = Some(server.database_oid);
-        }
-        let write = place
-            || lease_ms > row.max_lease_ms
-            || grace_ms > row.max_grace_ms
-            || ahead > row.max_ahead_ms;
+        let write =
+            lease_ms > row.max_lease_ms || grace_ms > row.max_grace_ms || ahead > row.max_ahead_ms;
         row.max_lease_ms = row.max_lease_ms.max(lease_ms);
         row.max_grace_ms = row.max_grace_ms.max(grace_ms);
         row.max_ahead_ms = row.max_ahead_ms.max(ahead);

@@ -48,9 +48,10 @@ pub struct Store {
     /// Its `snowflake_id.backfill_worker_ids` (empty: none).
     pub backfill_ids: String,
     pub sessions: BTreeMap<u64, Session>,
-    /// The highest grant count signed, and the postmaster start it was
-    /// signed under (`Server::signed_grants`: none after a restart).
-    signed: (i64, i64),
+    /// The highest grant count signed in each database, and the postmaster
+    /// start they were signed under (`Server::signed_grants`: none after a
+    /// restart).
+    signed: (i64, BTreeMap<u32, i64>),
     /// The data directory's token key (`snowflake_id.key`): made with the
     /// first row, kept by `DROP EXTENSION`, a snapshot and a standby.
     pub data_key: Option<String>,
@@ -79,7 +80,7 @@ impl Store {
             layout: Some("classic".into()),
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
-            signed: (0, 0),
+            signed: (0, BTreeMap::new()),
             data_key: None,
             data_candidates: None,
             seed,
@@ -159,10 +160,26 @@ impl Store {
     /// DATABASE ... RENAME`): a new OID, every session of it ended, no
     /// restart, and the WAL, one for every database, moving on.
     pub fn put_back_copy(&mut self, copied: &Tables) {
-        self.tables = copied.clone();
-        self.database_oid += 1;
+        let oid = self.database_oid + 1;
+        self.put_back_database(copied, oid);
+    }
+
+    /// The database `oid` holding `tables` put in the registry's place (a
+    /// rename): the original put back after a copy served, say.
+    pub fn put_back_database(&mut self, tables: &Tables, oid: u32) {
+        self.tables = tables.clone();
+        self.database_oid = oid;
         self.sessions.clear();
         self.commit();
+    }
+
+    /// The highest grant count this postmaster signed in this database.
+    fn signed_here(&self) -> i64 {
+        if self.signed.0 == self.postmaster_start_ms {
+            self.signed.1.get(&self.database_oid).copied().unwrap_or(0)
+        } else {
+            0
+        }
     }
 
     pub fn set_limits(&mut self, limits: Option<LimitsRow>, now_ms: i64) {
@@ -289,11 +306,7 @@ impl Store {
             role: session.role.clone(),
             postmaster_start_ms: self.postmaster_start_ms,
             database_oid: self.database_oid,
-            signed_grants: if self.signed.0 == self.postmaster_start_ms {
-                self.signed.1
-            } else {
-                0
-            },
+            signed_grants: self.signed_here(),
             fsync_off: self.fsync_off,
             synchronous_commit_off: false,
             node_locked: session.node.as_deref() == Some(node),
@@ -360,12 +373,11 @@ impl Store {
             .as_ref()
             .map(|r| r.token_key.clone())
             .unwrap_or_default();
-        let signed = if self.signed.0 == self.postmaster_start_ms {
-            self.signed.1
-        } else {
-            0
-        };
-        self.signed = (self.postmaster_start_ms, signed.max(out.answer.grants));
+        if self.signed.0 != self.postmaster_start_ms {
+            self.signed = (self.postmaster_start_ms, BTreeMap::new());
+        }
+        let here = self.signed.1.entry(self.database_oid).or_default();
+        *here = (*here).max(out.answer.grants);
         let head = ReplyHead {
             token: token::sign(&key, &out.answer.incarnation, lsn, out.answer.grants),
             grants: out.answer.grants,
@@ -456,7 +468,7 @@ impl Store {
             layout: Some("classic".into()),
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
-            signed: (0, 0),
+            signed: (0, BTreeMap::new()),
             data_key: None,
             data_candidates: None,
             seed,

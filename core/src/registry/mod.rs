@@ -137,8 +137,10 @@ pub struct Server {
     /// ([`begin`]). 0: unknown.
     #[serde(default)]
     pub database_oid: u32,
-    /// The highest grant count this server signed a token for since its
-    /// postmaster started (shared memory). A count at or below it may be
+    /// The highest grant count this server signed a token for in this
+    /// database since its postmaster started (shared memory, per database:
+    /// a copy of the registry's database put in its place and then the
+    /// original put back share a postmaster). A count at or below it may be
     /// of a call that rolled back after its reply left (a `DO` block that
     /// shows the reply, then raises): it is no evidence that the registry
     /// forgot. A registry restored in place, or that lost commits, has

@@ -1155,19 +1155,85 @@ fn a_copy_of_the_registrys_database_put_in_its_place_fences() {
 }
 
 #[test]
-fn a_row_from_before_its_database_was_recorded_learns_it_unfenced() {
+fn the_original_put_back_after_its_copy_served_fences() {
+    // tests/fleet/test_adversarial_s21.py: the copy served (fenced, then
+    // granting), the original was put back 90 s after the postmaster
+    // started: its row names its own database, and the holders' grant
+    // count was at or below the postmaster's signed count, which the
+    // copy's grants had raised: 94,958 IDs made twice on PostgreSQL 15.
+    // The signed count is kept per database.
+    let mut s = store_with(&["a"]);
+    let t = T0 + 1_000;
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), t), t)
+        .unwrap();
+    let original = s.tables.clone();
+    let oid = s.database_oid;
+    let mut t = T0 + 30_000;
+    s.put_back_copy(&s.tables.clone());
+    s.connect(101, t);
+    assert_eq!(s.hello(101, "a"), Ok(true));
+    let mut head = s
+        .lease(101, &renew("a", &[], seen_of(&r.head), t), t)
+        .unwrap()
+        .head;
+    assert!(head.fenced_until_ms.is_some(), "{head:?}");
+    let copied = head.incarnation.clone();
+    t += FENCE + 1_000;
+    for _ in 0..3 {
+        let got = s
+            .lease(101, &acquire("a", 1, seen_of(&head), t), t)
+            .unwrap();
+        head = got.head;
+        t += 1_000;
+    }
+    assert_eq!(head.incarnation, copied);
+    assert!(head.grants > r.head.grants, "{head:?}");
+    let now = T0 + 90_000 + FENCE + MARKS_PASSED;
+    s.put_back_database(&original, oid);
+    s.connect(102, now);
+    assert_eq!(s.hello(102, "a"), Ok(true));
+    let back = s
+        .lease(102, &renew("a", &[], seen_of(&head), now), now)
+        .unwrap();
+    assert_eq!(back.head.fenced_until_ms, Some(now + FENCE), "{back:?}");
+}
+
+#[test]
+fn a_row_from_before_its_database_was_recorded_fences_once_and_so_does_its_copy() {
+    // tests/fleet/test_adversarial_s21.py: a copy taken on 0.7.0 (its row
+    // names no database), updated and put back after the registry moved on,
+    // learned its database unfenced: 45,949 IDs made twice on PostgreSQL 15.
     let mut s = store_with(&["a"]);
     if let Some(r) = s.tables.rows.registry.as_mut() {
         r.database_oid = None;
     }
+    let copy = s.tables.clone();
     let first = incarnation(&s);
     let r = s
         .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
         .unwrap();
-    assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
-    assert_eq!(r.head.incarnation, first);
+    assert_eq!(r.head.fenced_until_ms, Some(T0 + FENCE), "{r:?}");
+    assert_ne!(r.head.incarnation, first);
     let row = s.tables.rows.registry.clone().unwrap();
     assert_eq!(row.database_oid, Some(s.database_oid));
+    assert!(row.cause.contains("names no database"), "{}", row.cause);
+    // Once: the row names its database now.
+    let later = T0 + FENCE + 1_000;
+    let r2 = s
+        .lease(100, &renew("a", &[], seen_of(&r.head), later), later)
+        .unwrap();
+    assert_eq!(r2.head.incarnation, row.incarnation, "{r2:?}");
+    assert_eq!(r2.head.fenced_until_ms, None, "{r2:?}");
+    // The copy, put back long after the postmaster started: fenced too.
+    let now = T0 + 90_000 + FENCE + MARKS_PASSED;
+    s.put_back_copy(&copy);
+    s.connect(101, now);
+    assert_eq!(s.hello(101, "b"), Ok(true));
+    let r3 = s
+        .lease(101, &acquire("b", 1, Seen::default(), now), now)
+        .unwrap();
+    assert_eq!(r3.head.fenced_until_ms, Some(now + FENCE), "{r3:?}");
 }
 
 #[test]
