@@ -17,7 +17,7 @@ import time
 
 import psycopg
 
-from harness import free_port, run_pg
+from harness import free_port, run_pg, wait_until
 from helpers import Maker
 
 LEASE = "6s"
@@ -70,6 +70,36 @@ def resume(pids) -> None:
     for p in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGCONT)
+
+
+def lease_worker(c) -> int:
+    """The pid of server `c`'s lease worker."""
+    return c.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowflake_id lease'")
+
+
+def swap_registry(a, maker_a: Maker, b, maker_b: Maker, swap, state) -> tuple:
+    """Another database put in the registry's place while holders A and B
+    both want block 0: with both lease workers stopped, `swap()` runs
+    (renames, a drop); B's worker resumes at once, A's only once B had up
+    to 30 s to make IDs from block 0, and 8 s more. Returns `state()`
+    after the swap, each holder's IDs and the duplicates between them."""
+    workers = [lease_worker(a), lease_worker(b)]
+    for w in workers:
+        os.kill(w, signal.SIGSTOP)
+    try:
+        swap()
+    finally:
+        resume(workers[1:])
+    made_b = len(maker_b.made)
+    try:
+        wait_until(lambda: len(maker_b.made) > made_b, timeout=30, what="B's IDs from block 0")
+    except AssertionError:
+        pass
+    time.sleep(8)
+    after = state()
+    resume(workers[:1])
+    made_all = {"A": maker_a.stop(), "B": maker_b.stop()}
+    return after, made_all, duplicates(made_all)
 
 
 # ------------------------------------------------------- a hostile lease role

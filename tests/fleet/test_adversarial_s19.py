@@ -33,17 +33,13 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import apart_problems, Maker, ms_of
-from fleet_helpers import (CONTESTED, restore_in_place, duplicates, grant_lease_role, holder, hosts, Intruder,
-                           lease_limits, named_standby, registry_server, registry_state,
-                           require_sync, resume)
+from fleet_helpers import (CONTESTED, duplicates, grant_lease_role, holder, hosts, Intruder, lease_limits, lease_worker,
+                           named_standby, registry_server, registry_state, require_sync,
+                           restore_in_place, resume, swap_registry)
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def lease_worker(c) -> int:
-    return c.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowflake_id lease'")
 
 
 def grants(r) -> int:
@@ -229,24 +225,10 @@ def test_a_registry_database_put_back_from_a_copy_made_before_create_extension(m
     while now_ms() < start_ms + 90_000:
         time.sleep(0.5)
     new = state()
-    workers = [lease_worker(a), lease_worker(b)]
-    for w in workers:
-        os.kill(w, signal.SIGSTOP)
-    try:
+    def swap():
         r.sql("DROP DATABASE fleet WITH (FORCE)")
         r.sql("ALTER DATABASE snap RENAME TO fleet")
-    finally:
-        resume(workers[1:])
-    made_b = len(maker_b.made)
-    try:
-        wait_until(lambda: len(maker_b.made) > made_b, timeout=30, what="B's IDs from block 0")
-    except AssertionError:
-        pass
-    time.sleep(8)
-    after = state()
-    resume(workers[:1])
-    made_all = {"A": maker_a.stop(), "B": maker_b.stop()}
-    problems = duplicates(made_all)
+    after, made_all, problems = swap_registry(a, maker_a, b, maker_b, swap, state)
     print(f"\n[database put back from a copy] copy {snap}; new incarnation {new}; put back ->"
           f" {after}; A made {len(made_all['A'])}, B {len(made_all['B'])}; {problems}")
     assert not problems, "; ".join(problems)

@@ -34,16 +34,13 @@ import pytest
 
 from harness import wait_until
 from helpers import apart_problems, Maker, old_release
-from fleet_helpers import (CONTESTED, duplicates, grant_lease_role, holder, hosts, Intruder, lease_limits,
-                           named_standby, registry_server, registry_state, require_sync, resume)
+from fleet_helpers import (CONTESTED, duplicates, grant_lease_role, holder, hosts, Intruder, lease_limits, lease_worker,
+                           named_standby, registry_server, registry_state, require_sync,
+                           resume, swap_registry)
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def lease_worker(c) -> int:
-    return c.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowflake_id lease'")
 
 
 def lease_schema(r, dbname: str = "postgres") -> str:
@@ -269,24 +266,10 @@ def test_a_copy_taken_on_0_7_0_updated_and_put_back(make_cluster):
         time.sleep(0.5)
     new = state()
     r.sql("ALTER EXTENSION snowflake_id UPDATE", dbname="snap")
-    workers = [lease_worker(a), lease_worker(b)]
-    for w in workers:
-        os.kill(w, signal.SIGSTOP)
-    try:
+    def swap():
         r.sql("DROP DATABASE fleet WITH (FORCE)")
         r.sql("ALTER DATABASE snap RENAME TO fleet")
-    finally:
-        resume(workers[1:])
-    made_b = len(maker_b.made)
-    try:
-        wait_until(lambda: len(maker_b.made) > made_b, timeout=30, what="B's IDs from block 0")
-    except AssertionError:
-        pass
-    time.sleep(8)
-    after = state()
-    resume(workers[:1])
-    made_all = {"A": maker_a.stop(), "B": maker_b.stop()}
-    problems = duplicates(made_all)
+    after, made_all, problems = swap_registry(a, maker_a, b, maker_b, swap, state)
     print(f"\n[0.7.0 copy updated and put back] copy {snap}; fleet updated {updated}, then {new};"
           f" put back ->"
           f" {after}; A made {len(made_all['A'])}, B {len(made_all['B'])}; {problems}")
@@ -436,25 +419,12 @@ def test_the_original_registry_database_put_back_after_its_copy_served(make_clus
     while now_ms() < start_ms + 100_000:
         time.sleep(0.5)
     served = state()
-    workers = [lease_worker(a), lease_worker(b)]
-    for w in workers:
-        os.kill(w, signal.SIGSTOP)
-    try:
+    def swap():
         fleet_sessions_gone(r, "fleet")
         r.sql("ALTER DATABASE fleet RENAME TO copy")
         r.sql("ALTER DATABASE orig RENAME TO fleet")
-    finally:
-        resume(workers[1:])
-    made_b = len(maker_b.made)
-    try:
-        wait_until(lambda: len(maker_b.made) > made_b, timeout=30, what="B's IDs from block 0")
-    except AssertionError:
-        pass
-    time.sleep(8)
-    after = state()
-    resume(workers[:1])
-    made_all = {"A": maker_a.stop(), "B": maker_b.stop()}
-    problems = duplicates(made_all) + apart_problems("A", made_all["A"], "B", made_all["B"])
+    after, made_all, problems = swap_registry(a, maker_a, b, maker_b, swap, state)
+    problems += apart_problems("A", made_all["A"], "B", made_all["B"])
     print(f"\n[original put back after its copy served] original {orig}; copy's incarnation"
           f" {copy}, after serving {served}; original back -> {after}; A made"
           f" {len(made_all['A'])}, B {len(made_all['B'])}; {problems}")
