@@ -15,6 +15,9 @@
    snowflake_lease_forget): DELETE forms (RETURNING, a writable CTE,
    MERGE, USING, savepoints), TRUNCATE of an empty table, and the trigger
    the 0.7.0 -> 0.8.0 script makes again.
+4. The 8 signed-count slots: a registry database past them reads 0,
+   which lets the lease role's rolled-back grant fence it
+   (test_adversarial_s17's attack, defended in the first 8).
 
 Real holders make IDs in the slow test. Lease times of 6 s
 (fleet_helpers.LEASE), the registry's limits set to match (a fence lasts
@@ -23,10 +26,12 @@ on PostgreSQL 15.20."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 
+import psycopg
 import pytest
 
 from harness import wait_until
@@ -94,7 +99,7 @@ def sessions_gone(r, db: str) -> None:
 
 
 # --------------------------- 1. a token of another registry database of the cluster
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "measured on PostgreSQL 15.20: staging's reply (41 grants) presented"
     " to the registry (1 grant) by a node holding no block began a new"
     " incarnation, fenced (7.2 s with these limits, 12 min by default;"
@@ -143,14 +148,18 @@ def test_a_token_of_another_registry_database_does_not_fence(make_cluster):
 
 # ------------------------------- 2. covered(): a copy that served elsewhere, put back
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "measured on PostgreSQL 15.20: the copy's row at the swap was a fenced"
     " incarnation of its own (Cause::DatabaseCopied, fence over 80 s"
     " before, its history the holders' incarnation), 60 grants against"
     " the live registry's 188; put in fleet's place, the holders' calls"
     " (their incarnation in its history, covered()) began no incarnation"
     " and no fence: B leased block 0 while A still used it, 104,255 IDs"
-    " made by both A and B, worker id 0 used by both for 5,506 ms"))
+    " made by both A and B (205,334 in a second run), worker id 0 used by"
+    " both for 5,506 ms. With"
+    " covered() made false (a local build, not committed) the put-back"
+    " began a fenced incarnation ('a holder saw 187 grants, this registry"
+    " has made 58') and no ID was made by both"))
 def test_a_copy_that_served_elsewhere_put_back(make_cluster):
     """The registry is the database `fleet` of R; holder A holds block 0,
     B wants it too. With both lease workers stopped and their sessions
@@ -325,7 +334,7 @@ def test_a_delete_by_a_foreign_key_cascade_fences(make_cluster):
     assert after[0] != before[0] and after[1], (before, after)
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "measured on PostgreSQL 15.20: TRUNCATE of the emptied lease table by a"
     " role with only TRUNCATE on it began a fenced incarnation (7.2 s with"
     " these limits, 12 min by default) though no row was removed: the"
@@ -380,3 +389,82 @@ def test_the_updated_trigger_has_the_transition_table(make_cluster):
         conn.execute(f"DELETE FROM snowflake_lease_blocks WHERE block = {ONE}")
     after = registry_state(r)
     assert after[0] != before[0] and after[1], (before, after)
+
+
+# ---------------------------------- 4. a registry database past the 8 signed slots
+def rolled_back_reply(x: Intruder, fn: str, req: dict) -> dict:
+    """test_adversarial_s17.rolled_back_reply: lease call `fn` in a DO block
+    that shows the reply by a NOTICE and then raises (the grant count never
+    commits; the token was signed)."""
+    got: list[str] = []
+
+    def notice(d):
+        if (d.message_primary or "").startswith("reply "):
+            got.append(d.message_primary[len("reply "):])
+    x.conn.add_notice_handler(notice)
+    try:
+        with pytest.raises(psycopg.errors.RaiseException):
+            x.conn.execute(f"""DO $do$ DECLARE rep jsonb; BEGIN
+                rep := {x.schema}.snowflake_lease_{fn}($j${json.dumps(req)}$j$::jsonb);
+                RAISE NOTICE 'reply %', rep;
+                RAISE EXCEPTION 'undo';
+                END $do$""")
+    finally:
+        x.conn.remove_notice_handler(notice)
+    assert got, "no reply shown"
+    return json.loads(got[0])
+
+
+@pytest.mark.parametrize("others", [0, pytest.param(8, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "measured on PostgreSQL 15.20: with 8 other registry databases signed"
+    " first, fleet's signed count reads 0 (no slot): the rolled-back"
+    " renewal's reply (2 grants, the registry 1) presented by the lease"
+    " role's node began a new incarnation, fenced (7.2 s here, 12 min by"
+    " default; 'a holder saw 2 grants, this registry has made 1 (it was"
+    " restored to an earlier state)'); with no other database (the"
+    " control), no fence")))])
+def test_a_rolled_back_grant_in_a_ninth_registry_database(make_cluster, others):
+    """test_adversarial_s17's rolled-back grant, in a registry database
+    past the postmaster's 8 signed-count slots: `others` registry
+    databases of the same cluster signed first (one lease call each,
+    claiming the slots, never given back). The lease role's node in
+    `fleet` leases a block, renews it in a DO block that raises (the reply
+    and its token reach it, the grant count rolls back), then renews
+    presenting that reply. With a slot, the signed count (the rolled-back
+    call's) keeps GrantsBack off; past the slots it reads 0, which "only
+    fences more": here, at the lease role's will. Wanted: no fence either
+    way."""
+    r = registry_server(make_cluster)
+    grant_lease_role(r)
+    for i in range(others):
+        db = f"other{i}"
+        r.create_db(db)
+        r.create_extension(db)
+        r.sql(LIMITS, dbname=db)
+        grant_lease_role_in(r, db)
+        o = DbIntruder(r, db, node=f"o{i}")
+        assert o.acquire()["blocks"], f"no block leased in {db}"
+        o.close()
+    r.create_db("fleet")
+    r.create_extension("fleet")
+    r.sql(LIMITS, dbname="fleet")
+    grant_lease_role_in(r, "fleet")
+    x = DbIntruder(r, "fleet", node="x")
+    first = x.acquire()
+    block = first["blocks"][0]["block"]
+    before = row_of(r, "fleet")
+    own = {k: first[k] for k in ("incarnation", "lsn", "grants", "token")}
+    ghost = rolled_back_reply(x, "renew", {"node": x.node, **x_renew(x, block), **own})
+    g = {k: ghost[k] for k in ("incarnation", "lsn", "grants", "token")}
+    x.call("renew", **{**x_renew(x, block), **g})
+    x.close()
+    after = row_of(r, "fleet")
+    print(f"\n[rolled-back grant, {others} other databases] ghost {g['grants']} grants;"
+          f" fleet {before[:4]} -> {after[:4]}")
+    assert after[0] == before[0] and not after[1], (before, after)
+
+
+def x_renew(x: Intruder, block: int) -> dict:
+    return {"layout": x.layout, "block_size": 16, "max_worker_id": 1023,
+            "blocks": [{"block": block, "high_ms": now_ms()}], "lease_ms": 6000,
+            "grace_ms": 1200, "high_ms": now_ms() + 66_000}
