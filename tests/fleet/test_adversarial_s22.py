@@ -155,18 +155,6 @@ def test_a_token_of_another_registry_database_does_not_fence(make_cluster):
 
 # ------------------------------- 2. covered(): a copy that served elsewhere, put back
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "measured on PostgreSQL 15.20: the copy's row at the swap was a fenced"
-    " incarnation of its own (Cause::DatabaseCopied, fence over 80 s"
-    " before, its history the holders' incarnation), 60 grants against"
-    " the live registry's 188; put in fleet's place, the holders' calls"
-    " (their incarnation in its history, covered()) began no incarnation"
-    " and no fence: B leased block 0 while A still used it, 104,255 IDs"
-    " made by both A and B (205,334 in a second run), worker id 0 used by"
-    " both for 5,506 ms. With"
-    " covered() made false (a local build, not committed) the put-back"
-    " began a fenced incarnation ('a holder saw 187 grants, this registry"
-    " has made 58') and no ID was made by both"))
 def test_a_copy_that_served_elsewhere_put_back(make_cluster):
     """The registry is the database `fleet` of R; holder A holds block 0,
     B wants it too. With both lease workers stopped and their sessions
@@ -181,7 +169,11 @@ def test_a_copy_that_served_elsewhere_put_back(make_cluster):
     history and a grant count above the row's and above snap's signed
     count: with covered() (a fenced row, the incarnation an earlier one
     of its lineage) no GrantsBack. Wanted: a fenced incarnation, and A and
-    B apart."""
+    B apart.
+    (With 88bb89b's covered(), which let a holder of an incarnation in a
+    fenced row's lineage fence no more: no fence at the swap, 104,255 IDs
+    made by both A and B, 205,334 in a second run; covered() is gone.)
+    """
     r = make_cluster(settings={"fsync": True})
     r.create_db("fleet")
     r.create_extension("fleet")

@@ -207,13 +207,6 @@ impl Cause {
     }
 }
 
-/// Whether grants of incarnation `known` are behind this row's fence: an
-/// earlier incarnation of its lineage, which this one began fenced after
-/// (a holder of it coming back later fences nothing more).
-fn covered(r: &IncarnationRow, known: &str) -> bool {
-    r.fenced_until_ms.is_some() && known != r.incarnation && r.had(known)
-}
-
 /// Until when a grant made before the postmaster started (forgotten by a
 /// restore in place, which restarts) can still repeat IDs: its holder
 /// uses it until a fence after the start at the latest, and its IDs may
@@ -403,7 +396,6 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                 && seen.grants > r.grants
                 && seen.grants > server.signed_grants
                 && r.previous_incarnation.as_deref() != Some(known)
-                && !covered(r, known)
                 && !seen.token.is_empty()
                 && believed(r, false) =>
         {
