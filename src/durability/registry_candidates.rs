@@ -1,6 +1,7 @@
 //! The last failover candidates' row the registry wrote, kept in the data
 //! directory (`snowflake_id.candidates.<database OID>`: each registry
-//! database has its own row) so that `DROP EXTENSION` does not take it: a standby that received that row may prove a promotion by it
+//! database has its own row) so that `DROP EXTENSION` does not take it: a
+//! standby that received that row may prove a promotion by it
 //! until its `valid_until`, so the row made anew names its members again
 //! (`snowflake_core::registry::durable::made_anew`).
 //!
@@ -18,10 +19,10 @@ use std::ffi::CString;
 /// (another fleet) writes a row of its own, which must not stand for
 /// this one's.
 fn file() -> String {
-    // SAFETY: MyDatabaseId is set once this backend is connected to a
-    // database, as every backend running SQL functions is.
-    let db = unsafe { pgrx::pg_sys::MyDatabaseId };
-    format!("snowflake_id.candidates.{}", db.to_u32())
+    format!(
+        "snowflake_id.candidates.{}",
+        crate::sql::leases::this_database()
+    )
 }
 
 /// The row last written here, if any.

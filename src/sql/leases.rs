@@ -327,7 +327,7 @@ pgrx::extension_sql_file!(
 );
 
 /// The OID of the database this backend is connected to.
-fn this_database() -> u32 {
+pub(crate) fn this_database() -> u32 {
     // SAFETY: MyDatabaseId is set once this backend is connected to a
     // database, as every backend running SQL functions is.
     unsafe { pg_sys::MyDatabaseId }.to_u32()

@@ -36,8 +36,9 @@ import pytest
 
 from harness import wait_until
 from helpers import apart_problems, Maker, old_release
-from fleet_helpers import (CONTESTED, DEFAULT_LAYOUT, duplicates, grant_lease_role, holder, Intruder,
-                           lease_limits, registry_server, registry_state, resume)
+from fleet_helpers import (CONTESTED, DEFAULT_LAYOUT, grant_lease_role, holder, Intruder, lease_worker,
+                           lease_limits, registry_server, registry_state, resume,
+                           swap_registry)
 
 LIMITS = ("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
           " max_ahead_ms => 70000)")
@@ -45,10 +46,6 @@ LIMITS = ("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def lease_worker(c) -> int:
-    return c.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowflake_id lease'")
 
 
 def lease_schema(r, dbname: str = "postgres") -> str:
@@ -207,26 +204,14 @@ def test_a_copy_that_served_elsewhere_put_back(make_cluster):
         time.sleep(0.5)
     live = row_of(r, "fleet")
     snap_now = row_of(r, "snap")
-    workers = [lease_worker(a), lease_worker(b)]
-    for w in workers:
-        os.kill(w, signal.SIGSTOP)
-    try:
+    def swap():
         sessions_gone(r, "fleet")
         sessions_gone(r, "snap")
         r.sql("ALTER DATABASE fleet RENAME TO orig")
         r.sql("ALTER DATABASE snap RENAME TO fleet")
-    finally:
-        resume(workers[1:])
-    made_b = len(maker_b.made)
-    try:
-        wait_until(lambda: len(maker_b.made) > made_b, timeout=30, what="B's IDs from block 0")
-    except AssertionError:
-        pass
-    time.sleep(8)
-    after = row_of(r, "fleet")
-    resume(workers[:1])
-    made_all = {"A": maker_a.stop(), "B": maker_b.stop()}
-    problems = duplicates(made_all) + apart_problems("A", made_all["A"], "B", made_all["B"])
+    after, made_all, problems = swap_registry(a, maker_a, b, maker_b, swap,
+                                              lambda: row_of(r, "fleet"))
+    problems += apart_problems("A", made_all["A"], "B", made_all["B"])
     print(f"\n[copy that served elsewhere, put back] copy {copied}; staging call"
           f" {staged.get('blocks')}; copy then {snap}, at the swap {snap_now}; live {live};"
           f" put back -> {after}; A made {len(made_all['A'])}, B {len(made_all['B'])};"
