@@ -258,9 +258,10 @@ NONE = {
 }
 
 
-def maintenance(r) -> None:
+def maintenance(r, rights: str = "SELECT, DELETE") -> None:
+    """A login role `maintenance` with only `rights` on the lease table."""
     r.sql("CREATE ROLE maintenance LOGIN")
-    r.sql("GRANT SELECT, DELETE ON snowflake_lease_blocks TO maintenance")
+    r.sql(f"GRANT {rights} ON snowflake_lease_blocks TO maintenance")
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -332,8 +333,7 @@ def test_a_truncate_of_the_empty_lease_table_forgets_nothing(make_cluster):
     wait_until(lambda: not registry_state(r)[1], timeout=30, what="the DELETE's fence over")
     before = registry_state(r)
     assert r.scalar("SELECT count(*) FROM snowflake_lease_blocks") == 0
-    r.sql("CREATE ROLE maintenance LOGIN")
-    r.sql("GRANT TRUNCATE ON snowflake_lease_blocks TO maintenance")
+    maintenance(r, "TRUNCATE")
     with r.connect(user="maintenance") as conn:
         conn.execute("TRUNCATE snowflake_lease_blocks")
     after = registry_state(r)
@@ -350,8 +350,7 @@ def test_a_truncate_of_a_leased_row_fences(make_cluster, isolation):
     r = registry_server(make_cluster)
     lease_limits(r)
     before = acquired_once(r)
-    r.sql("CREATE ROLE maintenance LOGIN")
-    r.sql("GRANT TRUNCATE ON snowflake_lease_blocks TO maintenance")
+    maintenance(r, "TRUNCATE")
     with r.connect(user="maintenance") as conn:
         conn.execute(f"SET default_transaction_isolation = '{isolation}'")
         conn.execute("TRUNCATE snowflake_lease_blocks")
@@ -373,8 +372,7 @@ def test_a_truncate_of_an_empty_table_under_a_snapshot_fences(make_cluster):
     grant_lease_role(r)
     r.sql("DELETE FROM snowflake_lease_blocks")
     wait_until(lambda: not registry_state(r)[1], timeout=30, what="the DELETE's fence over")
-    r.sql("CREATE ROLE maintenance LOGIN")
-    r.sql("GRANT SELECT, TRUNCATE ON snowflake_lease_blocks TO maintenance")
+    maintenance(r, "SELECT, TRUNCATE")
     with r.connect(user="maintenance", autocommit=False) as conn:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         assert conn.execute("SELECT count(*) FROM snowflake_lease_blocks").fetchone()[0] == 0
