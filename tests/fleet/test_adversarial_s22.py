@@ -26,7 +26,6 @@ on PostgreSQL 15.20."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -35,49 +34,11 @@ import psycopg
 import pytest
 
 from harness import wait_until
-from helpers import apart_problems, Maker, old_release
-from fleet_helpers import (CONTESTED, DEFAULT_LAYOUT, grant_lease_role, holder, Intruder, lease_worker,
-                           lease_limits, registry_server, registry_state, resume,
-                           swap_registry)
+from helpers import apart_problems, old_release
+from fleet_helpers import (acquired_once, contested_fleet, grant_lease_role, Intruder, lease_limits, lease_worker, LIMITS,
+                           now_ms, registry_server, registry_state, resume, rolled_back_reply,
+                           sessions_gone, swap_registry)
 
-LIMITS = ("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
-          " max_ahead_ms => 70000)")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def lease_schema(r, dbname: str = "postgres") -> str:
-    return r.scalar("SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-                    " WHERE p.proname = 'snowflake_lease_begin'", dbname=dbname)
-
-
-def grant_lease_role_in(r, dbname: str, name: str = "snowflake_lease") -> None:
-    """fleet_helpers.grant_lease_role in database `dbname` (roles are the
-    cluster's: one lease role for two registry databases)."""
-    schema = lease_schema(r, dbname)
-    if not r.scalar("SELECT count(*) FROM pg_roles WHERE rolname = %s", name):
-        r.sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 20")
-    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO {name}", dbname=dbname)
-    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
-              "durable(jsonb)"):
-        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO {name}", dbname=dbname)
-
-
-class DbIntruder(Intruder):
-    """fleet_helpers.Intruder, in registry database `dbname`."""
-
-    def __init__(self, r, dbname: str, node: str = "intruder", user: str = "snowflake_lease"):
-        self.r = r
-        self.node = node
-        self.schema = lease_schema(r, dbname)
-        self.conn = r.connect(dbname=dbname, user=user)
-        got = self.conn.execute(f"SELECT {self.schema}.snowflake_lease_hello(%s)",
-                                (node,)).fetchone()[0]
-        assert got is True, f"node {node} is taken"
-        rows = r.sql("SELECT DISTINCT layout FROM snowflake_lease_blocks", dbname=dbname)
-        self.layout = rows[0][0] if rows else DEFAULT_LAYOUT
 
 
 def row_of(r, dbname: str = "postgres") -> tuple:
@@ -86,13 +47,6 @@ def row_of(r, dbname: str = "postgres") -> tuple:
                  " to_jsonb(g)->'grants', to_jsonb(g)->'database_oid', to_jsonb(g)->'history'"
                  " FROM snowflake_lease_registry g", dbname=dbname)
     return rows[0] if rows else (None, False, None, 0, None, None)
-
-
-def sessions_gone(r, db: str) -> None:
-    r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-          " WHERE datname = %s AND pid <> pg_backend_pid()", db)
-    wait_until(lambda: r.scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
-                                db) == 0, timeout=30, what=f"no session in {db}")
 
 
 # --------------------------- 1. a token of another registry database of the cluster
@@ -127,8 +81,8 @@ def test_a_token_of_another_registry_database_fences_once_per_incarnation(make_c
     r.create_db("staging")
     r.create_extension("staging")
     r.sql(LIMITS, dbname="staging")
-    grant_lease_role_in(r, "staging")
-    s = DbIntruder(r, "staging", node="s")
+    grant_lease_role(r, dbname="staging")
+    s = Intruder(r, dbname="staging", node="s")
     got = s.acquire()
     block = got["blocks"][0]["block"]
     for _ in range(40):
@@ -172,17 +126,7 @@ def test_a_copy_that_served_elsewhere_put_back(make_cluster):
     fenced row's lineage fence no more: no fence at the swap, 104,255 IDs
     made by both A and B, 205,334 in a second run; covered() is gone.)
     """
-    r = make_cluster(settings={"fsync": True})
-    r.create_db("fleet")
-    r.create_extension("fleet")
-    r.sql(LIMITS, dbname="fleet")
-    s = {**CONTESTED, "snowflake_id.registry": r.conninfo(dbname="fleet")}
-    a = holder(make_cluster, r, **s)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **s)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    r, a, maker_a, b, maker_b = contested_fleet(make_cluster)
     time.sleep(3)
     workers = [lease_worker(a), lease_worker(b)]
     for w in workers:
@@ -194,8 +138,8 @@ def test_a_copy_that_served_elsewhere_put_back(make_cluster):
         resume(workers)
     copied = row_of(r, "snap")
     # A staging node's one call to the copy.
-    grant_lease_role_in(r, "snap")
-    staging = DbIntruder(r, "snap", node="staging")
+    grant_lease_role(r, dbname="snap")
+    staging = Intruder(r, dbname="snap", node="staging")
     staged = staging.acquire(allowed=[3])
     staging.close()
     snap = row_of(r, "snap")
@@ -223,14 +167,6 @@ def test_a_copy_that_served_elsewhere_put_back(make_cluster):
 
 
 # -------------------------------------------- 3. the forget trigger's DELETE forms
-def acquired_once(r) -> tuple:
-    grant_lease_role(r)
-    x = Intruder(r)
-    assert x.acquire()["blocks"], "no block leased"
-    x.close()
-    return registry_state(r)
-
-
 ONE = "(SELECT min(block) FROM snowflake_lease_blocks)"
 FORMS = {
     "returning": [f"DELETE FROM snowflake_lease_blocks WHERE block = {ONE} RETURNING block"],
@@ -426,29 +362,6 @@ def test_the_updated_trigger_has_the_transition_table(make_cluster):
 
 
 # ---------------------------------- 4. a registry database past the 8 signed slots
-def rolled_back_reply(x: Intruder, fn: str, req: dict) -> dict:
-    """test_adversarial_s17.rolled_back_reply: lease call `fn` in a DO block
-    that shows the reply by a NOTICE and then raises (the grant count never
-    commits; the token was signed)."""
-    got: list[str] = []
-
-    def notice(d):
-        if (d.message_primary or "").startswith("reply "):
-            got.append(d.message_primary[len("reply "):])
-    x.conn.add_notice_handler(notice)
-    try:
-        with pytest.raises(psycopg.errors.RaiseException):
-            x.conn.execute(f"""DO $do$ DECLARE rep jsonb; BEGIN
-                rep := {x.schema}.snowflake_lease_{fn}($j${json.dumps(req)}$j$::jsonb);
-                RAISE NOTICE 'reply %', rep;
-                RAISE EXCEPTION 'undo';
-                END $do$""")
-    finally:
-        x.conn.remove_notice_handler(notice)
-    assert got, "no reply shown"
-    return json.loads(got[0])
-
-
 @pytest.mark.parametrize("others", [0, 8])
 def test_a_rolled_back_grant_in_a_later_registry_database(make_cluster, others):
     """test_adversarial_s17's rolled-back grant, in a registry database
@@ -468,15 +381,15 @@ def test_a_rolled_back_grant_in_a_later_registry_database(make_cluster, others):
         r.create_db(db)
         r.create_extension(db)
         r.sql(LIMITS, dbname=db)
-        grant_lease_role_in(r, db)
-        o = DbIntruder(r, db, node=f"o{i}")
+        grant_lease_role(r, dbname=db)
+        o = Intruder(r, dbname=db, node=f"o{i}")
         assert o.acquire()["blocks"], f"no block leased in {db}"
         o.close()
     r.create_db("fleet")
     r.create_extension("fleet")
     r.sql(LIMITS, dbname="fleet")
-    grant_lease_role_in(r, "fleet")
-    x = DbIntruder(r, "fleet", node="x")
+    grant_lease_role(r, dbname="fleet")
+    x = Intruder(r, dbname="fleet", node="x")
     first = x.acquire()
     block = first["blocks"][0]["block"]
     before = row_of(r, "fleet")
@@ -509,15 +422,15 @@ def test_a_registry_database_past_the_signed_slots_is_refused(make_cluster):
     r.create_db("tmpl")
     r.create_extension("tmpl")
     r.sql(LIMITS, dbname="tmpl")
-    grant_lease_role_in(r, "tmpl")
+    grant_lease_role(r, dbname="tmpl")
     for i in range(64):
         r.sql(f"CREATE DATABASE d{i} TEMPLATE tmpl")
-        o = DbIntruder(r, f"d{i}", node=f"o{i}")
+        o = Intruder(r, dbname=f"d{i}", node=f"o{i}")
         o.acquire()   # a copy's first call: fenced, signed
         o.close()
     r.sql("CREATE DATABASE past TEMPLATE tmpl")
     before = row_of(r, "past")
-    p = DbIntruder(r, "past", node="p")
+    p = Intruder(r, dbname="past", node="p")
     with pytest.raises(psycopg.errors.ConfigurationLimitExceeded) as refused:
         p.acquire()
     p.close()
@@ -527,10 +440,10 @@ def test_a_registry_database_past_the_signed_slots_is_refused(make_cluster):
     assert "64 databases" in diag.message_primary
     assert "Restart the registry server" in (diag.message_hint or "")
     assert row_of(r, "past") == before
-    o = DbIntruder(r, "d0", node="o0b")
+    o = Intruder(r, dbname="d0", node="o0b")
     o.acquire()
     o.close()
     r.restart()
-    p = DbIntruder(r, "past", node="p")
+    p = Intruder(r, dbname="past", node="p")
     p.acquire()
     p.close()
