@@ -286,6 +286,7 @@ fn snowflake_lease_sign(key: &str, incarnation: &str, lsn: i64, grants: i64) -> 
     }
     token::sign(
         key,
+        this_database(),
         incarnation,
         u64::from_ne_bytes(lsn.to_ne_bytes()),
         grants,

@@ -481,7 +481,7 @@ def test_a_request_without_a_token_is_served_and_the_reply_has_one(make_cluster)
         assert [b["block"] for b in again["blocks"]] == [block]
         assert again["fenced_until_ms"] is None
         for reply in (first, again):
-            assert re.fullmatch(r"[0-9a-f]{32}", reply.get("token", "")), reply
+            assert re.fullmatch(r"[0-9a-f]{40}", reply.get("token", "")), reply
         assert first["token"] != again["token"]
     finally:
         x.close()

@@ -164,6 +164,7 @@ enum Cause {
     FsyncOffRestart,
     OlderIncarnation { known: String },
     UnknownIncarnation { known: String },
+    SignedElsewhere { known: String, database: u32 },
     DatabaseCopied { was: u32 },
     DatabaseUnrecorded,
 }
@@ -202,6 +203,10 @@ impl Cause {
             Cause::OlderIncarnation { known } => format!("node {node} knew incarnation {known}"),
             Cause::UnknownIncarnation { known } => format!(
                 "node {node} knew incarnation {known}, which this registry never had (it was restored to an earlier state)"
+            ),
+            Cause::SignedElsewhere { known, database } => format!(
+                "node {node} knew incarnation {known}, which this registry never had, under its key in database OID {database}, this is OID {} (a copy of this database served holders)",
+                server.database_oid
             ),
         }
     }
@@ -295,7 +300,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             return unsigned_counts;
         }
         (made_anew && row.new_key)
-            || token::verify(&row.token_key, known, seen_lsn, seen.grants, &seen.token)
+            || token::verify(&row.token_key, known, seen_lsn, seen.grants, &seen.token).is_some()
     };
     if rows.registry.as_ref().is_some_and(|r| {
         seen_lsn > server.insert_lsn && r.timeline == server.timeline && !believed(r, false)
@@ -322,10 +327,25 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
                     let lsn = parse_lsn(&e.lsn)?;
                     let past = lsn > server.insert_lsn
                         || (e.grants > r.grants && e.grants > server.signed_grants && counted);
-                    (past && token::verify(&r.token_key, &e.incarnation, lsn, e.grants, &e.token))
-                        .then_some((lsn, e.grants, r.grants))
+                    (past
+                        && token::verify(&r.token_key, &e.incarnation, lsn, e.grants, &e.token)
+                            .is_some())
+                    .then_some((lsn, e.grants, r.grants))
                 })
         });
+    // The database another than this one that signed, under this row's
+    // key, the incarnation the request names, which this row never had.
+    let signed_elsewhere = |r: &IncarnationRow| -> Option<u32> {
+        if known.is_empty()
+            || r.had(known)
+            || server.database_oid == 0
+            || super::mutation::active(super::mutation::Mutation::NoDatabaseIdentity)
+        {
+            return None;
+        }
+        token::verify(&r.token_key, known, seen_lsn, seen.grants, &seen.token)
+            .filter(|d| *d != server.database_oid)
+    };
     let (cause, evidence) = match &rows.registry {
         None => {
             let evidence = !known.is_empty()
@@ -371,6 +391,23 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             // 45,949 IDs made twice when it learned its database unfenced).
             // Fenced once, as a copy would be.
             (Some(Cause::DatabaseUnrecorded), true)
+        }
+        Some(r) if signed_elsewhere(r).is_some() => {
+            // A copy of this database (its row, its key) served holders
+            // with grants this one never made, at any time: a database
+            // copied, renamed in and out needs no restart, so no window
+            // after the postmaster's start bounds them
+            // (tests/fleet/test_adversarial_s23.py: the original put back
+            // after a copy that granted less than it, 64,058 IDs made
+            // twice). Once per such incarnation: it joins the lineage.
+            let database = signed_elsewhere(r).unwrap_or_default();
+            (
+                Some(Cause::SignedElsewhere {
+                    known: known.to_string(),
+                    database,
+                }),
+                true,
+            )
         }
         Some(_) if earlier_past.is_some() => {
             let (lsn, grants, have) = earlier_past.unwrap_or_default();
@@ -481,8 +518,11 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
     let known_verified = (!known.is_empty()
         && !seen.token.is_empty()
         && old.as_ref().map_or_else(
-            || token::verify(&server.fresh_key, known, seen_lsn, seen.grants, &seen.token),
-            |o| token::verify(&o.token_key, known, seen_lsn, seen.grants, &seen.token),
+            || {
+                token::verify(&server.fresh_key, known, seen_lsn, seen.grants, &seen.token)
+                    .is_some()
+            },
+            |o| token::verify(&o.token_key, known, seen_lsn, seen.grants, &seen.token).is_some(),
         ))
     .then_some(known);
     let proven = matches!(

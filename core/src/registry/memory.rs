@@ -384,7 +384,13 @@ impl Store {
         let here = self.signed.1.entry(self.database_oid).or_default();
         *here = (*here).max(out.answer.grants);
         let head = ReplyHead {
-            token: token::sign(&key, &out.answer.incarnation, lsn, out.answer.grants),
+            token: token::sign(
+                &key,
+                self.database_oid,
+                &out.answer.incarnation,
+                lsn,
+                out.answer.grants,
+            ),
             grants: out.answer.grants,
             incarnation: out.answer.incarnation.clone(),
             lsn: format_lsn(lsn),

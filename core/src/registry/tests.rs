@@ -1251,6 +1251,67 @@ fn a_fleet_moved_from_another_registry_database_of_the_cluster_fences() {
 }
 
 #[test]
+fn the_original_put_back_after_a_copy_that_granted_less_fences() {
+    // tests/fleet/test_adversarial_s23.py: as above, but the original went
+    // on granting after the copy was taken, more than the copy did while
+    // it served, and was put back long after the postmaster started: the
+    // holders' count was below the original's, the windows for an
+    // incarnation it never had closed: no fence, 64,058 IDs made twice on
+    // PostgreSQL 15. The copy's token names the copy's database.
+    let mut s = store_with(&["a", "busy"]);
+    let t = T0 + 1_000;
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), t), t)
+        .unwrap();
+    let copied = s.tables.clone();
+    let oid = s.database_oid;
+    let got = s
+        .lease(101, &acquire("busy", 1, Seen::default(), t), t)
+        .unwrap();
+    let (blk, mut busy) = (got.blocks[0].block, got.head);
+    for i in 0..50 {
+        let now = t + 100 * i;
+        busy = s
+            .lease(101, &renew("busy", &[blk], seen_of(&busy), now), now)
+            .unwrap()
+            .head;
+    }
+    let original = s.tables.clone();
+    let mut t = T0 + 30_000;
+    s.put_back_copy(&copied);
+    s.connect(102, t);
+    assert_eq!(s.hello(102, "a"), Ok(true));
+    let mut head = s
+        .lease(102, &renew("a", &[], seen_of(&r.head), t), t)
+        .unwrap()
+        .head;
+    assert!(head.fenced_until_ms.is_some(), "{head:?}");
+    t += FENCE + 1_000;
+    for _ in 0..3 {
+        head = s
+            .lease(102, &acquire("a", 1, seen_of(&head), t), t)
+            .unwrap()
+            .head;
+        t += 1_000;
+    }
+    assert!(head.grants < busy.grants, "{head:?} {busy:?}");
+    let now = T0 + 200_000 + FENCE + MARKS_PASSED;
+    s.put_back_database(&original, oid);
+    s.connect(103, now);
+    assert_eq!(s.hello(103, "a"), Ok(true));
+    let back = s
+        .lease(103, &renew("a", &[], seen_of(&head), now), now)
+        .unwrap();
+    assert_eq!(back.head.fenced_until_ms, Some(now + FENCE), "{back:?}");
+    // Once: the copy's incarnation joined the lineage.
+    let later = now + FENCE + 1_000;
+    let again = s
+        .lease(103, &renew("a", &[], seen_of(&head), later), later)
+        .unwrap();
+    assert_eq!(again.head.incarnation, back.head.incarnation, "{again:?}");
+}
+
+#[test]
 fn a_row_from_before_its_database_was_recorded_fences_once_and_so_does_its_copy() {
     // tests/fleet/test_adversarial_s21.py: a copy taken on 0.7.0 (its row
     // names no database), updated and put back after the registry moved on,
