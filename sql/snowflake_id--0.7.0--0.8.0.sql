@@ -79,7 +79,7 @@ CREATE FUNCTION snowflake_id_internal.snowflake_lease_durable_decide(facts jsonb
 RETURNS jsonb IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_durable_decide_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn, grants bigint)
-RETURNS text IMMUTABLE STRICT PARALLEL SAFE
+RETURNS text VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_data_key()
 RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
@@ -736,10 +736,20 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     facts jsonb;
 BEGIN
-    -- A DELETE that deleted no row forgot nothing (a role with only DELETE
-    -- on the table would otherwise fence the fleet at will).
+    -- A DELETE that deleted no row, or a TRUNCATE of an empty table, forgot
+    -- nothing (a role with only DELETE or TRUNCATE on the table would
+    -- otherwise fence the fleet at will). TRUNCATE fires this before it
+    -- empties the table, which it has locked ACCESS EXCLUSIVE: every
+    -- writer has ended, and under READ COMMITTED the query below sees
+    -- every committed row; under a transaction snapshot it might not, so
+    -- there the TRUNCATE forgets.
     IF TG_OP = 'DELETE' THEN
         IF NOT EXISTS (SELECT 1 FROM gone) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF TG_OP = 'TRUNCATE' THEN
+        IF pg_catalog.current_setting('transaction_isolation') = 'read committed'
+           AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks) THEN
             RETURN NULL;
         END IF;
     END IF;
@@ -761,6 +771,10 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget() IS
 DROP TRIGGER snowflake_lease_blocks_forget ON @extschema@.snowflake_lease_blocks;
 CREATE TRIGGER snowflake_lease_blocks_forget AFTER DELETE ON @extschema@.snowflake_lease_blocks
     REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
+-- Before the TRUNCATE, which has emptied the table after: it looks.
+DROP TRIGGER snowflake_lease_blocks_truncate ON @extschema@.snowflake_lease_blocks;
+CREATE TRIGGER snowflake_lease_blocks_truncate BEFORE TRUNCATE ON @extschema@.snowflake_lease_blocks
+    FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 
 -- == Getting it, switching to it and watching it (issue 43) ==
 

@@ -147,3 +147,15 @@ pub fn invalid_lease_request(required: &str, error: &str) -> ! {
         Some("The snowflake_id lease worker never sends such a request: who called the lease functions by hand?".into()),
     )
 }
+
+/// 53400: a lease call in a registry database past the signed-count slots
+/// of the postmaster (`shmem::SIGNED_DATABASES`): it would sign a reply
+/// whose grant count nothing kept.
+pub fn registry_databases_full(slots: usize) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        format!("this registry server already answers lease calls in {slots} databases"),
+        Some(format!("Each database in which this server signed a lease reply since it started keeps the reply's grant count in one of {slots} places in shared memory until it restarts; without one, a reply whose call rolled back could not be told from a grant the registry forgot.")),
+        Some("Restart the registry server to free the places of databases that no longer serve as registries, or serve this fleet from a registry database in another cluster.".into()),
+    )
+}

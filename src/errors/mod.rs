@@ -41,7 +41,7 @@ pub use decode::{
 };
 pub use fleet::{
     fleet_unknown, invalid_lease_request, lease_call_in_transaction, no_lease, no_lease_on_standby,
-    registry_refusal, REGISTRY_HIDDEN,
+    registry_databases_full, registry_refusal, REGISTRY_HIDDEN,
 };
 pub use generate::{
     bad_batch_size, behind_floor, behind_server, borrowed_lead, floor_in_this_tick, generator,

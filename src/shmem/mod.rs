@@ -114,27 +114,31 @@ pub struct Header {
     pub signed_grants: SignedGrants,
 }
 
-/// How many registry databases of one cluster keep their own signed count.
-const SIGNED_DATABASES: usize = 8;
+/// How many registry databases of one cluster keep their own signed count
+/// from one postmaster start (`errors::registry_databases_full`).
+pub const SIGNED_DATABASES: usize = 64;
 
 /// The highest grant count signed in each registry database: a slot per
 /// database OID, claimed by compare-and-swap from 0 (no lock), never given
-/// back. A database past the slots reads 0: a count it signed is then no
-/// evidence against a fence (a holder's larger count fences), never the
-/// other way round.
+/// back until the postmaster restarts. A database that finds no slot signs
+/// nothing (its lease call is refused): a count it signed must be known,
+/// or a reply whose call rolled back would read as a grant this registry
+/// forgot.
 pub struct SignedGrants {
     slots: [(AtomicU32, AtomicI64); SIGNED_DATABASES],
 }
 
 impl SignedGrants {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             slots: std::array::from_fn(|_| (AtomicU32::new(0), AtomicI64::new(0))),
         }
     }
 
-    /// Records `grants` signed in database `db`.
-    pub fn record(&self, db: u32, grants: i64) {
+    /// Records `grants` signed in database `db`; false when every slot is
+    /// another database's (nothing recorded: it must not sign).
+    #[must_use]
+    pub fn record(&self, db: u32, grants: i64) -> bool {
         for (oid, count) in &self.slots {
             let owner = match oid.compare_exchange(0, db, AcqRel, Acquire) {
                 Ok(_) => db,
@@ -142,17 +146,39 @@ impl SignedGrants {
             };
             if owner == db {
                 count.fetch_max(grants, AcqRel);
-                return;
+                return true;
             }
         }
+        false
     }
 
-    /// The highest grant count signed in database `db` (0: none recorded).
+    /// The highest grant count signed in database `db` since the postmaster
+    /// started (0: none; a database with no slot signed none).
     pub fn get(&self, db: u32) -> i64 {
         self.slots
             .iter()
             .find(|(oid, _)| oid.load(Acquire) == db)
             .map_or(0, |(_, count)| count.load(Acquire))
+    }
+}
+
+#[cfg(test)]
+mod signed_grants_tests {
+    use super::{SignedGrants, SIGNED_DATABASES};
+
+    #[test]
+    fn each_database_keeps_its_own_count_and_one_past_the_slots_signs_nothing() {
+        let s = SignedGrants::new();
+        for db in 1..=SIGNED_DATABASES as u32 {
+            assert!(s.record(db, i64::from(db) * 10));
+        }
+        assert!(s.record(3, 5), "a database keeps its slot");
+        assert_eq!(s.get(3), 30, "the count only rises");
+        assert!(s.record(3, 31));
+        assert_eq!(s.get(3), 31);
+        let past = SIGNED_DATABASES as u32 + 1;
+        assert!(!s.record(past, 7), "no slot left");
+        assert_eq!(s.get(past), 0);
     }
 }
 

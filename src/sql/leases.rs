@@ -270,16 +270,19 @@ fn snowflake_lease_data_key() -> JsonB {
 
 /// The registry's token for `incarnation` at `lsn` with `grants` under
 /// `key` (`snowflake_core::registry::token`): '' for a key that is none.
-/// Declared with `pg_lsn`, which is passed by value as a 64-bit integer,
-/// as the `i64` the wrapper reads.
+/// Records `grants` as signed in this database first (refused, 53400, past
+/// the slots: `shmem::SignedGrants`). Declared with `pg_lsn`, which is passed by
+/// value as a 64-bit integer, as the `i64` the wrapper reads.
 #[pg_extern(sql = r#"
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_sign(key text, incarnation text, lsn pg_lsn, grants bigint)
-RETURNS text IMMUTABLE STRICT PARALLEL SAFE
+RETURNS text VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_sign_wrapper';
 "#)]
 fn snowflake_lease_sign(key: &str, incarnation: &str, lsn: i64, grants: i64) -> String {
     if let Some(header) = crate::shmem::header() {
-        header.signed_grants.record(this_database(), grants);
+        if !header.signed_grants.record(this_database(), grants) {
+            errors::registry_databases_full(crate::shmem::SIGNED_DATABASES);
+        }
     }
     token::sign(
         key,

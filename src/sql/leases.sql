@@ -464,10 +464,20 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     facts jsonb;
 BEGIN
-    -- A DELETE that deleted no row forgot nothing (a role with only DELETE
-    -- on the table would otherwise fence the fleet at will).
+    -- A DELETE that deleted no row, or a TRUNCATE of an empty table, forgot
+    -- nothing (a role with only DELETE or TRUNCATE on the table would
+    -- otherwise fence the fleet at will). TRUNCATE fires this before it
+    -- empties the table, which it has locked ACCESS EXCLUSIVE: every
+    -- writer has ended, and under READ COMMITTED the query below sees
+    -- every committed row; under a transaction snapshot it might not, so
+    -- there the TRUNCATE forgets.
     IF TG_OP = 'DELETE' THEN
         IF NOT EXISTS (SELECT 1 FROM gone) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF TG_OP = 'TRUNCATE' THEN
+        IF pg_catalog.current_setting('transaction_isolation') = 'read committed'
+           AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks) THEN
             RETURN NULL;
         END IF;
     END IF;
@@ -487,7 +497,8 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_forget() IS
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_forget() FROM PUBLIC;
 CREATE TRIGGER snowflake_lease_blocks_forget AFTER DELETE ON snowflake_lease_blocks
     REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
-CREATE TRIGGER snowflake_lease_blocks_truncate AFTER TRUNCATE ON snowflake_lease_blocks
+-- Before the TRUNCATE, which has emptied the table after.
+CREATE TRIGGER snowflake_lease_blocks_truncate BEFORE TRUNCATE ON snowflake_lease_blocks
     FOR EACH STATEMENT EXECUTE FUNCTION snowflake_id_internal.snowflake_lease_forget();
 -- Rows that arrive leased come from a restore (pg_restore, COPY): the
 -- registry's record is older than its holders'. (The lease functions

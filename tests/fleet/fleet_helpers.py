@@ -33,15 +33,18 @@ def registry_server(make_cluster, **settings):
     return r
 
 
-def lease_limits(r) -> None:
+LIMITS = ("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
+          " max_ahead_ms => 70000)")
+
+
+def lease_limits(r, dbname: str = "postgres") -> None:
     """The registry's limits for LEASE (0.7.0, snowflake_lease_set_limits):
     a fence after a failover that lost grants lasts the limits' lease time
     plus grace, 6 s + 1.2 s, rather than the defaults' 10 min + 2 min. Marks
     are the holder's clock + 6 s + the default max_drift (60 s): 70 s
     leaves 4 s for its clock."""
-    if r.scalar("SELECT to_regproc('snowflake_lease_set_limits') IS NOT NULL"):
-        r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
-              " max_ahead_ms => 70000)")
+    if r.scalar("SELECT to_regproc('snowflake_lease_set_limits') IS NOT NULL", dbname=dbname):
+        r.sql(LIMITS, dbname=dbname)
 
 
 def holder(make_cluster, registry, start=True, env=None, **settings):
@@ -77,6 +80,25 @@ def lease_worker(c) -> int:
     return c.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowflake_id lease'")
 
 
+def contested_fleet(make_cluster, dbname: str = "fleet") -> tuple:
+    """The registry in database `dbname` of a server R (fsync on, the
+    limits for LEASE); holder A making IDs from block 0 (CONTESTED: worker
+    ids 0-15, one block), holder B waiting for it. Returns (r, a, maker_a,
+    b, maker_b)."""
+    r = make_cluster(settings={"fsync": True})
+    r.create_db(dbname)
+    r.create_extension(dbname)
+    lease_limits(r, dbname)
+    s = {**CONTESTED, "snowflake_id.registry": r.conninfo(dbname=dbname)}
+    a = holder(make_cluster, r, **s)
+    maker_a = Maker(a, statement_timeout="60s")
+    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
+    b = holder(make_cluster, r, **s)
+    maker_b = Maker(b, statement_timeout="60s")
+    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    return r, a, maker_a, b, maker_b
+
+
 def swap_registry(a, maker_a: Maker, b, maker_b: Maker, swap, state) -> tuple:
     """Another database put in the registry's place while holders A and B
     both want block 0: with both lease workers stopped, `swap()` runs
@@ -105,17 +127,28 @@ def swap_registry(a, maker_a: Maker, b, maker_b: Maker, swap, state) -> tuple:
 # ------------------------------------------------------- a hostile lease role
 # (tests/fleet/test_adversarial_*.py; test_registry_limits.py has its own,
 # older copy.)
-def grant_lease_role(r, name: str = "snowflake_lease") -> None:
-    """The lease role with the rights docs/operations/fleet.md grants it,
-    and its documented CONNECTION LIMIT 20."""
-    schema = r.scalar(
-        "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE p.proname = 'snowflake_lease_begin'")
-    r.sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 20")
-    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO {name}")
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def lease_schema(r, dbname: str = "postgres") -> str:
+    """The schema of the lease functions in database `dbname`."""
+    return r.scalar("SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                    " WHERE p.proname = 'snowflake_lease_begin'", dbname=dbname)
+
+
+def grant_lease_role(r, name: str = "snowflake_lease", dbname: str = "postgres") -> None:
+    """The lease role with the rights docs/operations/fleet.md grants it in
+    registry database `dbname`, and its documented CONNECTION LIMIT 20
+    (made when missing: roles are the cluster's, one for several registry
+    databases)."""
+    schema = lease_schema(r, dbname)
+    if not r.scalar("SELECT count(*) FROM pg_roles WHERE rolname = %s", name):
+        r.sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 20")
+    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO {name}", dbname=dbname)
     for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
               "durable(jsonb)"):
-        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO {name}")
+        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO {name}", dbname=dbname)
 
 
 def grant_server_roles(r, servers: list[str], connection_limit: int = 3) -> dict[str, str]:
@@ -153,17 +186,16 @@ class Intruder:
     """One session of the lease role, introduced as a made-up node, sending
     whatever that role may send (requests as jsonb text)."""
 
-    def __init__(self, r, node: str = "intruder", user: str = "snowflake_lease"):
+    def __init__(self, r, node: str = "intruder", user: str = "snowflake_lease",
+                 dbname: str = "postgres"):
         self.r = r
         self.node = node
-        self.schema = r.scalar(
-            "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-            " WHERE p.proname = 'snowflake_lease_begin'")
-        self.conn = r.connect(user=user)
+        self.schema = lease_schema(r, dbname)
+        self.conn = r.connect(dbname=dbname, user=user)
         got = self.conn.execute(f"SELECT {self.schema}.snowflake_lease_hello(%s)",
                                 (node,)).fetchone()[0]
         assert got is True, f"node {node} is taken"
-        rows = r.sql("SELECT DISTINCT layout FROM snowflake_lease_blocks")
+        rows = r.sql("SELECT DISTINCT layout FROM snowflake_lease_blocks", dbname=dbname)
         self.layout = rows[0][0] if rows else DEFAULT_LAYOUT
 
     def close(self) -> None:
@@ -200,6 +232,48 @@ def registry_state(r) -> tuple:
     rows = r.sql("SELECT incarnation, coalesce(fenced_until > now(), false), cause"
                  " FROM snowflake_lease_registry")
     return rows[0] if rows else (None, False, None)
+
+
+def acquired_once(r) -> tuple:
+    """One block leased by the lease role (an intruder node), then the
+    registry's state."""
+    grant_lease_role(r)
+    x = Intruder(r)
+    assert x.acquire()["blocks"], "no block leased"
+    x.close()
+    return registry_state(r)
+
+
+def rolled_back_reply(x: Intruder, fn: str, req: dict) -> dict:
+    """Lease call `fn` in a DO block that shows the reply by a NOTICE and
+    then raises: the reply (and its token) reach the caller, the grant
+    count never commits."""
+    got: list[str] = []
+
+    def notice(d):
+        if (d.message_primary or "").startswith("reply "):
+            got.append(d.message_primary[len("reply "):])
+    x.conn.add_notice_handler(notice)
+    try:
+        with contextlib.suppress(psycopg.errors.RaiseException):
+            x.conn.execute(f"""DO $do$ DECLARE rep jsonb; BEGIN
+                rep := {x.schema}.snowflake_lease_{fn}($j${json.dumps(req)}$j$::jsonb);
+                RAISE NOTICE 'reply %', rep;
+                RAISE EXCEPTION 'undo';
+                END $do$""")
+            raise AssertionError("the DO block did not raise")
+    finally:
+        x.conn.remove_notice_handler(notice)
+    assert got, "no reply came back"
+    return json.loads(got[0])
+
+
+def sessions_gone(r, db: str) -> None:
+    """Every session of database `db` ended."""
+    r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+          " WHERE datname = %s AND pid <> pg_backend_pid()", db)
+    wait_until(lambda: r.scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                                db) == 0, timeout=30, what=f"no session in {db}")
 
 
 def duplicates(made: dict[str, list[int]]) -> list[str]:

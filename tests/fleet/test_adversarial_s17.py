@@ -39,15 +39,11 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import Maker, apart_problems
-from fleet_helpers import (duplicates, restore_in_place, first_ids_within, grant_lease_role, holder, hosts, Intruder,
-                          lease_limits, named_standby, registry_server, registry_state,
-                          require_sync, resume)
+from fleet_helpers import (duplicates, first_ids_within, grant_lease_role, holder, hosts, Intruder,
+                           lease_limits, named_standby, now_ms, registry_server, registry_state,
+                           require_sync, restore_in_place, resume, rolled_back_reply)
 
 HOLD_S = 20
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def fleet(make_cluster, **settings):
@@ -397,30 +393,6 @@ def test_a_lease_call_whose_commit_waits_for_replay_on_a_standby_does_not_stop_t
 
 
 # ----------------------------------------- evidence from a grant that never committed
-def rolled_back_reply(x: Intruder, fn: str, req: dict) -> dict:
-    """Lease call `fn` of the lease role's session `x` in a DO block that
-    shows the reply by a NOTICE and then raises: the registry's reply (and
-    its token) reach the client, the call's writes (the grant count among
-    them) never commit. (A subtransaction is refused, 25001.)"""
-    got: list[str] = []
-
-    def notice(d):
-        if (d.message_primary or "").startswith("reply "):
-            got.append(d.message_primary[len("reply "):])
-    x.conn.add_notice_handler(notice)
-    try:
-        with pytest.raises(psycopg.errors.RaiseException):
-            x.conn.execute(f"""DO $do$ DECLARE rep jsonb; BEGIN
-                rep := {x.schema}.snowflake_lease_{fn}($j${json.dumps(req)}$j$::jsonb);
-                RAISE NOTICE 'reply %', rep;
-                RAISE EXCEPTION 'undo';
-                END $do$""")
-    finally:
-        x.conn.remove_notice_handler(notice)
-    assert got, "no reply came back"
-    return json.loads(got[0])
-
-
 def renew_req(x: Intruder, block: int, **seen) -> dict:
     return {"node": x.node, "incarnation": "", "lsn": "0/0", "layout": x.layout,
             "block_size": 16, "max_worker_id": 1023,

@@ -33,13 +33,10 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import apart_problems, Maker, ms_of
-from fleet_helpers import (CONTESTED, duplicates, grant_lease_role, holder, hosts, Intruder, lease_limits, lease_worker,
-                           named_standby, registry_server, registry_state, require_sync,
-                           restore_in_place, resume, swap_registry)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
+from fleet_helpers import (LIMITS, CONTESTED, contested_fleet, duplicates, grant_lease_role, holder, hosts,
+                           Intruder, lease_limits, lease_worker, named_standby, now_ms,
+                           registry_server, registry_state, require_sync, restore_in_place, resume,
+                           sessions_gone, swap_registry)
 
 
 def grants(r) -> int:
@@ -157,13 +154,6 @@ def test_holders_away_past_the_window_after_a_restore_from_before_create_extensi
 # ------------------------- 2. a restore that needs no restart: a database copy
 
 
-def fleet_sessions_gone(r, db: str) -> None:
-    r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-          " WHERE datname = %s AND pid <> pg_backend_pid()", db)
-    wait_until(lambda: r.scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
-                                db) == 0, timeout=30, what=f"no session in {db}")
-
-
 @pytest.mark.slow
 def test_a_registry_database_put_back_from_a_copy_made_before_create_extension(make_cluster):
     """The fleet's registry is the database `fleet` of R (6 s leases);
@@ -183,19 +173,7 @@ def test_a_registry_database_put_back_from_a_copy_made_before_create_extension(m
     A and B on PostgreSQL 15 (107,942 on 18). Now the row names the
     database it was written in: the copy's, in a database with another
     OID, starts a fenced incarnation, and no ID is made by A and B."""
-    r = make_cluster(settings={"fsync": True})
-    r.create_db("fleet")
-    r.create_extension("fleet")
-    limits = ("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
-              " max_ahead_ms => 70000)")
-    r.sql(limits, dbname="fleet")
-    s = {**CONTESTED, "snowflake_id.registry": r.conninfo(dbname="fleet")}
-    a = holder(make_cluster, r, **s)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **s)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    r, a, maker_a, b, maker_b = contested_fleet(make_cluster)
     time.sleep(30)
 
     def state():
@@ -207,12 +185,12 @@ def test_a_registry_database_put_back_from_a_copy_made_before_create_extension(m
     for w in workers:
         os.kill(w, signal.SIGSTOP)
     try:
-        fleet_sessions_gone(r, "fleet")
+        sessions_gone(r, "fleet")
         r.sql("CREATE DATABASE snap TEMPLATE fleet")
         snap = state()
         with r.connect(dbname="fleet") as conn:
             conn.execute(f"DROP EXTENSION snowflake_id CASCADE; CREATE EXTENSION snowflake_id;"
-                         f" {limits}")
+                         f" {LIMITS}")
     finally:
         resume(workers)
     wait_until(lambda: state()[0] not in (None, snap[0]), timeout=60,

@@ -34,30 +34,10 @@ import pytest
 
 from harness import wait_until
 from helpers import apart_problems, Maker, old_release
-from fleet_helpers import (CONTESTED, duplicates, grant_lease_role, holder, hosts, Intruder, lease_limits, lease_worker,
-                           named_standby, registry_server, registry_state, require_sync,
-                           resume, swap_registry)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def lease_schema(r, dbname: str = "postgres") -> str:
-    return r.scalar("SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-                    " WHERE p.proname = 'snowflake_lease_begin'", dbname=dbname)
-
-
-def grant_lease_role_in(r, dbname: str, name: str = "snowflake_lease") -> None:
-    """fleet_helpers.grant_lease_role, in database `dbname` (the role is
-    made when missing: roles are the cluster's)."""
-    schema = lease_schema(r, dbname)
-    if not r.scalar("SELECT count(*) FROM pg_roles WHERE rolname = %s", name):
-        r.sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 20")
-    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO {name}", dbname=dbname)
-    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
-              "durable(jsonb)"):
-        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO {name}", dbname=dbname)
+from fleet_helpers import (acquired_once, CONTESTED, contested_fleet, duplicates, grant_lease_role,
+                           holder, hosts, lease_limits, lease_schema, lease_worker,
+                           named_standby, now_ms, registry_server, registry_state,
+                           require_sync, resume, sessions_gone, swap_registry)
 
 
 def durable_check(r, dbname: str, user: str = "snowflake_lease") -> dict:
@@ -134,7 +114,7 @@ def test_a_second_registry_database_overwrites_the_kept_candidates(make_cluster)
     lease_limits(p)
     p.create_db("other")
     p.create_extension("other")
-    grant_lease_role_in(p, "other")
+    grant_lease_role(p, dbname="other")
     other_made = time.time()
     s1 = named_standby(make_cluster, p, "s1", "s1")
     named_standby(make_cluster, p, "s2", "s2")
@@ -190,13 +170,6 @@ def test_a_second_registry_database_overwrites_the_kept_candidates(make_cluster)
 
 
 # --------------- 2. a row that names no database: a copy taken before it learned
-def fleet_sessions_gone(r, db: str) -> None:
-    r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-          " WHERE datname = %s AND pid <> pg_backend_pid()", db)
-    wait_until(lambda: r.scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
-                                db) == 0, timeout=30, what=f"no session in {db}")
-
-
 @pytest.mark.slow
 def test_a_copy_taken_on_0_7_0_updated_and_put_back(make_cluster):
     """test_adversarial_s19's database copy put back, with a copy taken
@@ -244,7 +217,7 @@ def test_a_copy_taken_on_0_7_0_updated_and_put_back(make_cluster):
     for w in workers:
         os.kill(w, signal.SIGSTOP)
     try:
-        fleet_sessions_gone(r, "fleet")
+        sessions_gone(r, "fleet")
         r.sql("CREATE DATABASE snap TEMPLATE fleet")
     finally:
         resume(workers)
@@ -379,19 +352,7 @@ def test_the_original_registry_database_put_back_after_its_copy_served(make_clus
     started none (Cause::GrantsBack only above that count, which the
     copy's grants had raised): 94,958 IDs made by both A and B, 36,599 in
     a second run. The count is per database now."""
-    r = make_cluster(settings={"fsync": True})
-    r.create_db("fleet")
-    r.create_extension("fleet")
-    limits = ("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
-              " max_ahead_ms => 70000)")
-    r.sql(limits, dbname="fleet")
-    s = {**CONTESTED, "snowflake_id.registry": r.conninfo(dbname="fleet")}
-    a = holder(make_cluster, r, **s)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **s)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    r, a, maker_a, b, maker_b = contested_fleet(make_cluster)
     time.sleep(5)
 
     def state():
@@ -404,7 +365,7 @@ def test_the_original_registry_database_put_back_after_its_copy_served(make_clus
     for w in workers:
         os.kill(w, signal.SIGSTOP)
     try:
-        fleet_sessions_gone(r, "fleet")
+        sessions_gone(r, "fleet")
         r.sql("CREATE DATABASE snap TEMPLATE fleet")
         r.sql("ALTER DATABASE fleet RENAME TO orig")
         r.sql("ALTER DATABASE snap RENAME TO fleet")
@@ -420,7 +381,7 @@ def test_the_original_registry_database_put_back_after_its_copy_served(make_clus
         time.sleep(0.5)
     served = state()
     def swap():
-        fleet_sessions_gone(r, "fleet")
+        sessions_gone(r, "fleet")
         r.sql("ALTER DATABASE fleet RENAME TO copy")
         r.sql("ALTER DATABASE orig RENAME TO fleet")
     after, made_all, problems = swap_registry(a, maker_a, b, maker_b, swap, state)
@@ -432,16 +393,6 @@ def test_the_original_registry_database_put_back_after_its_copy_served(make_clus
 
 
 # --------------------------------------- 5. the lease table's trigger, in Rust
-def acquired_once(r) -> tuple:
-    """One block leased by the lease role (an intruder node), then the
-    registry's state."""
-    grant_lease_role(r)
-    x = Intruder(r)
-    assert x.acquire()["blocks"], "no block leased"
-    x.close()
-    return registry_state(r)
-
-
 def test_a_rolled_back_delete_of_the_lease_table_changes_nothing(make_cluster):
     """DELETE of every row of the lease table in a transaction that rolls
     back: the trigger's new incarnation and raised marks roll back with

@@ -1211,6 +1211,46 @@ fn the_original_put_back_after_its_copy_served_fences() {
 }
 
 #[test]
+fn a_fleet_moved_from_another_registry_database_of_the_cluster_fences() {
+    // The registry's database `old` dropped (or out of reach), its holders
+    // pointed at a new registry database of the same cluster: each may
+    // still use a block `old` granted until its deadline, which `new`
+    // never saw. Their token (the data directory's key, one for every
+    // database) is the only evidence: `new` fences. So does the same
+    // token presented by the lease role when one role serves two registry
+    // databases (tests/fleet/test_adversarial_s22.py), which this
+    // registry cannot tell from it: one lease role per registry database
+    // (docs/design/limitations.md).
+    let mut s = store_with(&["a"]);
+    let t = T0 + 1_000;
+    let got = s
+        .lease(100, &acquire("a", 1, Seen::default(), t), t)
+        .unwrap();
+    let (block, mut head) = (got.blocks[0].block, got.head);
+    for i in 1..=3 {
+        let now = t + 1_000 * i;
+        head = s
+            .lease(100, &renew("a", &[block], seen_of(&head), now), now)
+            .unwrap()
+            .head;
+    }
+    // CREATE DATABASE new; CREATE EXTENSION there (the key file kept).
+    let oid = s.database_oid + 7;
+    s.put_back_database(&memory::Tables::default(), oid);
+    s.create_extension(t + 5_000);
+    let made = incarnation(&s);
+    let now = t + 20_000;
+    s.connect(200, now);
+    assert_eq!(s.hello(200, "a"), Ok(true));
+    let moved = s
+        .lease(200, &acquire("a", 1, seen_of(&head), now), now)
+        .unwrap();
+    assert_ne!(moved.head.incarnation, made, "{moved:?}");
+    assert_eq!(moved.head.fenced_until_ms, Some(now + FENCE), "{moved:?}");
+    assert!(moved.blocks.is_empty(), "{moved:?}");
+}
+
+#[test]
 fn a_row_from_before_its_database_was_recorded_fences_once_and_so_does_its_copy() {
     // tests/fleet/test_adversarial_s21.py: a copy taken on 0.7.0 (its row
     // names no database), updated and put back after the registry moved on,
