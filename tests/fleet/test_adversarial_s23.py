@@ -35,22 +35,10 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import apart_problems, Maker, ms_of, worker_of
-from fleet_helpers import (CONTESTED, DEFAULT_LAYOUT, duplicates, grant_lease_role, holder, restore_in_place,
-                           Intruder, lease_limits, lease_worker, named_standby, registry_server,
-                           registry_state, require_sync, resume, swap_registry)
-
-LIMITS = ("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
-          " max_ahead_ms => 70000)")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def lease_schema(r, dbname: str = "postgres") -> str:
-    return r.scalar("SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-                    " WHERE p.proname = 'snowflake_lease_begin'", dbname=dbname)
-
+from fleet_helpers import (acquired_once, CONTESTED, duplicates, grant_lease_role, holder, Intruder,
+                           lease_limits, lease_schema, lease_worker, named_standby, now_ms,
+                           registry_server, registry_state, require_sync, restore_in_place, resume,
+                           sessions_gone, swap_registry)
 
 def row_of(r, dbname: str = "postgres") -> tuple:
     """(incarnation, fenced now, cause, grants, database_oid)."""
@@ -120,8 +108,10 @@ def test_a_rolled_back_count_shown_after_a_restart_does_not_fence(make_cluster, 
     (`pg_ctl restart -m fast`, or a crash: `-m immediate` and a start),
     as it does for a minor update; its signed count starts again at 0.
     The lease role presents the reply, and again every 0.5 s for 15 s.
-    Wanted: the same incarnation, never fenced (no grant was forgotten:
-    the count rolled back)."""
+    Wanted: at most one fenced incarnation (no grant was forgotten: the
+    count rolled back; test_adversarial_s19 takes one needless fence per
+    restart for the lease role's old token as the documented cost), not
+    one at each call."""
     r = registry_server(make_cluster)
     lease_limits(r)
     grant_lease_role(r)
@@ -154,7 +144,8 @@ def test_a_rolled_back_count_shown_after_a_restart_does_not_fence(make_cluster, 
           f" incarnations, fenced at {fenced} of them; last {states[-1][:3]}")
     assert ghost["grants"] > committed[3] + 50, (ghost, committed)
     assert at_once[0] == committed[0] and not at_once[1], at_once
-    assert incarnations == {before[0]} and not fenced, (before, states[-1])
+    assert len(incarnations - {before[0]}) <= 1, (
+        f"{len(incarnations - {before[0]})} fenced incarnations: {states[-1]}")
 
 
 @pytest.mark.slow
@@ -220,40 +211,6 @@ def test_a_rolled_back_count_after_a_restart_does_not_keep_a_new_server_out(make
 
 
 # ------------------ 2. the original put back after a copy that granted less
-def sessions_gone(r, db: str) -> None:
-    r.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-          " WHERE datname = %s AND pid <> pg_backend_pid()", db)
-    wait_until(lambda: r.scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
-                                db) == 0, timeout=30, what=f"no session in {db}")
-
-
-def grant_lease_role_in(r, dbname: str, name: str = "snowflake_lease") -> None:
-    """fleet_helpers.grant_lease_role in database `dbname` (roles are the
-    cluster's)."""
-    schema = lease_schema(r, dbname)
-    if not r.scalar("SELECT count(*) FROM pg_roles WHERE rolname = %s", name):
-        r.sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 20")
-    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO {name}", dbname=dbname)
-    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
-              "durable(jsonb)"):
-        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO {name}", dbname=dbname)
-
-
-class DbIntruder(Intruder):
-    """fleet_helpers.Intruder, in registry database `dbname`."""
-
-    def __init__(self, r, dbname: str, node: str = "intruder", user: str = "snowflake_lease"):
-        self.r = r
-        self.node = node
-        self.schema = lease_schema(r, dbname)
-        self.conn = r.connect(dbname=dbname, user=user)
-        got = self.conn.execute(f"SELECT {self.schema}.snowflake_lease_hello(%s)",
-                                (node,)).fetchone()[0]
-        assert got is True, f"node {node} is taken"
-        rows = r.sql("SELECT DISTINCT layout FROM snowflake_lease_blocks", dbname=dbname)
-        self.layout = rows[0][0] if rows else DEFAULT_LAYOUT
-
-
 def same_block_problems(made: dict[str, list[int]], block_size: int = 16) -> list[str]:
     """Milliseconds in which two servers both made IDs of one block (any of
     its worker ids): the registry leased the block to both at once."""
@@ -301,8 +258,8 @@ def test_the_original_put_back_after_a_copy_that_granted_less(make_cluster):
     r = make_cluster(settings={"fsync": True})
     r.create_db("fleet")
     r.create_extension("fleet")
-    r.sql(LIMITS, dbname="fleet")
-    grant_lease_role_in(r, "fleet")
+    lease_limits(r, dbname="fleet")
+    grant_lease_role(r, dbname="fleet")
     # One worker id each, the same: a block used by both is IDs made by both.
     s = {**CONTESTED, "snowflake_id.worker_ids": "0",
          "snowflake_id.registry": r.conninfo(dbname="fleet")}
@@ -323,7 +280,7 @@ def test_the_original_put_back_after_a_copy_that_granted_less(make_cluster):
         resume(workers)
     copied = row_of(r, "snap")
     # The original grants on: the lease role's node renews its block.
-    x = DbIntruder(r, "fleet", node="busy")
+    x = Intruder(r, node="busy", dbname="fleet")
     blk = x.acquire(allowed=[40])["blocks"][0]["block"]
     for _ in range(1000):
         x.renew([blk])
@@ -384,11 +341,12 @@ def candidates(r) -> list[str]:
     "continued",
     pytest.param("older", marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
         "measured on PostgreSQL 15.20: the rolled-back reply of the incarnation"
-        " before the one the promotion continued (384 grants, the row 12) began a"
-        " fenced incarnation on the promoted standby at once (7.2 s here, 12 min by"
-        " default; 'a holder saw 384 grants, this registry has made 12 (it was"
-        " restored to an earlier state)'): the standby's signed count is its own"
-        " postmaster's, 0; the continued incarnation's reply is no evidence")))])
+        " before the one the promotion continued (710 grants, the row 12), shown 10"
+        " times over 5 s, began 10 fenced incarnations on the promoted standby (7.2 s"
+        " each here, 12 min by default; 'a holder saw 710 grants, this registry has"
+        " made 12 (it was restored to an earlier state)'): the standby's signed count"
+        " is its own postmaster's, 0, and a fenced row keeps its count; the"
+        " continued incarnation's reply is no evidence")))])
 def test_a_rolled_back_count_shown_after_a_proven_promotion_does_not_fence(make_cluster, which):
     """The registry P with a synchronous standby s1 (its failover
     candidate, snowflake_id.registry_standby_name s1); holder B keeps the
@@ -398,7 +356,9 @@ def test_a_rolled_back_count_shown_after_a_proven_promotion_does_not_fence(make_
     one), one of the incarnation P has when it dies. s1 is promoted and
     proves it (a new incarnation continuing P's, unfenced). The lease
     role presents the reply of the continued incarnation, or of the older
-    one. Wanted: s1 unfenced either way (no grant was forgotten)."""
+    one, 10 times over 5 s. Wanted: no fence for the continued one (the
+    promotion is proven), at most one for the older one (the documented
+    cost of a restart, test_adversarial_s19), not one at each call."""
     p = make_cluster(tcp=True, settings={"fsync": True})
     p.create_extension()
     lease_limits(p)
@@ -426,15 +386,20 @@ def test_a_rolled_back_count_shown_after_a_proven_promotion_does_not_fence(make_
     y.acquire(allowed=[52])   # the promotion's own call: proven, unfenced
     promoted = row_of(s1)
     ghost = continued if which == "continued" else older
-    y.acquire(allowed=[53], **ghost)
+    seen = set()
+    for _ in range(10):
+        y.acquire(allowed=[53], **ghost)
+        seen.add(row_of(s1)[0])
+        time.sleep(0.5)
     after = row_of(s1)
     y.close()
     maker_b.stop()
+    fences = len(seen - {promoted[0]})
     print(f"\n[rolled-back count after a promotion, {which}] older {older['grants']},"
           f" continued {continued['grants']} grants; promoted {promoted[:4]}; the {which}"
-          f" reply -> {after[:4]}")
+          f" reply 10 times -> {fences} new incarnations, last {after[:4]}")
     assert not promoted[1], promoted
-    assert after[0] == promoted[0] and not after[1], (promoted, after)
+    assert fences <= (0 if which == "continued" else 1), (promoted, after, fences)
 
 
 # ------------------------ 1d. a restore in place: the fence owed, and then more
@@ -701,3 +666,224 @@ def test_a_stalled_registry_process_repeats_no_id_and_the_fleet_comes_back(make_
           f" {problems}; log {logged}")
     assert not problems, problems
     assert not logged, logged
+
+
+# ------------------------------------- 5. TRUNCATE looks first (f1c108e)
+def emptied(r) -> tuple:
+    """One block leased by the lease role, the lease table then emptied by
+    a DELETE (one fence), the fence over: the registry's state."""
+    acquired_once(r)
+    r.sql("DELETE FROM snowflake_lease_blocks")
+    wait_until(lambda: not registry_state(r)[1], timeout=30, what="the DELETE's fence over")
+    return registry_state(r)
+
+
+TRUNCATES = {
+    # (rows in the lease table, statements as the owner, as `maintenance`)
+    "cascade with a row": (True, ["CREATE TABLE racks (block int PRIMARY KEY)",
+                                  "INSERT INTO racks SELECT block FROM snowflake_lease_blocks",
+                                  "ALTER TABLE snowflake_lease_blocks ADD FOREIGN KEY (block)"
+                                  " REFERENCES racks"],
+                           ["TRUNCATE racks CASCADE"]),
+    "cascade of none": (False, ["CREATE TABLE racks (block int PRIMARY KEY)",
+                                "ALTER TABLE snowflake_lease_blocks ADD FOREIGN KEY (block)"
+                                " REFERENCES racks"],
+                        ["TRUNCATE racks CASCADE"]),
+    "two tables with a row": (True, ["CREATE TABLE other (a int)"],
+                              ["TRUNCATE other, snowflake_lease_blocks"]),
+    "two tables of none": (False, ["CREATE TABLE other (a int)"],
+                           ["TRUNCATE other, snowflake_lease_blocks"]),
+    "serializable with a row": (True, [],
+                                ["SET default_transaction_isolation = 'serializable'",
+                                 "TRUNCATE snowflake_lease_blocks"]),
+    "in a function with a row": (True, [],
+                                 ["CREATE FUNCTION pg_temp.t() RETURNS void LANGUAGE sql AS"
+                                  " $$ TRUNCATE snowflake_lease_blocks $$",
+                                  "SELECT pg_temp.t()"]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(TRUNCATES))
+def test_a_truncate_fences_when_it_removes_a_row_and_only_then(make_cluster, form):
+    """TRUNCATE forms reaching the lease table: CASCADE from a table its
+    rows reference (the owner added the key), two tables in one
+    statement, SERIALIZABLE, in a function; with a leased row in the
+    table, or the table emptied before (a DELETE, its fence over).
+    `maintenance` has TRUNCATE on every table named (and on the lease
+    table). Wanted: a fenced incarnation when a row went, the same
+    incarnation when none did."""
+    rows, setup, statements = TRUNCATES[form]
+    r = registry_server(make_cluster)
+    lease_limits(r)
+    before = acquired_once(r) if rows else emptied(r)
+    for q in setup:
+        r.sql(q)
+    r.sql("CREATE ROLE maintenance LOGIN")
+    for t in ("snowflake_lease_blocks", "racks", "other"):
+        if r.scalar("SELECT to_regclass(%s) IS NOT NULL", t):
+            r.sql(f"GRANT TRUNCATE ON {t} TO maintenance")
+    with r.connect(user="maintenance") as conn:
+        for q in statements:
+            conn.execute(q)
+    after = registry_state(r)
+    left = r.scalar("SELECT count(*) FROM snowflake_lease_blocks")
+    print(f"\n[TRUNCATE, {form}] {before} -> {after}; rows left {left}")
+    assert left == 0
+    if rows:
+        assert after[0] != before[0] and after[1], (before, after)
+    else:
+        assert after == before, (before, after)
+
+
+def test_a_truncate_waiting_for_a_lease_call_that_inserts_the_first_row_fences(make_cluster):
+    """The lease table emptied (its fence over); a lease call of the lease
+    role's node leases a block (inserting the first row) and is held open
+    1 s in a DO block; meanwhile `maintenance` (READ COMMITTED) truncates
+    the table: it waits for the call's transaction, then looks. Wanted:
+    the row removed and a fenced incarnation (a grant was forgotten)."""
+    r = registry_server(make_cluster)
+    lease_limits(r)
+    before = emptied(r)
+    r.sql("CREATE ROLE maintenance LOGIN")
+    r.sql("GRANT TRUNCATE ON snowflake_lease_blocks TO maintenance")
+    x = Intruder(r, node="x")
+    req = json.dumps({"node": "x", "incarnation": "", "lsn": "0/0", "name": "x",
+                      "layout": x.layout, "block_size": 16, "max_worker_id": 1023,
+                      "allowed": [4], "want": 1, "lease_ms": 6000, "grace_ms": 1200,
+                      "high_ms": now_ms() + 66_000})
+    errors: list[str] = []
+
+    def held_call():
+        try:
+            x.conn.execute(f"DO $do$ BEGIN PERFORM {x.schema}.snowflake_lease_acquire("
+                           f"$j${req}$j$::jsonb); PERFORM pg_sleep(1); END $do$")
+        except psycopg.Error as e:
+            errors.append(f"{e.sqlstate} {e}")
+    t = threading.Thread(target=held_call, daemon=True)
+    t.start()
+    time.sleep(0.4)
+    with r.connect(user="maintenance") as conn:
+        conn.execute("TRUNCATE snowflake_lease_blocks")
+    t.join(timeout=10)
+    x.close()
+    after = registry_state(r)
+    left = r.scalar("SELECT count(*) FROM snowflake_lease_blocks")
+    print(f"\n[TRUNCATE behind a lease call] {before} -> {after}; rows left {left}; {errors}")
+    assert not errors, errors
+    assert left == 0
+    assert after[0] != before[0] and after[1], (before, after)
+
+
+# ----------------------------------- 6. past the 64 signed-count slots (f1c108e)
+def test_a_registry_database_past_the_signed_slots_is_refused_clearly(make_cluster):
+    """The registry `postgres` of R answers a lease call (its slot); then
+    63 registry databases (copies of one, each answering one lease call
+    from the lease role) take the other slots. A 65th registry database
+    answers its first lease call; one of the 63 is dropped and made again
+    (a new OID); a holder H leases from the 65th. Wanted: the 65th
+    refused with 53400, a message and hint that say what to do (restart),
+    nothing committed by the refused call; `postgres` answering on; the
+    database made again refused too (its slot is not given back); H's log
+    naming the refusal; after a restart of R the 65th answers."""
+    r = make_cluster(settings={"fsync": False})
+    r.create_extension()
+    lease_limits(r)
+    grant_lease_role(r)
+    x = Intruder(r)
+    assert x.acquire(allowed=[1])["blocks"], "no block leased in postgres"
+    x.close()
+    r.create_db("base")
+    r.create_extension("base")
+    lease_limits(r, dbname="base")
+    grant_lease_role(r, dbname="base")
+    for i in range(63):
+        r.sql(f"CREATE DATABASE o{i} TEMPLATE base")
+        o = Intruder(r, node=f"o{i}", dbname=f"o{i}")
+        o.acquire(allowed=[2])
+        o.close()
+
+    def refusal(db: str):
+        r.sql(f"CREATE DATABASE {db} TEMPLATE base")
+        y = Intruder(r, node="late", dbname=db)
+        try:
+            y.acquire(allowed=[3])
+            return None
+        except psycopg.Error as e:
+            return e
+        finally:
+            y.close()
+    mark = r.log_mark()
+    e = refusal("late")
+    committed = r.scalar("SELECT count(*) FROM snowflake_lease_blocks", dbname="late")
+    z = Intruder(r, node="z")
+    still = z.acquire(allowed=[4])["blocks"]
+    z.close()
+    sessions_gone(r, "o0")
+    r.sql("DROP DATABASE o0")
+    again = refusal("o0")
+    h = holder(make_cluster, r, **{"snowflake_id.registry": r.conninfo(dbname="late")},
+               start=False)
+    hmark = h.log_mark()
+    h.start()
+    h.create_extension()
+    time.sleep(4)
+    h_lines = [line for line in h.log(hmark).splitlines() if "53400" in line or "databases" in line]
+    logged = log_problems(r, mark)
+    h.stop()
+    r.restart()
+    w = Intruder(r, node="w", dbname="late")
+    answered = w.acquire(allowed=[5])   # its first call: a copy's, fenced
+    after_restart = {k: answered.get(k) for k in ("blocks", "fenced_until_ms")}
+    w.close()
+    print(f"\n[past the slots] {e and e.sqlstate}: {e and e.diag.message_primary} | detail"
+          f" {e and e.diag.message_detail} | hint {e and e.diag.message_hint}; rows committed"
+          f" {committed}; postgres answering: {still}; made again: {again and again.sqlstate};"
+          f" H's log {h_lines[:2]}; after a restart {after_restart}; log {logged}")
+    assert e is not None and e.sqlstate == "53400", e
+    assert "restart" in (e.diag.message_hint or "").lower(), e.diag.message_hint
+    assert committed == 0
+    assert still, "postgres refused"
+    assert again is not None and again.sqlstate == "53400", again
+    assert h_lines, "H's log names no refusal"
+    assert "blocks" in answered, answered
+    assert not logged, logged
+
+
+# ------------------------- 7. the registry's database dropped and made again
+@pytest.mark.slow
+def test_the_registry_database_dropped_and_made_again_is_fenced(make_cluster):
+    """The registry is the database `fleet` of R; A holds block 0, B wants
+    it. With both lease workers stopped, the DBA drops the database (WITH
+    (FORCE)) and makes it again with the extension and the same limits
+    (a new OID, a new row, no lease row; the data directory's key is the
+    same). B's worker resumes at once, A's later (fleet_helpers.
+    swap_registry). The holders present tokens the old database signed,
+    of an incarnation the new row never had. Wanted: a fenced
+    incarnation, and A and B apart."""
+    r = make_cluster(settings={"fsync": True})
+    r.create_db("fleet")
+    r.create_extension("fleet")
+    lease_limits(r, dbname="fleet")
+    s = {**CONTESTED, "snowflake_id.worker_ids": "0",
+         "snowflake_id.registry": r.conninfo(dbname="fleet")}
+    a = holder(make_cluster, r, **s)
+    maker_a = Maker(a, statement_timeout="60s")
+    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
+    b = holder(make_cluster, r, **s)
+    maker_b = Maker(b, statement_timeout="60s")
+    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    time.sleep(3)
+    old = row_of(r, "fleet")
+
+    def swap():
+        r.sql("DROP DATABASE fleet WITH (FORCE)")
+        r.create_db("fleet")
+        r.create_extension("fleet")
+        lease_limits(r, dbname="fleet")
+    after, made_all, problems = swap_registry(a, maker_a, b, maker_b, swap,
+                                              lambda: row_of(r, "fleet"))
+    problems += apart_problems("A", made_all["A"], "B", made_all["B"])
+    problems += same_block_problems(made_all)
+    print(f"\n[database dropped and made again] old {old}; made again -> {after};"
+          f" A made {len(made_all['A'])}, B {len(made_all['B'])}; {problems}")
+    assert not problems, "; ".join(problems)
