@@ -887,3 +887,42 @@ def test_the_registry_database_dropped_and_made_again_is_fenced(make_cluster):
     print(f"\n[database dropped and made again] old {old}; made again -> {after};"
           f" A made {len(made_all['A'])}, B {len(made_all['B'])}; {problems}")
     assert not problems, "; ".join(problems)
+
+
+# ------------------------------- 8. a crash: a reply's position never flushed
+def test_a_crash_after_a_reply_over_unflushed_wal_does_not_fence(make_cluster):
+    """The registry R (fsync on, wal_writer_delay 10 s); an application
+    session in another database commits a small insert with
+    synchronous_commit = off (any role may set it): its WAL waits in
+    wal_buffers for the WAL writer. A lease call that writes nothing (a
+    renewal of no block) replies with the insert position, past that WAL.
+    R crashes (`pg_ctl stop -m immediate`) and starts: the unflushed WAL
+    is gone (the registry lost no grant). The node presents its reply.
+    Wanted: the same incarnation, unfenced (a crash loses no grant: every
+    grant's commit was flushed)."""
+    r = registry_server(make_cluster, wal_writer_delay="10s")
+    lease_limits(r)
+    grant_lease_role(r)
+    r.create_db("app")
+    r.sql("CREATE TABLE t (v text)", dbname="app")
+    x = Intruder(r)
+    x.acquire(allowed=[6])
+    time.sleep(0.5)
+    before = row_of(r)
+    with r.connect(dbname="app") as app:
+        app.execute("SET synchronous_commit = off")
+        app.execute("INSERT INTO t SELECT string_agg(md5(g::text), '')"
+                    " FROM generate_series(1, 100) g")
+        got = x.renew([])
+        flushed = r.scalar("SELECT pg_current_wal_flush_lsn()::text")
+    x.close()
+    r.stop(mode="immediate")
+    r.start()
+    restarted = r.scalar("SELECT pg_current_wal_insert_lsn()::text")
+    y = Intruder(r, node="y")
+    y.acquire(allowed=[8], **seen_of(got))
+    after = row_of(r)
+    y.close()
+    print(f"\n[crash over unflushed WAL] reply at {got['lsn']} (flushed then {flushed});"
+          f" after the crash the insert position {restarted}; {before[:3]} -> {after[:3]}")
+    assert after[0] == before[0] and not after[1], (before, after)
