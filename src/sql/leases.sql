@@ -463,23 +463,18 @@ CREATE FUNCTION snowflake_id_internal.snowflake_lease_forget() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     facts jsonb;
+    removed bigint;
 BEGIN
-    -- A DELETE that deleted no row, or a TRUNCATE of an empty table, forgot
-    -- nothing (a role with only DELETE or TRUNCATE on the table would
-    -- otherwise fence the fleet at will). TRUNCATE fires this before it
-    -- empties the table, which it has locked ACCESS EXCLUSIVE: every
-    -- writer has ended, and under READ COMMITTED the query below sees
-    -- every committed row; under a transaction snapshot it might not, so
-    -- there the TRUNCATE forgets.
+    -- How many rows the statement removed, where known: a DELETE's
+    -- transition table; for a TRUNCATE, which fires this before it empties
+    -- the table (locked ACCESS EXCLUSIVE: every writer has ended), the rows
+    -- there, counted only under READ COMMITTED, where this query sees every
+    -- committed row (a transaction snapshot might not).
     IF TG_OP = 'DELETE' THEN
-        IF NOT EXISTS (SELECT 1 FROM gone) THEN
-            RETURN NULL;
-        END IF;
-    ELSIF TG_OP = 'TRUNCATE' THEN
-        IF pg_catalog.current_setting('transaction_isolation') = 'read committed'
-           AND NOT EXISTS (SELECT 1 FROM @extschema@.snowflake_lease_blocks) THEN
-            RETURN NULL;
-        END IF;
+        removed := (SELECT count(*) FROM gone);
+    ELSIF TG_OP = 'TRUNCATE'
+          AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        removed := (SELECT count(*) FROM @extschema@.snowflake_lease_blocks);
     END IF;
     -- After any lease call in progress, which would write over this row.
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
@@ -488,7 +483,7 @@ BEGIN
     PERFORM snowflake_id_internal.snowflake_lease_apply(
         snowflake_id_internal.snowflake_lease_forget_decide(
             CASE TG_OP WHEN 'INSERT' THEN 'restored' WHEN 'DELETE' THEN 'deleted' ELSE 'truncated' END,
-            facts->'server', facts->'rows'));
+            facts->'server' || jsonb_build_object('removed', removed), facts->'rows'));
     RETURN NULL;
 END
 $fn$;

@@ -90,13 +90,20 @@ def contested_fleet(make_cluster, dbname: str = "fleet") -> tuple:
     r.create_extension(dbname)
     lease_limits(r, dbname)
     s = {**CONTESTED, "snowflake_id.registry": r.conninfo(dbname=dbname)}
-    a = holder(make_cluster, r, **s)
-    maker_a = Maker(a, statement_timeout="60s")
+    return (r, *a_holds_b_waits(make_cluster, r, s))
+
+
+def a_holds_b_waits(make_cluster, r, settings: dict, statement_timeout: str = "60s") -> tuple:
+    """Holders A and B of registry `r` with `settings` (one block between
+    them, as CONTESTED): A making IDs, B waiting for A's block, each in a
+    Maker. Returns (a, maker_a, b, maker_b)."""
+    a = holder(make_cluster, r, **settings)
+    maker_a = Maker(a, statement_timeout=statement_timeout)
     wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **s)
-    maker_b = Maker(b, statement_timeout="60s")
+    b = holder(make_cluster, r, **settings)
+    maker_b = Maker(b, statement_timeout=statement_timeout)
     wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
-    return r, a, maker_a, b, maker_b
+    return a, maker_a, b, maker_b
 
 
 def swap_registry(a, maker_a: Maker, b, maker_b: Maker, swap, state) -> tuple:

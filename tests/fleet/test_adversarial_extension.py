@@ -26,11 +26,8 @@ import time
 
 import pytest
 
-from harness import wait_until
-from helpers import Maker
-from fleet_helpers import duplicates, holder, lease_limits, registry_server, registry_state, resume
+from fleet_helpers import a_holds_b_waits, CONTESTED, duplicates, lease_limits, registry_server, registry_state, resume
 
-CONTESTED = {"snowflake_id.worker_ids": "0-15", "snowflake_id.max_drift": "1s"}
 AGAIN = ("DROP EXTENSION snowflake_id CASCADE; CREATE EXTENSION snowflake_id;"
          " SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
          " max_ahead_ms => 70000)")
@@ -41,12 +38,7 @@ AGAIN = ("DROP EXTENSION snowflake_id CASCADE; CREATE EXTENSION snowflake_id;"
 def test_the_extension_made_again_on_the_registry_repeats_no_id(make_cluster, holders):
     r = registry_server(make_cluster)
     lease_limits(r)
-    a = holder(make_cluster, r, **CONTESTED)
-    maker_a = Maker(a, statement_timeout="40s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **CONTESTED)
-    maker_b = Maker(b, statement_timeout="40s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    a, maker_a, b, maker_b = a_holds_b_waits(make_cluster, r, CONTESTED, statement_timeout="40s")
     before = registry_state(r)
     worker = None
     if holders == "away":

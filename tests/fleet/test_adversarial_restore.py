@@ -26,9 +26,8 @@ import time
 
 import pytest
 
-from harness import free_port, run_pg, wait_until
-from helpers import Maker
-from fleet_helpers import duplicates, holder, registry_server, registry_state, resume
+from harness import free_port, run_pg
+from fleet_helpers import a_holds_b_waits, duplicates, registry_server, registry_state, resume
 
 SETTINGS = {"snowflake_id.worker_ids": "0-15", "snowflake_id.max_drift": "1s",
             "snowflake_id.lease_time": "30s"}
@@ -48,12 +47,7 @@ def test_a_snapshot_restored_in_place_whose_wal_passes_the_holders_repeats_no_id
     r = registry_server(make_cluster)
     r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 30000, max_grace_ms => 6000,"
           " max_ahead_ms => 100000)")
-    a = holder(make_cluster, r, **SETTINGS)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **SETTINGS)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    a, maker_a, b, maker_b = a_holds_b_waits(make_cluster, r, SETTINGS)
     r.stop()
     aside = r.dir + "/snapshot"
     run_pg(["cp", "-a", r.datadir, aside], cwd=r.dir)

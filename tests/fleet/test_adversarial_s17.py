@@ -39,7 +39,7 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import Maker, apart_problems
-from fleet_helpers import (duplicates, first_ids_within, grant_lease_role, holder, hosts, Intruder,
+from fleet_helpers import (a_holds_b_waits, duplicates, first_ids_within, grant_lease_role, holder, hosts, Intruder,
                            lease_limits, named_standby, now_ms, registry_server, registry_state,
                            require_sync, restore_in_place, resume, rolled_back_reply)
 
@@ -617,12 +617,7 @@ def test_a_snapshot_from_before_the_extension_was_made_again_restored_in_place_i
     snapshot's incarnation is past it) and no ID is made by A and B."""
     r = registry_server(make_cluster)
     r.sql(LIMITS_30)
-    a = holder(make_cluster, r, **RESTORE)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **RESTORE)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    a, maker_a, b, maker_b = a_holds_b_waits(make_cluster, r, RESTORE)
     r.stop()
     aside = r.dir + "/snapshot"
     run_pg(["cp", "-a", r.datadir, aside], cwd=r.dir)

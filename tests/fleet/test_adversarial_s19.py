@@ -33,7 +33,7 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import apart_problems, Maker, ms_of
-from fleet_helpers import (LIMITS, CONTESTED, contested_fleet, duplicates, grant_lease_role, holder, hosts,
+from fleet_helpers import (a_holds_b_waits, LIMITS, CONTESTED, contested_fleet, duplicates, grant_lease_role, holder, hosts,
                            Intruder, lease_limits, lease_worker, named_standby, now_ms,
                            registry_server, registry_state, require_sync, restore_in_place, resume,
                            sessions_gone, swap_registry)
@@ -88,12 +88,7 @@ def test_holders_away_past_the_window_after_a_restore_from_before_create_extensi
     r = registry_server(make_cluster, **{"snowflake_id.sequence_bits": 1})  # the fleet's layout
     lease_limits(r)
     s = {**AHEAD, "snowflake_id.max_drift": max_drift}
-    a = holder(make_cluster, r, **s)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **s)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    a, maker_a, b, maker_b = a_holds_b_waits(make_cluster, r, s)
     time.sleep(40)
     workers = [lease_worker(a), lease_worker(b)]
     for w in workers:

@@ -34,7 +34,7 @@ import pytest
 
 from harness import wait_until
 from helpers import apart_problems, Maker, old_release
-from fleet_helpers import (acquired_once, CONTESTED, contested_fleet, duplicates, grant_lease_role,
+from fleet_helpers import (a_holds_b_waits, acquired_once, CONTESTED, contested_fleet, duplicates, grant_lease_role,
                            holder, hosts, lease_limits, lease_schema, lease_worker,
                            named_standby, now_ms, registry_server, registry_state,
                            require_sync, resume, sessions_gone, swap_registry)
@@ -199,12 +199,7 @@ def test_a_copy_taken_on_0_7_0_updated_and_put_back(make_cluster):
     r.sql("SELECT snowflake_lease_set_limits(max_lease_ms => 6000, max_grace_ms => 1200,"
           " max_ahead_ms => 70000)", dbname="fleet")
     s = {**CONTESTED, "snowflake_id.registry": r.conninfo(dbname="fleet")}
-    a = holder(make_cluster, r, **s)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **s)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    a, maker_a, b, maker_b = a_holds_b_waits(make_cluster, r, s)
     time.sleep(5)
 
     def state(db="fleet"):

@@ -121,14 +121,18 @@ impl Store {
         self.commit();
     }
 
-    /// Rows of the lease table forgotten (`how`): the trigger's new,
-    /// fenced incarnation.
-    pub fn forget(&mut self, now_ms: i64, how: super::begin::Forgotten) {
+    /// Rows of the lease table forgotten (`how`; `removed` of them, where
+    /// the trigger knows: `Server::removed`): the trigger's new, fenced
+    /// incarnation.
+    pub fn forget(&mut self, now_ms: i64, how: super::begin::Forgotten, removed: Option<i64>) {
         // The trigger gathers the facts without a session (pid 0 is none)
         // and never reads the data directory's key, which only a row to
         // be made needs: with no row there is nothing to forget.
         if self.tables.rows.registry.is_some() {
-            let server = self.server(0, "", now_ms);
+            let server = Server {
+                removed,
+                ..self.server(0, "", now_ms)
+            };
             let w = super::forgotten(how, &server, &self.tables.rows);
             self.write_rows(&w);
         }
@@ -149,7 +153,7 @@ impl Store {
             .iter()
             .any(|b| b.holder_node.is_some())
         {
-            self.forget(now_ms, super::begin::Forgotten::Restored);
+            self.forget(now_ms, super::begin::Forgotten::Restored, None);
         } else {
             self.commit();
         }
@@ -322,6 +326,7 @@ impl Store {
             fresh_incarnation: self.fresh_name(),
             fresh_key,
             key_kept,
+            removed: None,
         }
     }
 

@@ -186,6 +186,12 @@ pub struct Server {
     /// in this data directory verify under it.
     #[serde(default)]
     pub key_kept: bool,
+    /// For the lease table's trigger ([`forgotten`]): how many rows the
+    /// statement that fired it removed, where that is known (a `DELETE`'s
+    /// transition table; the rows a `TRUNCATE` found, counted only where
+    /// its query sees every committed row).
+    #[serde(default)]
+    pub removed: Option<i64>,
 }
 
 /// The registry's rows, as gathered under the lease lock.
@@ -264,8 +270,15 @@ pub struct Outcome {
 /// Rows of the lease table forgotten (`how`; the `snowflake_lease_forget`
 /// trigger, under the registry's lock): the new, fenced incarnation and
 /// every block's mark raised to its floor ([`begin::forget`]); with no
-/// registry row, nothing (the next call makes one).
+/// registry row, or none removed ([`Server::removed`]), nothing (the next
+/// call makes one).
 pub fn forgotten(how: begin::Forgotten, server: &Server, rows: &Rows) -> Writes {
+    // A statement that removed no row forgot nothing (a role with only
+    // DELETE or TRUNCATE on the table would otherwise fence the fleet at
+    // will); one whose count is not known may have.
+    if how != begin::Forgotten::Restored && server.removed == Some(0) {
+        return Writes::default();
+    }
     let limits = limits::in_force(rows.limits.as_ref(), server.now_ms);
     let Some(row) = begin::forget(
         rows.registry.as_ref(),

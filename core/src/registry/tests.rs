@@ -1293,7 +1293,7 @@ fn history_keeps_the_newest_incarnations_of_the_lineage() {
     let mut names = Vec::new();
     for i in 0..(begin::HISTORY_KEPT as i64 + 3) {
         names.push(incarnation(&s));
-        s.forget(T0 + i, super::begin::Forgotten::Deleted);
+        s.forget(T0 + i, super::begin::Forgotten::Deleted, None);
     }
     let row = s.tables.rows.registry.clone().unwrap();
     assert_eq!(row.history, names[3..].to_vec());
@@ -1569,7 +1569,7 @@ fn rows_forgotten_fence_and_raise_every_mark_to_the_floor() {
         .unwrap();
     assert_eq!(r.head.fenced_until_ms, None, "{r:?}");
     let old = incarnation(&s);
-    s.forget(T0 + 10, begin::Forgotten::Restored);
+    s.forget(T0 + 10, begin::Forgotten::Restored, None);
     let row = s.tables.rows.registry.clone().unwrap();
     assert_ne!(row.incarnation, old);
     assert!(row.had(&old), "{row:?}");
@@ -1589,10 +1589,41 @@ fn rows_forgotten_fence_and_raise_every_mark_to_the_floor() {
 }
 
 #[test]
+fn a_statement_that_removed_no_row_forgets_nothing() {
+    // tests/fleet/test_adversarial_s21.py and _s22.py: a DELETE of no row,
+    // a TRUNCATE of the empty table, by a role with only that right on
+    // it, fenced the fleet (12 min by default).
+    for how in [begin::Forgotten::Deleted, begin::Forgotten::Truncated] {
+        let mut s = store_with(&["a"]);
+        let before = incarnation(&s);
+        s.forget(T0 + 10, how, Some(0));
+        assert_eq!(incarnation(&s), before, "{how:?}");
+        // A count not known (a TRUNCATE under a transaction snapshot), or
+        // a row removed: a new, fenced incarnation.
+        for removed in [None, Some(1)] {
+            let mut s = store_with(&["a"]);
+            s.forget(T0 + 10, how, removed);
+            assert_ne!(incarnation(&s), before, "{how:?} {removed:?}");
+            let row = s.tables.rows.registry.clone().unwrap_or_default();
+            assert_eq!(
+                row.fenced_until_ms,
+                Some(T0 + 10 + FENCE),
+                "{how:?} {removed:?}"
+            );
+        }
+    }
+    // Rows restored are no removal: the count does not apply.
+    let mut s = store_with(&["a"]);
+    let before = incarnation(&s);
+    s.forget(T0 + 10, begin::Forgotten::Restored, Some(0));
+    assert_ne!(incarnation(&s), before);
+}
+
+#[test]
 fn rows_forgotten_before_the_registry_row_was_made_change_nothing() {
     let mut s = Store::created(T0, 7);
     s.tables.rows.registry = None;
-    s.forget(T0, begin::Forgotten::Truncated);
+    s.forget(T0, begin::Forgotten::Truncated, None);
     assert_eq!(s.tables.rows.registry, None);
 }
 
@@ -1627,7 +1658,7 @@ fn a_lowered_limit_bounds_fences_only_once_grants_under_the_higher_have_run_out(
     assert_eq!(lim.fence_ms(), high.max_lease_ms + high.max_grace_ms);
     assert_eq!(lim.max_lease_ms, 2_000);
     // A forget now fences for the higher limits.
-    s.forget(T0 + 20, begin::Forgotten::Deleted);
+    s.forget(T0 + 20, begin::Forgotten::Deleted, None);
     let reg = s.tables.rows.registry.clone().unwrap();
     assert_eq!(
         reg.fenced_until_ms,
