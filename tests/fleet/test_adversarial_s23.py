@@ -1,25 +1,29 @@
 """Adversarial (session 23): the fixes since session 22 (2b6cb81 removed
-covered(); 88bb89b the signed grant count per database), attacked on
-real servers, with the registry crashed, restarted, failed over,
-restored in place and stalled.
+covered(); 88bb89b the signed grant count per database; f1c108e and
+266f5f2 the 64 signed-count places and TRUNCATE that looks first),
+attacked on real servers, with the registry crashed, restarted, failed
+over, restored in place and stalled.
 
 1. The signed grant count (src/shmem/mod.rs SignedGrants) lives in shared
-   memory: a restart or a crash of the registry forgets it, and a reply
-   whose call rolled back (a DO block that shows it, then raises) is
-   evidence again. One DO block may make many calls in its 2 s
-   (lease_lock::HOLD_MS), so the count it shows is far ahead.
-2. The grant count is one number per row: two databases that granted
-   apart (a copy put in the registry's place, then the original put back)
-   are told apart by it only when the one put back granted less.
-3. The lease role and pg_monitor: what they can read, what the registry
-   logs.
+   memory: a restart, a crash or a promotion forgets it, and a reply whose
+   call rolled back (a DO block that shows it, then raises) is evidence
+   again. One DO block may make many calls in its 2 s
+   (lease_lock::HOLD_MS), so the count it shows is far ahead; and a fenced
+   row keeps its own count, so the same reply fences at every call.
+2. The grant count is one number per row: the original put back after a
+   copy served is told from it only when the copy granted more.
+3. An unprivileged role and pg_monitor; the lease role and a holder's
+   node lock.
 4. A stalled registry (SIGSTOP of its postmaster, or of one holder's
    registry session).
+5. TRUNCATE forms; 6. the 65th registry database (53400); 7. the
+   registry's database dropped and made again; 8. a crash over WAL not
+   yet flushed; 9. a copy of a 0.7.0 row taken after the update.
 
 Real holders make IDs in the slow tests. Lease times of 6 s
 (fleet_helpers.LEASE), the registry's limits set to match (a fence lasts
 7.2 s). Strict xfails are open bugs, their reasons the numbers measured
-on PostgreSQL 15."""
+on PostgreSQL 15.20."""
 
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import psycopg
 import pytest
 
 from harness import run_pg, wait_until
-from helpers import apart_problems, Maker, ms_of, worker_of
+from helpers import apart_problems, Maker, ms_of, old_release, worker_of
 from fleet_helpers import (acquired_once, CONTESTED, duplicates, grant_lease_role, holder, Intruder,
                            lease_limits, lease_schema, lease_worker, named_standby, now_ms,
                            registry_server, registry_state, require_sync, restore_in_place, resume,
@@ -926,3 +930,49 @@ def test_a_crash_after_a_reply_over_unflushed_wal_does_not_fence(make_cluster):
     print(f"\n[crash over unflushed WAL] reply at {got['lsn']} (flushed then {flushed});"
           f" after the crash the insert position {restarted}; {before[:3]} -> {after[:3]}")
     assert after[0] == before[0] and not after[1], (before, after)
+
+
+# ------------------- 9. a 0.7.0 row: a copy taken after the update, put back
+def test_a_copy_taken_after_the_update_before_any_call_put_back_is_fenced(make_cluster):
+    """The registry `fleet` of R made on 0.7.0 and updated to 0.8.0 (its
+    row names no database). The DBA copies it before any lease call
+    (CREATE DATABASE snap TEMPLATE fleet: the copy's row names none
+    either). Fleet's first call begins the fenced incarnation owed
+    (Cause::DatabaseUnrecorded), which names fleet's OID; the fence over,
+    the lease role's node renews 20 times there. The DBA puts the copy in
+    fleet's place. Wanted: the copy's first call (the node presenting its
+    last reply) begins a fenced incarnation, and a second call no other."""
+    r = make_cluster(settings={"fsync": True})
+    r.create_db("fleet")
+    with old_release("0.7.0"):
+        r.sql("CREATE EXTENSION snowflake_id VERSION '0.7.0'", dbname="fleet")
+    r.sql("ALTER EXTENSION snowflake_id UPDATE", dbname="fleet")
+    lease_limits(r, dbname="fleet")
+    grant_lease_role(r, dbname="fleet")
+    updated = row_of(r, "fleet")
+    r.sql("CREATE DATABASE snap TEMPLATE fleet")
+    x = Intruder(r, node="x", dbname="fleet")
+    x.acquire(allowed=[1])
+    first = row_of(r, "fleet")
+    wait_until(lambda: not row_of(r, "fleet")[1], timeout=30, what="the update's fence over")
+    got = x.acquire(allowed=[1])
+    block = got["blocks"][0]["block"]
+    for _ in range(20):
+        got = x.renew([block])
+    x.close()
+    sessions_gone(r, "fleet")
+    r.sql("ALTER DATABASE fleet RENAME TO orig")
+    r.sql("ALTER DATABASE snap RENAME TO fleet")
+    copy = row_of(r, "fleet")
+    y = Intruder(r, node="x", dbname="fleet")
+    y.renew([block], **seen_of(got))
+    put_back = row_of(r, "fleet")
+    y.renew([block])
+    again = row_of(r, "fleet")
+    y.close()
+    print(f"\n[0.7.0 copy after the update] updated {updated}; fleet's first call {first};"
+          f" the copy {copy} -> {put_back} -> {again}")
+    assert updated[4] is None and copy[4] is None, (updated, copy)
+    assert "names no database" in (first[2] or "") and first[1], first
+    assert put_back[0] != copy[0] and put_back[1], put_back
+    assert again[0] == put_back[0], (put_back, again)
