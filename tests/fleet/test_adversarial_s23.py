@@ -1033,3 +1033,47 @@ def test_a_servers_own_lease_role_taking_anothers_node_lock_after_a_restart(make
     print(f"\n[node lock after a restart] {len(keys) if taken else 0} node locks of A taken by X; A making IDs"
           f" again {back} s after its worker resumed; {len(renames)} renames, e.g. {renames[:1]}")
     assert not renames, renames[:1]
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_truncate_under_an_old_snapshot_of_the_emptied_table_keeps_the_grant(make_cluster,
+                                                                              isolation):
+    """test_adversarial_s22's TRUNCATE under a snapshot, with a real holder
+    and under SERIALIZABLE too: a new registry, its lease table empty;
+    `maintenance` (SELECT, TRUNCATE) takes its snapshot (the table empty);
+    holder A then leases block 0 and makes IDs; `maintenance` truncates
+    and commits. Wanted: the TRUNCATE refused (the row kept) or a fenced
+    incarnation; a new server B wanting block 0 makes no ID that A made."""
+    r = registry_server(make_cluster)
+    lease_limits(r)
+    r.sql("CREATE ROLE maintenance LOGIN")
+    r.sql("GRANT SELECT, TRUNCATE ON snowflake_lease_blocks TO maintenance")
+    s = {**CONTESTED, "snowflake_id.worker_ids": "0"}
+    with r.connect(user="maintenance", autocommit=False) as conn:
+        conn.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation.upper()}")
+        assert conn.execute("SELECT count(*) FROM snowflake_lease_blocks").fetchone()[0] == 0
+        a = holder(make_cluster, r, **s)
+        maker_a = Maker(a, statement_timeout="60s")
+        wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
+        before = registry_state(r)
+        try:
+            conn.execute("TRUNCATE snowflake_lease_blocks")
+            conn.commit()
+            refused = None
+        except psycopg.Error as e:
+            refused = f"{e.sqlstate} {e}"
+    after = registry_state(r)
+    left = r.scalar("SELECT count(*) FROM snowflake_lease_blocks WHERE holder_node IS NOT NULL")
+    b = holder(make_cluster, r, **s)
+    maker_b = Maker(b, statement_timeout="60s")
+    time.sleep(10)
+    made = {"A": maker_a.stop(), "B": maker_b.stop()}
+    problems = duplicates(made) + same_block_problems(made)
+    print(f"\n[TRUNCATE under an old {isolation} snapshot] refused: {refused}; {before} ->"
+          f" {after}; leased rows left {left}; A made {len(made['A'])}, B {len(made['B'])};"
+          f" {problems}")
+    assert not problems, problems
+    if refused is None:
+        assert after[0] != before[0] and after[1], (before, after)
+    else:
+        assert left == 1 and after == before, (left, before, after)
