@@ -39,10 +39,11 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import apart_problems, Maker, ms_of, old_release, worker_of
-from fleet_helpers import (acquired_once, CONTESTED, duplicates, grant_lease_role, grant_server_roles, holder, Intruder,
-                           lease_limits, lease_schema, lease_worker, named_standby, now_ms,
-                           registry_server, registry_state, require_sync, restore_in_place, resume,
-                           sessions_gone, swap_registry)
+from fleet_helpers import (acquired_once, CONTESTED, duplicates, grant_lease_role,
+                           grant_server_roles, holder, Intruder, lease_limits, lease_schema,
+                           lease_worker, named_standby, now_ms, registry_server, registry_state,
+                           require_sync, restore_in_place, resume, sessions_gone, swap_registry)
+
 
 def row_of(r, dbname: str = "postgres") -> tuple:
     """(incarnation, fenced now, cause, grants, database_oid)."""
@@ -1030,14 +1031,15 @@ def test_a_servers_own_lease_role_taking_anothers_node_lock_after_a_restart(make
     x.close()
     maker_a.stop()
     renames = [line for line in a.log(mark).splitlines() if "this server is now node" in line]
-    print(f"\n[node lock after a restart] {len(keys) if taken else 0} node locks of A taken by X; A making IDs"
+    print(f"\n[node lock after a restart] {len(keys) if taken else 0} node locks of A taken"
+          f" by X; A making IDs"
           f" again {back} s after its worker resumed; {len(renames)} renames, e.g. {renames[:1]}")
     assert not renames, renames[:1]
 
 
 @pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
-def test_a_truncate_under_an_old_snapshot_of_the_emptied_table_keeps_the_grant(make_cluster,
-                                                                              isolation):
+def test_a_truncate_under_an_old_snapshot_of_the_empty_table_keeps_the_grant(make_cluster,
+                                                                            isolation):
     """test_adversarial_s22's TRUNCATE under a snapshot, with a real holder
     and under SERIALIZABLE too: a new registry, its lease table empty;
     `maintenance` (SELECT, TRUNCATE) takes its snapshot (the table empty);
