@@ -556,7 +556,15 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             .as_ref()
             .map_or_else(|| server.fresh_key.clone(), |o| o.token_key.clone()),
         new_key: old.is_none() && !server.key_kept,
-        grants: old.as_ref().map_or(0, |o| o.grants),
+        // A fence for a grant count a holder saw counts it as made: the
+        // same evidence again is answered (the fence covers every grant
+        // made before it), not a fence at every call
+        // (tests/fleet/test_adversarial_s23.py: a reply whose call rolled
+        // back, shown after a restart, fenced at each of 30 calls).
+        grants: old.as_ref().map_or(0, |o| o.grants).max(match &cause {
+            Cause::GrantsBack { seen, .. } => *seen,
+            _ => 0,
+        }),
         history: old.as_ref().map_or_else(
             || {
                 known_verified

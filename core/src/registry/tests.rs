@@ -886,6 +886,32 @@ fn a_count_this_postmaster_signed_is_no_evidence() {
 }
 
 #[test]
+fn a_count_shown_again_after_its_fence_fences_no_more() {
+    // tests/fleet/test_adversarial_s23.py: a reply whose call rolled back,
+    // shown after a restart (the signed count is gone), fences, as a
+    // registry restored in place must; shown again after that fence it
+    // fenced again at every call (30 fences in 15 s), a fenced row
+    // keeping its own count. The fence counts the grants it answered.
+    let mut s = store_with(&["a"]);
+    let snapshot = s.tables.clone();
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    s.tables = snapshot;
+    s.postmaster_start_ms += 1;
+    let first = s
+        .lease(100, &renew("a", &[], seen_of(&r.head), T0), T0)
+        .unwrap();
+    assert_eq!(first.head.fenced_until_ms, Some(T0 + FENCE), "{first:?}");
+    for later in [T0 + 1_000, T0 + FENCE + 1_000] {
+        let again = s
+            .lease(100, &renew("a", &[], seen_of(&r.head), later), later)
+            .unwrap();
+        assert_eq!(again.head.incarnation, first.head.incarnation, "{again:?}");
+    }
+}
+
+#[test]
 fn a_registry_restored_in_place_is_caught_by_its_grant_count() {
     // 0.7.0: a snapshot restored in place whose WAL then passed every
     // position its holders saw was not detected (71,102 duplicate IDs).
