@@ -10,8 +10,9 @@ its own IDs, so two nodes under one worker id would make the same keys.
 - hand-set disjoint `snowflake_id.worker_ids` (the no-registry way).
 
 Citus is built from the tarball in ../shared/citus by scripts/lib.sh
-before any test (PostgreSQL 15 only; the tests skip on the other versions
-and fail on 15 when it is missing). The one
+before any test (PostgreSQL 15 only; the tests fail on 15 when it is
+missing, and on the other versions skip unless citus.so was installed
+there by hand). The one
 Citus setting here, `citus.node_conninfo = 'sslmode=prefer'`, is for Citus
 itself: the test servers have no TLS.
 """
