@@ -47,8 +47,10 @@
 # headers, pgxs). They are downloaded with their sha256 checked
 # (scripts/pg-wheels.txt) and unpacked once into .pg/NN/ (git-ignored); the
 # extension is installed into those trees, never into the system. Headers of
-# 17.12 against a 17.10 server are fine: the ABI is fixed within a major
-# version.
+# 17.12 against a 17.10 server are fine for this extension (its library
+# needs no symbol 17.10 lacks), not for any C code: 17.12's heap_getattr()
+# calls heap_datum_check(), which 17.10 does not export (Citus built so
+# fails to load).
 #
 # Environment knobs:
 #   PG_CONFIG   pg_config of the server the quick start and the benchmarks
