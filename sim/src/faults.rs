@@ -38,6 +38,11 @@ pub enum Fault {
     /// its place (`DROP DATABASE`, `ALTER DATABASE ... RENAME`): no
     /// restart, the WAL moving on.
     PutBackDatabaseCopy { copied_ms: i64 },
+    /// The database a [`Fault::PutBackDatabaseCopy`] put aside put back in
+    /// its place, the copy's sessions ended (the wrong database restored,
+    /// then the right one): no restart, its grants since the copy was
+    /// taken kept, the copy's forgotten.
+    PutBackOriginal,
     /// The registry's database restored from a `pg_dump` taken earlier.
     DumpRestore,
     /// A copy of holder `n`'s data directory starts, keeping its node id,
@@ -109,6 +114,7 @@ pub const FAULTS: &[Row] = &[
     Row { name: "snapshot from before DROP and CREATE EXTENSION restored in place, its WAL passed", label: Label::Kept, why: "a holder's signed incarnation the restored registry never had, within a fence (or the marks' lead plus grace) of its start, starts a fenced incarnation" },
     Row { name: "DROP and CREATE EXTENSION", label: Label::Kept, why: "live block locks, or a holder naming the older incarnation, fence it" },
     Row { name: "a copy of the registry's database put in its place, no restart", label: Label::Kept, why: "the row names the database it was written in: in another, it starts a fenced incarnation" },
+    Row { name: "the original registry database put back after a copy served, no restart", label: Label::Kept, why: "a token names the database it was signed in: the copy's incarnation, signed in another database under the row's key, starts a fenced incarnation" },
     Row { name: "pg_dump restore", label: Label::Kept, why: "restored leased rows fire the trigger's fence; the incarnation is not dumped" },
     Row { name: "copy of a data directory keeping its node id", label: Label::Kept, why: "blocks stay with the registry session that leased them" },
     Row { name: "holder crash and restart", label: Label::Kept, why: "saved blocks are used once a renewal confirms them" },
@@ -303,10 +309,15 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
         if copy.chance(0.5) {
             out.push((at + copy.range(100, 3_000), Fault::DropCreate));
         }
-        out.push((
-            at + copy.range(4_000, 30_000),
-            Fault::PutBackDatabaseCopy { copied_ms: at },
-        ));
+        let swapped = at + copy.range(4_000, 30_000);
+        out.push((swapped, Fault::PutBackDatabaseCopy { copied_ms: at }));
+        // And the original put back after the copy served
+        // (tests/fleet/test_adversarial_s23.py): drawn apart, so that the
+        // schedules above stay as they were.
+        let mut back = Rng::new(seed.wrapping_mul(613).wrapping_add(47));
+        if back.chance(0.5) {
+            out.push((swapped + back.range(2_000, 30_000), Fault::PutBackOriginal));
+        }
     }
     // A candidate cut off and taken out of the setting before the
     // extension is made again, then promoted under its name

@@ -89,6 +89,8 @@ struct Reg {
     /// Snapshots of its rows, one a second (for restores, and for the
     /// crash of a registry that committed asynchronously).
     history: VecDeque<(i64, Tables, u64)>,
+    /// The database a copy was put in place of: its rows and OID.
+    put_aside: Option<(Tables, u32)>,
 }
 
 impl Reg {
@@ -449,6 +451,7 @@ impl World {
                 down_until: 0,
                 stalled_until: 0,
                 restored_ms: i64::MIN,
+                put_aside: None,
                 history: VecDeque::new(),
             });
         }
@@ -972,8 +975,20 @@ impl World {
                     return;
                 };
                 r.restored_ms = pnow;
+                r.put_aside = Some((r.store.tables.clone(), r.store.database_oid));
                 r.store.put_back_copy(&tables);
                 // Its sessions ended: holders connect again.
+                for i in 0..self.nodes.len() {
+                    self.drop_conn(i);
+                }
+            }
+            Fault::PutBackOriginal => {
+                let r = &mut self.regs[p];
+                let Some((tables, oid)) = r.put_aside.take() else {
+                    return;
+                };
+                r.restored_ms = pnow;
+                r.store.put_back_database(&tables, oid);
                 for i in 0..self.nodes.len() {
                     self.drop_conn(i);
                 }
