@@ -39,7 +39,7 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import apart_problems, Maker, ms_of, old_release, worker_of
-from fleet_helpers import (acquired_once, CONTESTED, duplicates, grant_lease_role,
+from fleet_helpers import (a_holds_b_waits, acquired_once, CONTESTED, duplicates, grant_lease_role,
                            grant_server_roles, holder, Intruder, lease_limits, lease_schema,
                            lease_worker, named_standby, now_ms, registry_server, registry_state,
                            require_sync, restore_in_place, resume, sessions_gone, swap_registry)
@@ -261,12 +261,7 @@ def test_the_original_put_back_after_a_copy_that_granted_less(make_cluster):
     # One worker id each, the same: a block used by both is IDs made by both.
     s = {**CONTESTED, "snowflake_id.worker_ids": "0",
          "snowflake_id.registry": r.conninfo(dbname="fleet")}
-    a = holder(make_cluster, r, **s)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **s)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    a, maker_a, b, maker_b = a_holds_b_waits(make_cluster, r, s)
     time.sleep(3)
     workers = [lease_worker(a), lease_worker(b)]
     for w in workers:
@@ -644,12 +639,7 @@ def test_a_stalled_registry_process_repeats_no_id_and_the_fleet_comes_back(make_
     r = registry_server(make_cluster)
     lease_limits(r)
     mark = r.log_mark()
-    a = holder(make_cluster, r, **CONTESTED)
-    maker_a = Maker(a, statement_timeout="30s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **CONTESTED)
-    maker_b = Maker(b, statement_timeout="30s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    a, maker_a, b, maker_b = a_holds_b_waits(make_cluster, r, CONTESTED, statement_timeout="30s")
     if what == "postmaster":
         pid = int(open(os.path.join(r.datadir, "postmaster.pid")).readline())
     else:
@@ -875,12 +865,7 @@ def test_the_registry_database_dropped_and_made_again_is_fenced(make_cluster):
     lease_limits(r, dbname="fleet")
     s = {**CONTESTED, "snowflake_id.worker_ids": "0",
          "snowflake_id.registry": r.conninfo(dbname="fleet")}
-    a = holder(make_cluster, r, **s)
-    maker_a = Maker(a, statement_timeout="60s")
-    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
-    b = holder(make_cluster, r, **s)
-    maker_b = Maker(b, statement_timeout="60s")
-    wait_until(lambda: maker_b.refusals, timeout=60, what="B waiting for block 0")
+    a, maker_a, b, maker_b = a_holds_b_waits(make_cluster, r, s)
     time.sleep(3)
     old = row_of(r, "fleet")
 
