@@ -563,6 +563,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         // back, shown after a restart, fenced at each of 30 calls).
         grants: old.as_ref().map_or(0, |o| o.grants).max(match &cause {
             Cause::GrantsBack { seen, .. } => *seen,
+            Cause::SignedElsewhere { .. } => seen.grants,
             _ => 0,
         }),
         history: old.as_ref().map_or_else(
