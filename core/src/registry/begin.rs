@@ -346,6 +346,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         token::verify(&r.token_key, known, seen_lsn, seen.grants, &seen.token)
             .filter(|d| *d != server.database_oid)
     };
+    let elsewhere = rows.registry.as_ref().and_then(signed_elsewhere);
     let (cause, evidence) = match &rows.registry {
         None => {
             let evidence = !known.is_empty()
@@ -392,7 +393,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             // Fenced once, as a copy would be.
             (Some(Cause::DatabaseUnrecorded), true)
         }
-        Some(r) if signed_elsewhere(r).is_some() => {
+        Some(_) if elsewhere.is_some() => {
             // A copy of this database (its row, its key) served holders
             // with grants this one never made, at any time: a database
             // copied, renamed in and out needs no restart, so no window
@@ -400,7 +401,7 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             // (tests/fleet/test_adversarial_s23.py: the original put back
             // after a copy that granted less than it, 64,058 IDs made
             // twice). Once per such incarnation: it joins the lineage.
-            let database = signed_elsewhere(r).unwrap_or_default();
+            let database = elsewhere.unwrap_or_default();
             (
                 Some(Cause::SignedElsewhere {
                     known: known.to_string(),
