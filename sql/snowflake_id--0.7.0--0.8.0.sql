@@ -26,7 +26,8 @@
 -- call inside a transaction block is refused (snowflake_lease_autocommit):
 -- its locks would last as long as its session kept the transaction open.
 -- One node per session (snowflake_lease_hello) is decided in the Rust core
--- too (snowflake_lease_hello_decide). Each block records the login role
+-- too (snowflake_lease_hello_decide), and a node's lock is bound to the
+-- login role: another role's session on its key is no copy of the server. Each block records the login role
 -- of the session that leased or renewed it (holder_role: a 0.7.0 row gets
 -- it at its next renewal), and max_blocks_per_role (NULL, no bound, unless
 -- the DBA sets it) bounds what the sessions of one role hold: with a login
@@ -97,8 +98,11 @@ CREATE FUNCTION snowflake_id_internal.snowflake_lease_autocommit()
 RETURNS void VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_autocommit_wrapper';
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(facts jsonb)
-RETURNS void VOLATILE STRICT PARALLEL UNSAFE
+RETURNS integer VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_hello_decide_wrapper';
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_node_keys(node text, role text)
+RETURNS bigint[] VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_node_keys_wrapper';
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_forget_decide(text, jsonb, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_limits_decide(jsonb, jsonb, jsonb) FROM PUBLIC;
@@ -111,8 +115,11 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_node_keys(text, text) FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
-  'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000.';
+  'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000; the slot of the node''s keys to take, -1 when a session of its role holds one.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_node_keys(text, text) IS
+  'Used by the lease functions: a node''s advisory-lock keys for a login role, under the data directory''s key and this postmaster''s start.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_limits_decide(jsonb, jsonb, jsonb) IS
@@ -221,14 +228,17 @@ CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_facts(node text
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     WITH here AS (
         SELECT snowflake_id_internal.snowflake_lease_timeline() AS tli,
-               hashtextextended('snowflake_id node ' || node, 0) AS key,
+               snowflake_id_internal.snowflake_lease_node_keys(node, session_user) AS keys,
+               -- The node's key before 0.8.0: a session introduced before
+               -- the registry's update. No role's key gives more: any role
+               -- may introduce any node under its own.
+               hashtextextended('snowflake_id node ' || node, 0) AS legacy,
                snowflake_id_internal.snowflake_lease_block_class()::oid AS class,
                (SELECT d.oid FROM pg_catalog.pg_database d
                  WHERE d.datname = pg_catalog.current_database()) AS db
     ), locks AS (
         SELECT coalesce(bool_or(l.granted AND l.pid = pg_catalog.pg_backend_pid() AND l.objsubid = 1
-                                AND l.classid = ((h.key >> 32) & 4294967295)::oid
-                                AND l.objid = (h.key & 4294967295)::oid), false) AS node_locked,
+                                AND ((l.classid::int8 << 32) | l.objid::int8) = ANY (h.keys || h.legacy)), false) AS node_locked,
                coalesce(jsonb_agg(l.objid::int ORDER BY l.objid)
                             FILTER (WHERE l.granted AND l.pid = pg_catalog.pg_backend_pid()
                                       AND l.objsubid = 2 AND l.classid = h.class), '[]') AS locked,
@@ -236,7 +246,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                                 AND l.classid = h.class), false) AS others
           FROM here h
           LEFT JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.database = h.db
-         GROUP BY h.key, h.class
+         GROUP BY h.keys, h.legacy, h.class
     ), reg AS (
         SELECT g.* FROM @extschema@.snowflake_lease_registry g LIMIT 1
     )
@@ -699,11 +709,37 @@ SELECT b.block, b.first_worker_id, b.last_worker_id, b.holder_node, b.holder_nam
                         AND l.classid = 1936613751::oid AND l.objid = b.block::oid
                         AND l.objsubid = 2 LIMIT 1) k ON true;
 
+CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_key_holder(key bigint) RETURNS text
+LANGUAGE sql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT coalesce((SELECT CASE WHEN l.pid = pg_catalog.pg_backend_pid() THEN 'this_session'
+                                 WHEN s.usename = session_user THEN 'same_role'
+                                 ELSE 'other_role' END
+                       FROM pg_catalog.pg_locks l
+                       LEFT JOIN pg_catalog.pg_stat_activity s ON s.pid = l.pid
+                      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                        AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                           WHERE d.datname = pg_catalog.current_database())
+                        AND ((l.classid::int8 << 32) | l.objid::int8) = key
+                      ORDER BY l.pid = pg_catalog.pg_backend_pid() DESC LIMIT 1), 'free')
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_key_holder(bigint) IS
+  'Used by snowflake_lease_hello: who holds a node''s lock key (free, this_session, same_role, other_role).';
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_key_holder(bigint) FROM PUBLIC;
+
 -- One node per session also when the session released its node's lock,
--- decided in the Rust core.
+-- decided in the Rust core. A node's lock keys are bound to the login role
+-- and the postmaster (snowflake_lease_node_keys): a session of another
+-- role holding one is passed over, not taken for a copy of the server.
 CREATE OR REPLACE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
-LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    keys bigint[];
+    slot int;
+BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
+    keys := snowflake_id_internal.snowflake_lease_node_keys(node, session_user);
+    slot := snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
         'node', node,
         'other_node_locked', EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
@@ -711,20 +747,32 @@ LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_t
                AND l.pid = pg_catalog.pg_backend_pid()
                AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                                   WHERE d.datname = pg_catalog.current_database())
-               AND NOT (l.classid = ((k.key >> 32) & 4294967295)::oid
-                        AND l.objid = (k.key & 4294967295)::oid)),
+               AND NOT ((l.classid::int8 << 32) | l.objid::int8) = ANY (keys)),
         'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object('block', b.block,
                                                                 'holder_node', b.holder_node)
                                              ORDER BY b.block), '[]')
                      FROM @extschema@.snowflake_lease_blocks b
                     WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()),
+        'slots', (SELECT jsonb_agg(h.holder ORDER BY k.n) FROM unnest(keys) WITH ORDINALITY k(key, n),
+                         LATERAL snowflake_id_internal.snowflake_lease_key_holder(k.key) h(holder)),
+        'legacy', snowflake_id_internal.snowflake_lease_key_holder(hashtextextended('snowflake_id node ' || node, 0)),
         'role', session_user,
-        'client', coalesce('client ' || inet_client_addr()::text, 'local connection')))
-      FROM (SELECT hashtextextended('snowflake_id node ' || node, 0) AS key) k;
-    SELECT pg_catalog.pg_try_advisory_lock(hashtextextended('snowflake_id node ' || node, 0))
+        'client', coalesce('client ' || inet_client_addr()::text, 'local connection')));
+    IF slot < 0 THEN
+        RETURN false;
+    END IF;
+    -- Under the registry's lock no hello takes a key; only a
+    -- pg_advisory_lock since the look above can hold it now.
+    IF NOT pg_catalog.pg_try_advisory_lock(keys[slot + 1]) THEN
+        RAISE EXCEPTION 'node % cannot take its lock: a session took the key just now', node
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'The lease worker tries again; a session that takes advisory locks in the registry''s database is not a lease worker''s.';
+    END IF;
+    RETURN true;
+END
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
-  'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory). One node per session.';
+  'Called by a holder''s lease worker: takes a session lock of its node id, bound to its login role; false when another live session of that role holds one (a copied data directory). One node per session.';
 
 
 -- The registry's lock in a mode no statement takes before its rights are

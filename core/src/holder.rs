@@ -265,10 +265,14 @@ pub enum Event {
         old: String,
         new: String,
     },
-    /// A reply went back in time: not used.
+    /// A reply went back in time (its WAL position, or its grant count
+    /// with the position not: another database put in the registry's
+    /// place): not used.
     Rollback {
         seen: String,
         reply: String,
+        seen_grants: i64,
+        reply_grants: i64,
     },
     /// No block is leased anew until this registry-clock Unix ms.
     Fenced {
@@ -681,6 +685,8 @@ impl Holder {
             self.events.push(Event::Rollback {
                 seen: format_lsn(self.lsn),
                 reply: format_lsn(lsn),
+                seen_grants: self.grants,
+                reply_grants: head.grants,
             });
             return false;
         }

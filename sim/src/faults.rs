@@ -36,8 +36,9 @@ pub enum Fault {
     /// A copy of the registry's database, the newest snapshot taken before
     /// `copied_ms` (simulated time; `CREATE DATABASE ... TEMPLATE`), put in
     /// its place (`DROP DATABASE`, `ALTER DATABASE ... RENAME`): no
-    /// restart, the WAL moving on.
-    PutBackDatabaseCopy { copied_ms: i64 },
+    /// restart, the WAL moving on. `same_oid`: made under the original's
+    /// OID once it was dropped (`CREATE DATABASE ... OID n`).
+    PutBackDatabaseCopy { copied_ms: i64, same_oid: bool },
     /// The database a [`Fault::PutBackDatabaseCopy`] put aside put back in
     /// its place, the copy's sessions ended (the wrong database restored,
     /// then the right one): no restart, its grants since the copy was
@@ -114,6 +115,7 @@ pub const FAULTS: &[Row] = &[
     Row { name: "snapshot from before DROP and CREATE EXTENSION restored in place, its WAL passed", label: Label::Kept, why: "a holder's signed incarnation the restored registry never had, within a fence (or the marks' lead plus grace) of its start, starts a fenced incarnation" },
     Row { name: "DROP and CREATE EXTENSION", label: Label::Kept, why: "live block locks, or a holder naming the older incarnation, fence it" },
     Row { name: "a copy of the registry's database put in its place, no restart", label: Label::Kept, why: "the row names the database it was written in: in another, it starts a fenced incarnation" },
+    Row { name: "a copy of the registry's database put in its place under its OID, no restart", label: Label::Kept, why: "a row's grant count only rises while the postmaster runs: one below the count a committed lease call left there starts a fenced incarnation" },
     Row { name: "the original registry database put back after a copy served, no restart", label: Label::Kept, why: "a token names the database it was signed in: the copy's incarnation, signed in another database under the row's key, starts a fenced incarnation" },
     Row { name: "pg_dump restore", label: Label::Kept, why: "restored leased rows fire the trigger's fence; the incarnation is not dumped" },
     Row { name: "copy of a data directory keeping its node id", label: Label::Kept, why: "blocks stay with the registry session that leased them" },
@@ -310,7 +312,13 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
             out.push((at + copy.range(100, 3_000), Fault::DropCreate));
         }
         let swapped = at + copy.range(4_000, 30_000);
-        out.push((swapped, Fault::PutBackDatabaseCopy { copied_ms: at }));
+        out.push((
+            swapped,
+            Fault::PutBackDatabaseCopy {
+                copied_ms: at,
+                same_oid: false,
+            },
+        ));
         // And the original put back after the copy served
         // (tests/fleet/test_adversarial_s23.py): drawn apart, so that the
         // schedules above stay as they were.
@@ -318,6 +326,19 @@ pub fn schedule(seed: u64, scenario: Scenario, duration_ms: i64) -> Vec<(i64, Fa
         if back.chance(0.5) {
             out.push((swapped + back.range(2_000, 30_000), Fault::PutBackOriginal));
         }
+    }
+    // A copy put back under the original's OID, the original dropped
+    // (tests/fleet/test_adversarial_s24.py): drawn apart too.
+    let mut same = Rng::new(seed.wrapping_mul(733).wrapping_add(53));
+    if Scenario::KEPT.contains(&scenario) && same.chance(0.3) {
+        let at = same.range(5_000, until.max(5_001));
+        out.push((
+            at + same.range(4_000, 30_000),
+            Fault::PutBackDatabaseCopy {
+                copied_ms: at,
+                same_oid: true,
+            },
+        ));
     }
     // A candidate cut off and taken out of the setting before the
     // extension is made again, then promoted under its name

@@ -967,7 +967,10 @@ impl World {
                 self.regs[p].store.create_extension(pnow);
                 self.regs[p].store.set_limits(limits, pnow);
             }
-            Fault::PutBackDatabaseCopy { copied_ms } => {
+            Fault::PutBackDatabaseCopy {
+                copied_ms,
+                same_oid,
+            } => {
                 let r = &mut self.regs[p];
                 let Some((_, tables, _)) =
                     r.history.iter().rev().find(|h| h.0 < copied_ms).cloned()
@@ -976,7 +979,14 @@ impl World {
                 };
                 r.restored_ms = pnow;
                 r.put_aside = Some((r.store.tables.clone(), r.store.database_oid));
-                r.store.put_back_copy(&tables);
+                if same_oid {
+                    // The original dropped: nothing to put back.
+                    r.put_aside = None;
+                    let oid = r.store.database_oid;
+                    r.store.put_back_database(&tables, oid);
+                } else {
+                    r.store.put_back_copy(&tables);
+                }
                 // Its sessions ended: holders connect again.
                 for i in 0..self.nodes.len() {
                     self.drop_conn(i);
@@ -1198,7 +1208,7 @@ impl World {
             .store
             .sessions
             .get(&pid)
-            .and_then(|s| s.node.clone())
+            .and_then(|s| s.node())
             .unwrap_or_default();
         let now = self.regs[p].clock.wall(t);
         let incarnation = self.regs[p]
@@ -1369,7 +1379,7 @@ impl World {
     /// again otherwise.
     fn hostile_other_node(&mut self, t: i64, p: usize, pid: u64) {
         let store = &mut self.regs[p].store;
-        let Some(was) = store.sessions.get(&pid).and_then(|s| s.node.clone()) else {
+        let Some(was) = store.sessions.get(&pid).and_then(|s| s.node()) else {
             return;
         };
         let other = format!("rogue{}", self.rng.range(0, 6));

@@ -6,9 +6,10 @@
 //! it with the data directory; `pg_dump` does not (a dump restored
 //! elsewhere starts with a key of its own).
 //!
-//! Read or made only when the registry's row is made (`CREATE
-//! EXTENSION`, the row deleted): lease calls, which hold the registry's
-//! lock, and the extension script, run one at a time.
+//! Made only when the registry's row is made (`CREATE EXTENSION`, the row
+//! deleted): lease calls, which hold the registry's lock, and the
+//! extension script, run one at a time. Read, never made, for a node's
+//! lock keys ([`read`]).
 
 use crate::errors;
 use pgrx::pg_sys;
@@ -17,6 +18,14 @@ use std::ffi::CStr;
 const KEY_FILE: &str = "snowflake_id.key";
 const KEY_FILE_C: &CStr = c"snowflake_id.key";
 const KEY_FILE_TMP: &CStr = c"snowflake_id.key.tmp";
+
+/// The data directory's key when it is there and readable as one.
+pub fn read() -> Option<String> {
+    let text = std::fs::read_to_string(KEY_FILE).ok()?;
+    let key = text.trim();
+    (key.len() == 32 && key.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| key.to_ascii_lowercase())
+}
 
 /// The data directory's key (32 hex digits), and whether it was there
 /// before this call; made (random, written durably) when missing.

@@ -120,6 +120,7 @@ pub fn registry_refusal(refusal: snowflake_core::registry::Refusal) -> ! {
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
         }
         SqlState::InsufficientPrivilege => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        SqlState::LockNotAvailable => PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
     };
     raise(code, refusal.message, refusal.detail, refusal.hint)
 }

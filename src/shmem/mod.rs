@@ -118,47 +118,77 @@ pub struct Header {
 /// from one postmaster start (`errors::registry_databases_full`).
 pub const SIGNED_DATABASES: usize = 64;
 
-/// The highest grant count signed in each registry database: a slot per
-/// database OID, claimed by compare-and-swap from 0 (no lock), never given
-/// back until the postmaster restarts. A database that finds no slot signs
+/// The highest grant count signed in each registry database, and the
+/// highest a committed lease call left in its row: a slot per database
+/// OID, claimed by compare-and-swap from 0 (no lock), never given back
+/// until the postmaster restarts. A database that finds no slot signs
 /// nothing (its lease call is refused): a count it signed must be known,
 /// or a reply whose call rolled back would read as a grant this registry
 /// forgot.
 pub struct SignedGrants {
-    slots: [(AtomicU32, AtomicI64); SIGNED_DATABASES],
+    slots: [SignedSlot; SIGNED_DATABASES],
+}
+
+struct SignedSlot {
+    oid: AtomicU32,
+    signed: AtomicI64,
+    left: AtomicI64,
 }
 
 impl SignedGrants {
     pub(crate) fn new() -> Self {
         Self {
-            slots: std::array::from_fn(|_| (AtomicU32::new(0), AtomicI64::new(0))),
+            slots: std::array::from_fn(|_| SignedSlot {
+                oid: AtomicU32::new(0),
+                signed: AtomicI64::new(0),
+                left: AtomicI64::new(0),
+            }),
         }
+    }
+
+    /// Database `db`'s slot, claimed when it has none; `None` when every
+    /// slot is another database's.
+    fn slot(&self, db: u32) -> Option<&SignedSlot> {
+        self.slots.iter().find(
+            |slot| match slot.oid.compare_exchange(0, db, AcqRel, Acquire) {
+                Ok(_) => true,
+                Err(current) => current == db,
+            },
+        )
     }
 
     /// Records `grants` signed in database `db`; false when every slot is
     /// another database's (nothing recorded: it must not sign).
     #[must_use]
     pub fn record(&self, db: u32, grants: i64) -> bool {
-        for (oid, count) in &self.slots {
-            let owner = match oid.compare_exchange(0, db, AcqRel, Acquire) {
-                Ok(_) => db,
-                Err(current) => current,
-            };
-            if owner == db {
-                count.fetch_max(grants, AcqRel);
-                return true;
-            }
-        }
-        false
+        self.slot(db)
+            .map(|slot| slot.signed.fetch_max(grants, AcqRel))
+            .is_some()
     }
 
     /// The highest grant count signed in database `db` since the postmaster
     /// started (0: none; a database with no slot signed none).
     pub fn get(&self, db: u32) -> i64 {
-        self.slots
-            .iter()
-            .find(|(oid, _)| oid.load(Acquire) == db)
-            .map_or(0, |(_, count)| count.load(Acquire))
+        self.find(db).map_or(0, |slot| slot.signed.load(Acquire))
+    }
+
+    /// Records `grants` as the count a committed lease call left in
+    /// database `db`'s row (after its commit).
+    pub fn left(&self, db: u32, grants: i64) {
+        if let Some(slot) = self.slot(db) {
+            slot.left.fetch_max(grants, AcqRel);
+        }
+    }
+
+    /// The highest count a committed lease call left in database `db`'s
+    /// row since the postmaster started
+    /// (`snowflake_core::registry::Server::row_grants_seen`).
+    pub fn left_in(&self, db: u32) -> i64 {
+        self.find(db).map_or(0, |slot| slot.left.load(Acquire))
+    }
+
+    fn find(&self, db: u32) -> Option<&SignedSlot> {
+        self.slots.iter().find(|slot| slot.oid.load(Acquire) == db)
     }
 }
 
@@ -179,6 +209,12 @@ mod signed_grants_tests {
         let past = SIGNED_DATABASES as u32 + 1;
         assert!(!s.record(past, 7), "no slot left");
         assert_eq!(s.get(past), 0);
+        s.left(past, 9);
+        assert_eq!(s.left_in(past), 0);
+        // What calls left in the row, apart from what was signed.
+        s.left(3, 12);
+        s.left(3, 11);
+        assert_eq!((s.get(3), s.left_in(3)), (31, 12));
     }
 }
 

@@ -16,6 +16,7 @@
 use crate::errors;
 use pgrx::prelude::*;
 use pgrx::JsonB;
+use pgrx::{register_xact_callback, PgXactCallbackEvent};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use snowflake_core::protocol::{AcquireRequest, ReleaseRequest, RenewRequest};
@@ -100,8 +101,10 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
     };
     let caller = caller(&server.0);
     let mut server: Server = facts(server.0, "server facts");
-    server.signed_grants =
-        crate::shmem::header().map_or(0, |h| h.signed_grants.get(this_database()));
+    let db = this_database();
+    let header = crate::shmem::header();
+    server.signed_grants = header.map_or(0, |h| h.signed_grants.get(db));
+    server.row_grants_seen = header.map_or(0, |h| h.signed_grants.left_in(db));
     // This registry server's own layout settings: the fleet's layout on a
     // registry with no rows and none fixed by the DBA.
     server
@@ -116,7 +119,17 @@ fn snowflake_lease_decide(call: &str, request: &str, server: JsonB, rows: JsonB)
         (server.fresh_key, server.key_kept) = crate::durability::registry_key::key();
     }
     match registry::decide(&call, &server, &rows) {
-        Ok(outcome) => to_jsonb(&outcome),
+        Ok(outcome) => {
+            // The count this call leaves in the row, once it committed (a
+            // call that rolled back left none).
+            if let Some(h) = header {
+                let grants = outcome.answer.grants;
+                register_xact_callback(PgXactCallbackEvent::Commit, move || {
+                    h.signed_grants.left(db, grants);
+                });
+            }
+            to_jsonb(&outcome)
+        }
         Err(refusal) => refuse(refusal, &caller),
     }
 }
@@ -162,22 +175,45 @@ fn snowflake_lease_limits_decide(new: JsonB, server: JsonB, rows: JsonB) -> Json
     to_jsonb(&json!({ "row": row, "kept": kept }))
 }
 
-/// `snowflake_lease_hello`'s rule, one node per session
-/// (`snowflake_core::registry::hello`): `facts` are what the SQL gathered
-/// (`node`, `other_node_locked`, this session's `blocks`, and `role` and
-/// `client` for the log). Returns when the session may take the node's
-/// lock; a refusal is raised, its log line logged first.
+/// Whether a registry session may be the node it introduces, and which of
+/// the node's keys for its role it takes
+/// (`snowflake_core::registry::hello::introduce`): `facts` are what the
+/// SQL gathered (`node`, `other_node_locked`, this session's `blocks`,
+/// who holds each key in `slots`, and `role` and `client` for the log).
+/// Returns the slot to lock, or -1 when another session of its role is
+/// the node (a copied data directory); a refusal is raised, its log line
+/// logged first.
 #[pg_extern(sql = r#"
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(facts jsonb)
-RETURNS void VOLATILE STRICT PARALLEL UNSAFE
+RETURNS integer VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_hello_decide_wrapper';
 "#)]
-fn snowflake_lease_hello_decide(facts: JsonB) {
+fn snowflake_lease_hello_decide(facts: JsonB) -> i32 {
     let caller = caller(&facts.0);
     let hello: hello::HelloFacts = self::facts(facts.0, "hello facts");
-    if let Err(refusal) = hello::hello(&hello) {
-        refuse(refusal, &caller)
+    match hello::introduce(&hello) {
+        Ok(hello::Introduce::Take(slot)) => i32::try_from(slot).unwrap_or(-1),
+        Ok(hello::Introduce::InUse) => -1,
+        Err(refusal) => refuse(refusal, &caller),
     }
+}
+
+/// The advisory-lock keys of `node` for sessions of login role `role`
+/// (`snowflake_core::registry::hello::node_keys`), under this data
+/// directory's key and this postmaster's start: a role cannot compute
+/// another's, nor keep one past a restart. (Without the key file, made
+/// with the registry's row, only the start: a restart still changes them.)
+#[pg_extern(sql = r#"
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_node_keys(node text, role text)
+RETURNS bigint[] VOLATILE STRICT PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_node_keys_wrapper';
+"#)]
+fn snowflake_lease_node_keys(node: &str, role: &str) -> Vec<i64> {
+    let key = crate::durability::registry_key::read().unwrap_or_default();
+    // SAFETY: set by the postmaster before any backend starts, never
+    // written again.
+    let start = unsafe { pg_sys::PgStartTime };
+    hello::node_keys(&key, start, node, role).to_vec()
 }
 
 /// One look at the standbys while `snowflake_lease_durable` waits:
@@ -256,8 +292,10 @@ fn snowflake_lease_candidates_anew(timeline: i32, now_ms: i64) -> JsonB {
 }
 
 /// The data directory's token key (`durability::registry_key`), as
-/// `{"key": ..., "kept": ...}` (`kept`: it was there before): for the row
-/// `CREATE EXTENSION` (or its update from 0.7.0) makes.
+/// `{"key": ..., "kept": ..., "grants": ...}` (`kept`: it was there
+/// before; `grants`: the count lease calls left in this database's row
+/// since the postmaster started): for the row `CREATE EXTENSION` (or its
+/// update from 0.7.0) makes.
 #[pg_extern(sql = r#"
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_data_key()
 RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
@@ -265,7 +303,10 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_data_key_wrapper';
 "#)]
 fn snowflake_lease_data_key() -> JsonB {
     let (key, kept) = crate::durability::registry_key::key();
-    JsonB(serde_json::json!({"key": key, "kept": kept}))
+    // A row made anew goes on from the count calls left here
+    // (`Server::row_grants_seen`).
+    let grants = crate::shmem::header().map_or(0, |h| h.signed_grants.left_in(this_database()));
+    JsonB(serde_json::json!({"key": key, "kept": kept, "grants": grants}))
 }
 
 /// The registry's token for `incarnation` at `lsn` with `grants` under
@@ -326,7 +367,8 @@ pgrx::extension_sql_file!(
         snowflake_lease_candidates_keep,
         snowflake_lease_candidates_anew,
         snowflake_lease_autocommit,
-        snowflake_lease_hello_decide
+        snowflake_lease_hello_decide,
+        snowflake_lease_node_keys
     ]
 );
 

@@ -518,18 +518,50 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_session() IS
   'Used by the lease functions: this registry session as pid:start, the session a node''s blocks belong to.';
 
--- A holder introduces itself: takes the session lock of its node id.
--- false: another live session holds that node id (a copy of a data
--- directory whose original is running): the caller must take a new id.
--- One node per session (core/src/registry/hello.rs, decided by
--- snowflake_lease_hello_decide): a session holding another node's lock,
--- or blocks leased under another node (its lock released with
--- pg_advisory_unlock, which any role may call), is refused (54000), so
--- that max_blocks_per_node bounds what one session can lease. SECURITY
--- DEFINER: it reads the blocks' sessions, which the lease role may not.
+-- Who holds advisory lock `key` (one bigint, session level) in this
+-- database, as snowflake_lease_hello_decide takes it: free, this session,
+-- a session of this login role, or of another.
+CREATE FUNCTION snowflake_id_internal.snowflake_lease_key_holder(key bigint) RETURNS text
+LANGUAGE sql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT coalesce((SELECT CASE WHEN l.pid = pg_catalog.pg_backend_pid() THEN 'this_session'
+                                 WHEN s.usename = session_user THEN 'same_role'
+                                 ELSE 'other_role' END
+                       FROM pg_catalog.pg_locks l
+                       LEFT JOIN pg_catalog.pg_stat_activity s ON s.pid = l.pid
+                      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                        AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                           WHERE d.datname = pg_catalog.current_database())
+                        AND ((l.classid::int8 << 32) | l.objid::int8) = key
+                      ORDER BY l.pid = pg_catalog.pg_backend_pid() DESC LIMIT 1), 'free')
+$fn$;
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_key_holder(bigint) IS
+  'Used by snowflake_lease_hello: who holds a node''s lock key (free, this_session, same_role, other_role).';
+
+-- A holder introduces itself: takes a session lock of its node id.
+-- false: another live session of its login role holds one (a copy of a
+-- data directory whose original is running): the caller must take a new
+-- id. A node's lock keys are bound to the role and to this postmaster
+-- (snowflake_lease_node_keys): any role may take any advisory lock, so a
+-- key held by a session of another role is passed over, never taken for a
+-- copy (core/src/registry/hello.rs, decided by
+-- snowflake_lease_hello_decide). One node per session: a session holding
+-- another node's lock, or blocks leased under another node (its lock
+-- released with pg_advisory_unlock, which any role may call), is refused
+-- (54000), so that max_blocks_per_node bounds what one session can lease.
+-- Under the registry's lock, so that two sessions of one role never take
+-- two keys of a node; refused in a transaction block, which would keep
+-- that lock. SECURITY DEFINER: it reads the blocks' sessions and the
+-- keys' holders, which the lease role may not.
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
-LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    keys bigint[];
+    slot int;
+BEGIN
+    PERFORM snowflake_id_internal.snowflake_lease_autocommit();
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
+    keys := snowflake_id_internal.snowflake_lease_node_keys(node, session_user);
+    slot := snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
         'node', node,
         'other_node_locked', EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
@@ -537,20 +569,32 @@ LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_t
                AND l.pid = pg_catalog.pg_backend_pid()
                AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                                   WHERE d.datname = pg_catalog.current_database())
-               AND NOT (l.classid = ((k.key >> 32) & 4294967295)::oid
-                        AND l.objid = (k.key & 4294967295)::oid)),
+               AND NOT ((l.classid::int8 << 32) | l.objid::int8) = ANY (keys)),
         'blocks', (SELECT coalesce(jsonb_agg(jsonb_build_object('block', b.block,
                                                                 'holder_node', b.holder_node)
                                              ORDER BY b.block), '[]')
                      FROM @extschema@.snowflake_lease_blocks b
                     WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()),
+        'slots', (SELECT jsonb_agg(h.holder ORDER BY k.n) FROM unnest(keys) WITH ORDINALITY k(key, n),
+                         LATERAL snowflake_id_internal.snowflake_lease_key_holder(k.key) h(holder)),
+        'legacy', snowflake_id_internal.snowflake_lease_key_holder(hashtextextended('snowflake_id node ' || node, 0)),
         'role', session_user,
-        'client', coalesce('client ' || inet_client_addr()::text, 'local connection')))
-      FROM (SELECT hashtextextended('snowflake_id node ' || node, 0) AS key) k;
-    SELECT pg_catalog.pg_try_advisory_lock(hashtextextended('snowflake_id node ' || node, 0))
+        'client', coalesce('client ' || inet_client_addr()::text, 'local connection')));
+    IF slot < 0 THEN
+        RETURN false;
+    END IF;
+    -- Under the registry's lock no hello takes a key; only a
+    -- pg_advisory_lock since the look above can hold it now.
+    IF NOT pg_catalog.pg_try_advisory_lock(keys[slot + 1]) THEN
+        RAISE EXCEPTION 'node % cannot take its lock: a session took the key just now', node
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'The lease worker tries again; a session that takes advisory locks in the registry''s database is not a lease worker''s.';
+    END IF;
+    RETURN true;
+END
 $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello(text) IS
-  'Called by a holder''s lease worker: takes the session lock of its node id; false when another live session holds it (a copied data directory). One node per session.';
+  'Called by a holder''s lease worker: takes a session lock of its node id, bound to its login role; false when another live session of that role holds one (a copied data directory). One node per session.';
 
 -- This server's snowflake_id.registry_standby_name, from the configuration
 -- files only: a session could SET it (a placeholder where the library is
@@ -615,14 +659,17 @@ CREATE FUNCTION snowflake_id_internal.snowflake_lease_facts(node text) RETURNS j
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
     WITH here AS (
         SELECT snowflake_id_internal.snowflake_lease_timeline() AS tli,
-               hashtextextended('snowflake_id node ' || node, 0) AS key,
+               snowflake_id_internal.snowflake_lease_node_keys(node, session_user) AS keys,
+               -- The node's key before 0.8.0: a session introduced before
+               -- the registry's update. No role's key gives more: any role
+               -- may introduce any node under its own.
+               hashtextextended('snowflake_id node ' || node, 0) AS legacy,
                snowflake_id_internal.snowflake_lease_block_class()::oid AS class,
                (SELECT d.oid FROM pg_catalog.pg_database d
                  WHERE d.datname = pg_catalog.current_database()) AS db
     ), locks AS (
         SELECT coalesce(bool_or(l.granted AND l.pid = pg_catalog.pg_backend_pid() AND l.objsubid = 1
-                                AND l.classid = ((h.key >> 32) & 4294967295)::oid
-                                AND l.objid = (h.key & 4294967295)::oid), false) AS node_locked,
+                                AND ((l.classid::int8 << 32) | l.objid::int8) = ANY (h.keys || h.legacy)), false) AS node_locked,
                coalesce(jsonb_agg(l.objid::int ORDER BY l.objid)
                             FILTER (WHERE l.granted AND l.pid = pg_catalog.pg_backend_pid()
                                       AND l.objsubid = 2 AND l.classid = h.class), '[]') AS locked,
@@ -630,7 +677,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
                                 AND l.classid = h.class), false) AS others
           FROM here h
           LEFT JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.database = h.db
-         GROUP BY h.key, h.class
+         GROUP BY h.keys, h.legacy, h.class
     ), reg AS (
         SELECT g.* FROM @extschema@.snowflake_lease_registry g LIMIT 1
     )
@@ -1022,6 +1069,8 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_node_keys(text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_key_holder(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() IS
   'Used when the registry''s row is made: the data directory''s token key (snowflake_id.key), made when missing.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept() IS
@@ -1031,7 +1080,9 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(jsonb)
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) IS
   'Used when the failover candidates'' row is made: the members of the last one this data directory wrote, or every standby that may be synchronous (*).';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
-  'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000.';
+  'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000; the slot of the node''s keys to take, -1 when a session of its role holds one.';
+COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_node_keys(text, text) IS
+  'Used by the lease functions: a node''s advisory-lock keys for a login role, under the data directory''s key and this postmaster''s start.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS
   'Used by the lease functions: the registry''s rules (core/src/registry) decide a lease call from its request and the facts gathered, and return the rows to write.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_limits_decide(jsonb, jsonb, jsonb) IS
@@ -1053,11 +1104,16 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() IS
 -- row and its timeline (its promotion is then a timeline change, fenced).
 -- Made again while holders' sessions hold block locks (the extension
 -- dropped and created again), no row: the first lease call fences.
+-- Its grant count goes on from the one lease calls left in this
+-- database since the postmaster started (the extension dropped and made
+-- again): a copy from before has less (core/src/registry/begin.rs).
 INSERT INTO @extschema@.snowflake_lease_registry
-       (incarnation, timeline, postmaster_start, started_at, cause, token_key, new_key, database_oid)
+       (incarnation, timeline, postmaster_start, started_at, cause, token_key, new_key, database_oid,
+        grants)
 SELECT md5(gen_random_uuid()::text), snowflake_id_internal.snowflake_lease_timeline(),
        pg_postmaster_start_time(), now(), 'created', k->>'key', NOT (k->>'kept')::boolean,
-       (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+       (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()),
+       coalesce((k->>'grants')::bigint, 0)
   FROM snowflake_id_internal.snowflake_lease_data_key() k
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
                     WHERE l.locktype = 'advisory' AND l.objsubid = 2

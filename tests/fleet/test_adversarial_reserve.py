@@ -154,8 +154,10 @@ def test_one_session_of_the_lease_role_is_one_node_only(make_cluster):
     hello_refused = None
 
     def become(node: str) -> bool:
-        x.conn.execute("SELECT pg_advisory_unlock(hashtextextended('snowflake_id node ' || %s, 0))",
-                       (x.node,))
+        # Its node's lock: its advisory lock of one bigint key.
+        x.conn.execute("SELECT pg_advisory_unlock((l.classid::int8 << 32) | l.objid::int8)"
+                       " FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1"
+                       " AND l.pid = pg_backend_pid()")
         ok = x.conn.execute(f"SELECT {x.schema}.snowflake_lease_hello(%s)", (node,)).fetchone()[0]
         x.node = node
         return ok

@@ -167,6 +167,7 @@ enum Cause {
     SignedElsewhere { known: String, database: u32 },
     DatabaseCopied { was: u32 },
     DatabaseUnrecorded,
+    RowBack { seen: i64, have: i64 },
 }
 
 impl Cause {
@@ -195,6 +196,9 @@ impl Cause {
             Cause::DatabaseCopied { was } => format!(
                 "the registry's row was written in database OID {was}, this is OID {} (a copy of the database put in its place)",
                 server.database_oid
+            ),
+            Cause::RowBack { seen, have } => format!(
+                "the registry's row has made {have} grants, a lease call found {seen} in this database since the postmaster started (another database was put in its place under its OID)"
             ),
             Cause::DatabaseUnrecorded => format!(
                 "the registry's row names no database (written before 0.8.0), this is OID {}: it may be a copy of the database put in its place",
@@ -393,6 +397,24 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
             // Fenced once, as a copy would be.
             (Some(Cause::DatabaseUnrecorded), true)
         }
+        Some(r)
+            if r.grants < server.row_grants_seen
+                && !super::mutation::active(super::mutation::Mutation::NoRowBack) =>
+        {
+            // The row's count went back with no restart: a row is written
+            // only forward, so this is another database under the
+            // registry's OID (CREATE DATABASE ... TEMPLATE copy OID n, the
+            // original dropped), which no OID, token or signed count tells
+            // apart (tests/fleet/test_adversarial_s24.py: 70,786 IDs made
+            // twice). It forgot every grant since it was copied.
+            (
+                Some(Cause::RowBack {
+                    seen: server.row_grants_seen,
+                    have: r.grants,
+                }),
+                true,
+            )
+        }
         Some(_) if elsewhere.is_some() => {
             // A copy of this database (its row, its key) served holders
             // with grants this one never made, at any time: a database
@@ -562,11 +584,17 @@ pub fn begin(call: &Call, server: &Server, rows: &Rows, lim: &InForce) -> Result
         // made before it), not a fence at every call
         // (tests/fleet/test_adversarial_s23.py: a reply whose call rolled
         // back, shown after a restart, fenced at each of 30 calls).
-        grants: old.as_ref().map_or(0, |o| o.grants).max(match &cause {
-            Cause::GrantsBack { seen, .. } => *seen,
-            Cause::SignedElsewhere { .. } => seen.grants,
-            _ => 0,
-        }),
+        // A row made anew goes on from the count a committed call left in
+        // this database since the postmaster started: a copy from before
+        // has less (Cause::RowBack).
+        grants: old
+            .as_ref()
+            .map_or(server.row_grants_seen, |o| o.grants)
+            .max(match &cause {
+                Cause::GrantsBack { seen, .. } | Cause::RowBack { seen, .. } => *seen,
+                Cause::SignedElsewhere { .. } => seen.grants,
+                _ => 0,
+            }),
         history: old.as_ref().map_or_else(
             || {
                 known_verified

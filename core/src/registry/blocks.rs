@@ -100,14 +100,17 @@ impl BlockRow {
             && self.expires_at_ms.is_some_and(|e| e > now_ms)
     }
 
-    /// Leased to `node` in `session` or the one it names as its previous
-    /// (or before 0.7.0, when rows recorded no session).
-    fn owned_by(&self, node: &str, session: &str, previous: &str) -> bool {
+    /// Leased to `node` in `session`, or in the one it names as its
+    /// previous by a session of the same login role `role` (any role may
+    /// introduce any node, and read a session's pid and start), or before
+    /// 0.7.0, when rows recorded no session.
+    fn owned_by(&self, node: &str, session: &str, previous: &str, role: &str) -> bool {
+        let same_role = self.holder_role.as_deref().is_none_or(|r| r == role);
         self.holder_node.as_deref() == Some(node)
             && (super::mutation::active(super::mutation::Mutation::BlocksToAnySession)
                 || match self.holder_session.as_deref() {
                     None => true,
-                    Some(s) => s == session || (!previous.is_empty() && s == previous),
+                    Some(s) => s == session || (!previous.is_empty() && s == previous && same_role),
                 })
     }
 }
@@ -415,7 +418,7 @@ pub fn renew(req: &RenewRequest, ctx: &Context, rows: &mut Vec<BlockRow>) -> Don
         let Some(r) = rows.iter_mut().find(|r| r.block == block) else {
             continue;
         };
-        let mine = r.owned_by(&req.node, me, previous);
+        let mine = r.owned_by(&req.node, me, previous, role);
         let taken_now = taken.contains(&block) && r.free(now);
         if !(mine || taken_now) {
             continue;
@@ -481,7 +484,13 @@ pub fn release(req: &ReleaseRequest, ctx: &Context, rows: &mut [BlockRow]) -> Do
         return done;
     };
     if let Some(r) = rows.iter_mut().find(|r| {
-        r.block == block && r.owned_by(&req.node, &ctx.server.session, &req.previous_session)
+        r.block == block
+            && r.owned_by(
+                &req.node,
+                &ctx.server.session,
+                &req.previous_session,
+                &ctx.server.role,
+            )
     }) {
         r.holder_node = None;
         r.released_at_ms = Some(ctx.server.now_ms);

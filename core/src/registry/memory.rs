@@ -22,8 +22,34 @@ pub struct Tables {
 pub struct Session {
     pub id: String,
     pub role: String,
-    pub node: Option<String>,
+    /// The node-lock keys it holds ([`super::hello::node_keys`]).
+    pub node_locks: Vec<NodeKey>,
     pub blocks: Vec<u32>,
+}
+
+/// One of a node's lock keys: its node, the login role it is bound to,
+/// its slot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeKey {
+    pub node: String,
+    pub role: String,
+    pub slot: usize,
+}
+
+impl Session {
+    /// The node it introduced: a key of its own role it holds.
+    pub fn node(&self) -> Option<String> {
+        self.node_locks
+            .iter()
+            .find(|k| k.role == self.role)
+            .map(|k| k.node.clone())
+    }
+
+    fn holds(&self, node: &str) -> bool {
+        self.node_locks
+            .iter()
+            .any(|k| k.node == node && k.role == self.role)
+    }
 }
 
 /// A registry server in memory.
@@ -48,10 +74,13 @@ pub struct Store {
     /// Its `snowflake_id.backfill_worker_ids` (empty: none).
     pub backfill_ids: String,
     pub sessions: BTreeMap<u64, Session>,
-    /// The highest grant count signed in each database, and the postmaster
-    /// start they were signed under (`Server::signed_grants`: none after a
+    /// The highest grant count signed in each database and the highest a
+    /// call found in its row, and the postmaster start they are of
+    /// (`Server::signed_grants`, `Server::row_grants_seen`: none after a
     /// restart).
-    signed: (i64, BTreeMap<u32, i64>),
+    signed: (i64, BTreeMap<u32, (i64, i64)>),
+    /// The row's count a committed call left, before the last call.
+    seen_before_last: i64,
     /// The data directory's token key (`snowflake_id.key`): made with the
     /// first row, kept by `DROP EXTENSION`, a snapshot and a standby.
     pub data_key: Option<String>,
@@ -81,6 +110,7 @@ impl Store {
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
             signed: (0, BTreeMap::new()),
+            seen_before_last: 0,
             data_key: None,
             data_candidates: None,
             seed,
@@ -93,6 +123,8 @@ impl Store {
     /// `CREATE EXTENSION` (after a `DROP EXTENSION`, or the first): new
     /// tables; the incarnation row only when no session holds block locks.
     pub fn create_extension(&mut self, now_ms: i64) {
+        // The row goes on from the count found here (snowflake_lease_data_key).
+        let grants = self.counts_here().1;
         let live = self.sessions.values().any(|s| !s.blocks.is_empty());
         let name = self.fresh_name();
         let (key, kept) = self.key();
@@ -107,6 +139,7 @@ impl Store {
                     token_key: key,
                     new_key: !kept,
                     database_oid: Some(self.database_oid),
+                    grants,
                     ..IncarnationRow::default()
                 }),
                 blocks: Vec::new(),
@@ -177,13 +210,29 @@ impl Store {
         self.commit();
     }
 
+    /// The last call's transaction rolled back after its reply left (a
+    /// `DO` block that shows it, then raises): its rows are `tables` again,
+    /// its WAL and signed count stay.
+    pub fn roll_back(&mut self, tables: Tables) {
+        self.tables = tables;
+        self.counts_here().1 = self.seen_before_last;
+    }
+
     /// The highest grant count this postmaster signed in this database.
     fn signed_here(&self) -> i64 {
         if self.signed.0 == self.postmaster_start_ms {
-            self.signed.1.get(&self.database_oid).copied().unwrap_or(0)
+            self.signed.1.get(&self.database_oid).map_or(0, |c| c.0)
         } else {
             0
         }
+    }
+
+    /// This postmaster's counts in this database, made when missing.
+    fn counts_here(&mut self) -> &mut (i64, i64) {
+        if self.signed.0 != self.postmaster_start_ms {
+            self.signed = (self.postmaster_start_ms, BTreeMap::new());
+        }
+        self.signed.1.entry(self.database_oid).or_default()
     }
 
     pub fn set_limits(&mut self, limits: Option<LimitsRow>, now_ms: i64) {
@@ -235,17 +284,39 @@ impl Store {
             Session {
                 id: format!("{pid}:{now_ms}"),
                 role: role.to_string(),
-                node: None,
+                node_locks: Vec::new(),
                 blocks: Vec::new(),
             },
         );
         pid
     }
 
-    /// `pg_advisory_unlock` of the session's node lock (any role may).
+    /// `pg_advisory_unlock` of the session's node locks (any role may).
     pub fn unlock_node(&mut self, pid: u64) {
         if let Some(s) = self.sessions.get_mut(&pid) {
-            s.node = None;
+            s.node_locks.clear();
+        }
+    }
+
+    /// `pg_advisory_lock` by session `pid` of a key it saw held, `key`
+    /// (any role may take any advisory lock): false while another session
+    /// holds it.
+    pub fn squat(&mut self, pid: u64, key: &NodeKey) -> bool {
+        if self
+            .sessions
+            .iter()
+            .any(|(p, s)| *p != pid && s.node_locks.contains(key))
+        {
+            return false;
+        }
+        match self.sessions.get_mut(&pid) {
+            Some(s) => {
+                if !s.node_locks.contains(key) {
+                    s.node_locks.push(key.clone());
+                }
+                true
+            }
+            None => false,
         }
     }
 
@@ -254,15 +325,40 @@ impl Store {
         self.sessions.remove(&pid);
     }
 
-    /// `snowflake_lease_hello`: one node per session ([`super::hello`]),
-    /// then the node's lock; false when another session holds it.
+    /// `snowflake_lease_hello`: one node per session, and which of the
+    /// node's keys for its role it takes ([`super::hello::introduce`]);
+    /// false when another session of its role holds one.
     pub fn hello(&mut self, pid: u64, node: &str) -> Result<bool, Refusal> {
+        use super::hello::{Introduce, SlotHolder, NODE_SLOTS};
         let Some(me) = self.sessions.get(&pid) else {
             return Ok(false);
         };
+        let role = me.role.clone();
+        let slots = (0..NODE_SLOTS)
+            .map(|slot| {
+                let key = NodeKey {
+                    node: node.to_string(),
+                    role: role.clone(),
+                    slot,
+                };
+                match self
+                    .sessions
+                    .iter()
+                    .find(|(_, s)| s.node_locks.contains(&key))
+                {
+                    None => SlotHolder::Free,
+                    Some((p, _)) if *p == pid => SlotHolder::ThisSession,
+                    Some((_, s)) if s.role == role => SlotHolder::SameRole,
+                    Some(_) => SlotHolder::OtherRole,
+                }
+            })
+            .collect();
         let facts = super::hello::HelloFacts {
             node: node.to_string(),
-            other_node_locked: me.node.as_deref().is_some_and(|n| n != node),
+            other_node_locked: me
+                .node_locks
+                .iter()
+                .any(|k| k.node != node || k.role != role),
             blocks: self
                 .tables
                 .rows
@@ -274,19 +370,20 @@ impl Store {
                     holder_node: b.holder_node.clone(),
                 })
                 .collect(),
+            slots,
+            legacy: SlotHolder::Free,
         };
-        super::hello::hello(&facts)?;
-        if self
-            .sessions
-            .iter()
-            .any(|(p, s)| *p != pid && s.node.as_deref() == Some(node))
-        {
-            return Ok(false);
+        match super::hello::introduce(&facts)? {
+            Introduce::InUse => Ok(false),
+            Introduce::Take(slot) => {
+                let key = NodeKey {
+                    node: node.to_string(),
+                    role,
+                    slot,
+                };
+                Ok(self.squat(pid, &key))
+            }
         }
-        if let Some(s) = self.sessions.get_mut(&pid) {
-            s.node = Some(node.to_string());
-        }
-        Ok(true)
     }
 
     fn server(&mut self, pid: u64, node: &str, now_ms: i64) -> Server {
@@ -311,9 +408,10 @@ impl Store {
             postmaster_start_ms: self.postmaster_start_ms,
             database_oid: self.database_oid,
             signed_grants: self.signed_here(),
+            row_grants_seen: 0,
             fsync_off: self.fsync_off,
             synchronous_commit_off: false,
-            node_locked: session.node.as_deref() == Some(node),
+            node_locked: session.holds(node),
             locked: session.blocks.clone(),
             others_lock_blocks: others,
             proof: super::Proof {
@@ -357,7 +455,11 @@ impl Store {
         call: &Call,
         now_ms: i64,
     ) -> Result<(super::Answer, ReplyHead), Refusal> {
-        let server = self.server(pid, call.node(), now_ms);
+        let mut server = self.server(pid, call.node(), now_ms);
+        // The highest count a committed call left in the row (as the glue
+        // keeps it).
+        server.row_grants_seen = self.counts_here().1;
+        self.seen_before_last = server.row_grants_seen;
         let out = super::decide(call, &server, &self.tables.rows)?;
         let w = out.writes;
         self.write_rows(&w);
@@ -371,6 +473,9 @@ impl Store {
             }
         }
         let lsn = self.commit();
+        let left = self.tables.rows.registry.as_ref().map_or(0, |r| r.grants);
+        let seen = &mut self.counts_here().1;
+        *seen = (*seen).max(left);
         let key = self
             .tables
             .rows
@@ -378,11 +483,8 @@ impl Store {
             .as_ref()
             .map(|r| r.token_key.clone())
             .unwrap_or_default();
-        if self.signed.0 != self.postmaster_start_ms {
-            self.signed = (self.postmaster_start_ms, BTreeMap::new());
-        }
-        let here = self.signed.1.entry(self.database_oid).or_default();
-        *here = (*here).max(out.answer.grants);
+        let signed = &mut self.counts_here().0;
+        *signed = (*signed).max(out.answer.grants);
         let head = ReplyHead {
             token: token::sign(
                 &key,
@@ -480,6 +582,7 @@ impl Store {
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
             signed: (0, BTreeMap::new()),
+            seen_before_last: 0,
             data_key: None,
             data_candidates: None,
             seed,

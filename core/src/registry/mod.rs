@@ -78,6 +78,9 @@ pub enum SqlState {
     /// 42501 insufficient_privilege: not the node's session.
     #[serde(rename = "42501")]
     InsufficientPrivilege,
+    /// 55P03 lock_not_available: a node's locks held by other roles.
+    #[serde(rename = "55P03")]
+    LockNotAvailable,
 }
 
 impl SqlState {
@@ -87,6 +90,7 @@ impl SqlState {
             SqlState::ProgramLimitExceeded => "54000",
             SqlState::NotInPrerequisiteState => "55000",
             SqlState::InsufficientPrivilege => "42501",
+            SqlState::LockNotAvailable => "55P03",
         }
     }
 }
@@ -147,6 +151,13 @@ pub struct Server {
     /// restarted since, and signed none of it.
     #[serde(default)]
     pub signed_grants: i64,
+    /// The highest grant count a committed lease call left in the
+    /// registry's row in this database since the postmaster started
+    /// (shared memory, per database; a row made anew goes on from it): a
+    /// row's count only rises, so one below it is another database put in
+    /// the registry's place under its OID ([`begin`]).
+    #[serde(default)]
+    pub row_grants_seen: i64,
     /// `fsync = off` on this server.
     #[serde(default)]
     pub fsync_off: bool,

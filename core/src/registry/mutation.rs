@@ -53,10 +53,17 @@ pub enum Mutation {
     /// A lowered limit bounds fences at once, while grants made under the
     /// higher one may still run.
     LoweredLimitsForgotten,
+    /// A node's lock held by a session of any role shows the node in use
+    /// (a copy of its server): a role that takes it, or holds it when the
+    /// holder's session ends, makes that server take a new node id.
+    NodeLockUnbound,
+    /// A row whose grant count is below one a call found before (no
+    /// restart) is taken for the registry's.
+    NoRowBack,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 15] = [
+    pub const ALL: [Mutation; 17] = [
         Mutation::TrustCancelledCommit,
         Mutation::FenceFromRequests,
         Mutation::ReleaseBelowFloor,
@@ -72,6 +79,8 @@ impl Mutation {
         Mutation::NoDatabaseIdentity,
         Mutation::NoKeptCandidates,
         Mutation::LoweredLimitsForgotten,
+        Mutation::NodeLockUnbound,
+        Mutation::NoRowBack,
     ];
 }
 

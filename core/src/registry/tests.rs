@@ -878,7 +878,7 @@ fn a_count_this_postmaster_signed_is_no_evidence() {
         .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
         .unwrap();
     // The grant rolled back: its rows are as before, its WAL written.
-    s.tables = snapshot;
+    s.roll_back(snapshot);
     let reply = s
         .lease(100, &renew("a", &[], seen_of(&r.head), T0), T0)
         .unwrap();
@@ -978,6 +978,14 @@ fn made_anew_after_a_snapshot() -> (Store, (memory::Tables, u64), u32, Seen, i64
     let r = s
         .lease(100, &renew("a", &[block], seen_of(&r.head), t), t)
         .unwrap();
+    // A row made anew goes on from the count before it, so a's count is
+    // past the snapshot's, which fences too (GrantsBack). For the rule on
+    // the incarnation alone, the snapshot's count as high as a saw (as
+    // more grants before it would make it).
+    let mut snapshot = snapshot;
+    if let Some(row) = snapshot.0.rows.registry.as_mut() {
+        row.grants = row.grants.max(r.head.grants);
+    }
     (s, snapshot, block, seen_of(&r.head), t)
 }
 
@@ -1623,7 +1631,7 @@ proptest! {
                     let _ = s.hello(pids[i], &format!("n{node}"));
                 }
                 RoleStep::Acquire { i, want } => {
-                    let node = s.sessions.get(&pids[i]).and_then(|x| x.node.clone());
+                    let node = s.sessions.get(&pids[i]).and_then(|x| x.node());
                     if let Some(node) = node {
                         let _ = s.lease(pids[i], &acquire(&node, want, Seen::default(), now), now);
                     }
@@ -1754,4 +1762,99 @@ fn a_lowered_limit_bounds_fences_only_once_grants_under_the_higher_have_run_out(
     // Past the window, the lower limits alone.
     let lim = limits::in_force(Some(&row), until + 1);
     assert_eq!(lim.fence_ms(), 3_000);
+}
+
+#[test]
+fn another_roles_session_on_a_nodes_lock_makes_no_copy_of_it() {
+    // s23's attack with a login role per server: X's role takes A's node
+    // lock while A's session is gone (a registry restart); A's server was
+    // taken for a copy and renamed itself. Only a session of A's own role
+    // shows the node in use.
+    use super::memory::NodeKey;
+    let mut s = Store::created(T0, 7);
+    s.connect_as(1, T0, "server_a");
+    assert_eq!(s.hello(1, "a"), Ok(true));
+    let seen: Vec<NodeKey> = s.sessions[&1].node_locks.clone();
+    s.disconnect(1);
+    s.connect_as(2, T0, "server_x");
+    for key in &seen {
+        assert!(s.squat(2, key));
+    }
+    s.connect_as(3, T0 + 1, "server_a");
+    assert_eq!(s.hello(3, "a"), Ok(true), "A keeps its node id");
+    assert_eq!(s.sessions[&3].node().as_deref(), Some("a"));
+    assert!(s
+        .lease(3, &acquire("a", 1, Seen::default(), T0 + 1), T0 + 1)
+        .is_ok());
+    // A copy of A's data directory (A's role) is still told the node is
+    // in use, whichever key A holds.
+    s.connect_as(4, T0 + 2, "server_a");
+    assert_eq!(s.hello(4, "a"), Ok(false));
+    // X's own hello of node a is a node of its own role: no key of A's.
+    s.connect_as(5, T0 + 2, "server_x");
+    assert_eq!(s.hello(5, "a"), Ok(true));
+    assert_eq!(s.hello(4, "a"), Ok(false));
+    // Every key of A's role squatted: refused (55P03), not renamed.
+    s.disconnect(3);
+    for slot in 0..super::hello::NODE_SLOTS {
+        let key = NodeKey {
+            node: "a".into(),
+            role: "server_a".into(),
+            slot,
+        };
+        assert!(s.squat(2, &key));
+    }
+    assert_eq!(
+        s.hello(4, "a").map_err(|r| r.code),
+        Err(super::SqlState::LockNotAvailable)
+    );
+}
+
+#[test]
+fn a_copy_put_back_under_the_registrys_own_oid_fences() {
+    // tests/fleet/test_adversarial_s24.py: CREATE DATABASE fleet TEMPLATE
+    // snap OID <the original's> after the original was dropped. Its row
+    // names that OID, the holders' tokens too, and this postmaster signed
+    // the original's counts: no rule told it, and a new server leased the
+    // block a holder used from the original (70,786 IDs made twice on
+    // PostgreSQL 15). Its row's count is below one found before.
+    let mut s = store_with(&["a", "busy"]);
+    let t = T0 + 1_000;
+    let copied = s.tables.clone();
+    let got = s
+        .lease(100, &acquire("a", 1, Seen::default(), t), t)
+        .unwrap();
+    let (block, mut head) = (got.blocks[0].block, got.head);
+    for i in 1..20 {
+        let now = t + 100 * i;
+        head = s
+            .lease(100, &renew("a", &[block], seen_of(&head), now), now)
+            .unwrap()
+            .head;
+    }
+    let oid = s.database_oid;
+    let now = T0 + 200_000 + FENCE + MARKS_PASSED;
+    s.put_back_database(&copied, oid);
+    // A new server first: it knows nothing.
+    s.connect(103, now);
+    assert_eq!(s.hello(103, "b"), Ok(true));
+    let b = s
+        .lease(103, &acquire("b", 8, Seen::default(), now), now)
+        .unwrap();
+    assert_eq!(b.head.fenced_until_ms, Some(now + FENCE), "{b:?}");
+    assert!(
+        b.blocks
+            .iter()
+            .all(|f| f.block != block || f.floor_ms > now),
+        "{b:?}"
+    );
+    let row = s.tables.rows.registry.clone().unwrap();
+    assert!(row.cause.contains("under its OID"), "{}", row.cause);
+    assert!(row.grants >= head.grants, "{row:?} {head:?}");
+    // Once: the count found is the row's now.
+    let later = now + FENCE + 1_000;
+    let again = s
+        .lease(103, &renew("b", &[], seen_of(&b.head), later), later)
+        .unwrap();
+    assert_eq!(again.head.incarnation, b.head.incarnation, "{again:?}");
 }

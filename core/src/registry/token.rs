@@ -14,7 +14,7 @@
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
 
-fn key_of(hex: &str) -> Option<[u8; 16]> {
+pub(super) fn key_of(hex: &str) -> Option<[u8; 16]> {
     if hex.len() != 32 {
         return None;
     }

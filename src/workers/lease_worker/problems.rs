@@ -72,9 +72,16 @@ impl Worker {
                     "snowflake_id lease: the registry {display} began a new incarnation ({new}, was {old}): it may have forgotten grants (a failover, a restore, an emptied lease table); this server re-asserts the blocks it holds"
                 ),
                 Event::NewIncarnation { .. } => {}
-                Event::Rollback { seen, reply } => self.set_problem(Cause::Other, format!(
-                    "the registry {display} answered from WAL position {reply}, below {seen} seen before: it went back in time; its answer is not used"
-                )),
+                Event::Rollback { seen, reply, seen_grants, reply_grants } => {
+                    let what = if reply_grants < seen_grants {
+                        format!("with a grant count of {reply_grants}, below {seen_grants} seen before (at WAL position {reply})")
+                    } else {
+                        format!("from WAL position {reply}, below {seen} seen before")
+                    };
+                    self.set_problem(Cause::Other, format!(
+                        "the registry {display} answered {what}: it went back in time; its answer is not used"
+                    ))
+                }
                 Event::Fenced { until_ms } => self.set_problem(Cause::Other, format!(
                     "the registry {display} is fenced until {} (a new incarnation after it may have forgotten grants): it leases no block anew until then",
                     format_unix_ms(until_ms)
