@@ -81,7 +81,7 @@ PREVIOUS_RELEASE_COMMIT="68e1fe1596537de42ad4452a3bd96d0dab26f334"
 # minutes on two cores (CONTRIBUTING.md, "What is tested where").
 tests_for_version() {
     case $1 in
-        15) echo all-but-durable-grants ;;
+        15) echo all-but-grants ;;
         18) echo core+grants ;;
         *) echo core ;;
     esac

@@ -587,7 +587,7 @@ BEGIN
     -- pg_advisory_lock since the look above can hold it now.
     IF NOT pg_catalog.pg_try_advisory_lock(keys[slot + 1]) THEN
         RAISE EXCEPTION 'node % cannot take its lock: a session took the key just now', node
-            USING ERRCODE = 'lock_not_available',
+            USING ERRCODE = '55P03',
                   HINT = 'The lease worker tries again; a session that takes advisory locks in the registry''s database is not a lease worker''s.';
     END IF;
     RETURN true;

@@ -377,7 +377,8 @@ SITES = {
 # them on (their messages are checked here, where they are written).
 REGISTRY = ROOT / "core" / "src" / "registry"
 REFUSAL_STATES = {"InvalidParameterValue": "22023", "ProgramLimitExceeded": "54000",
-                  "NotInPrerequisiteState": "55000", "InsufficientPrivilege": "42501"}
+                  "NotInPrerequisiteState": "55000", "InsufficientPrivilege": "42501",
+                  "LockNotAvailable": "55P03"}
 PASS_THROUGH = {"registry_refusal"}
 
 

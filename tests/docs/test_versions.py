@@ -122,8 +122,8 @@ def check_supported(texts: dict[str, str]) -> list[str]:
 
 
 SUITE_WORDS = {"all": "whole suite", "core": "core subset",
-               "core+grants": "core subset and durable grants",
-               "all-but-durable-grants": "whole suite but durable grants"}
+               "core+grants": "core subset, limits and durable grants",
+               "all-but-grants": "whole suite but limits and durable grants"}
 
 
 def requirements_rows(readme: str) -> dict[int, list[str]]:

@@ -794,6 +794,7 @@ def test_a_holder_that_loses_its_lease_mid_statement_repeats_no_id(make_cluster)
     _no_duplicates(made)
 
 
+@pytest.mark.slow  # CI budget
 def test_ids_added_at_the_end_on_the_registry_while_holders_hold_grants(make_cluster):
     """R and holders A and B set aside 1008-1015; A's session sa holds
     grants. R is restarted with 1008-1023: sa goes on with the grants it

@@ -275,6 +275,7 @@ def hostile_requests(x: Intruder, genuine: dict, oid: int) -> dict[str, tuple[st
     return out
 
 
+@pytest.mark.slow  # held when written; CI budget
 def test_the_lease_role_sending_any_jsonb_crashes_nothing_and_fences_nothing(make_cluster):
     """The lease role's node leases a block (a genuine reply with its
     token), then sends every request of hostile_requests: grant counts of
@@ -350,6 +351,7 @@ ARG_VALUES = {"text": "'x'", "jsonb": "'{}'::jsonb", "integer": "0", "bigint": "
               "text[]": "'{}'::text[]", "boolean": "false", "interval": "'1s'::interval"}
 
 
+@pytest.mark.slow  # held when written; CI budget
 @pytest.mark.parametrize("who", ["nobody", "monitor"])
 def test_an_unprivileged_role_and_pg_monitor_call_no_lease_function(make_cluster, who):
     """A registry with the lease role's node holding a block. A login role
@@ -500,6 +502,7 @@ def test_a_copy_put_back_under_the_registrys_own_oid_keeps_holders_apart(make_cl
 
 
 # ------------------- 2. tokens of database A replayed into B, B's row made again
+@pytest.mark.slow  # held when written; CI budget
 def test_a_token_of_another_database_replayed_after_the_row_was_made_again(make_cluster):
     """Registry databases `a` and `b` of one cluster, a lease role each
     (lease_a, lease_b: the documented one lease role per registry
@@ -596,6 +599,7 @@ def raise_the_count(r, x: Intruder, block: int) -> tuple[dict, tuple]:
     return ghost, row_of(r)
 
 
+@pytest.mark.slow  # held when written; CI budget
 def test_a_restore_in_place_after_the_count_was_raised(make_cluster):
     """The registry R; a snapshot of its data directory taken (stopped,
     copied, started); the lease role's node leases a block and keeps a

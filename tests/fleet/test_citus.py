@@ -25,6 +25,7 @@ import threading
 import time
 
 import psycopg
+import pytest
 
 from harness import wait_until
 from helpers import CITUS_MARKS, can_make_id
@@ -157,6 +158,7 @@ def test_zero_configuration(make_cluster):
 
 
 
+@pytest.mark.slow  # CI budget
 def test_a_worker_whose_metadata_empties_stays_in_citus_mode(make_cluster):
     """stop_metadata_sync_to_node() empties a worker's pg_dist_node while it
     stays in the cluster. 0.6.0 read that as "no cluster" and went local
@@ -202,6 +204,7 @@ def test_registry_naming_the_coordinator(make_cluster):
     check(nodes, inserted, errors)
 
 
+@pytest.mark.slow  # CI budget
 def test_hand_set_ranges(make_cluster):
     ranges = ["0-340", "341-681", "682-1023"]
     nodes = citus_cluster(make_cluster, lambda i, c: {"snowflake_id.worker_ids": ranges[i]})
@@ -211,6 +214,7 @@ def test_hand_set_ranges(make_cluster):
     check(nodes, inserted, errors)
 
 
+@pytest.mark.slow  # CI budget
 def test_a_locked_pg_dist_node_does_not_stop_renewals(make_cluster):
     """A LOCK (or a VACUUM FULL) of pg_dist_node on a worker, held longer
     than a lease: the lease worker's metadata read gives up within a

@@ -160,6 +160,7 @@ def assert_citus_rows_apart(nodes, inserted: int) -> None:
 
 
 @needs_citus
+@pytest.mark.slow  # CI budget: the database named by registry_database stays
 def test_citus_in_an_application_database_without_configuration_never_runs_local(make_cluster):
     """Citus created in `app`, not in `postgres`, and no snowflake_id
     setting: three nodes inserting at once make no duplicate key. Either

@@ -896,6 +896,7 @@ def test_switchover(registry, make_cluster, request):
                   "synchronous_again_s": round(sync_at - fault_at, 2)}, proven=True)
 
 
+@pytest.mark.slow  # CI budget: the leader killed and the stalled standby stay
 def test_leader_cut_off_from_etcd(registry, make_cluster, request):
     """(c) The leader's link to etcd black-holed: its Patroni cannot renew
     the leader key and demotes it, the standby takes over once the key
@@ -980,6 +981,7 @@ def test_synchronous_standby_stalled_then_leader_killed(registry, make_cluster, 
 ZOMBIE_S = 5.0   # how long the frozen leader's Patroni stays frozen after the promotion
 
 
+@pytest.mark.slow  # CI budget
 def test_leader_patroni_frozen(registry, make_cluster, request):
     """(e) The leader's Patroni frozen (SIGSTOP), with no watchdog to reset
     its machine: nothing demotes its PostgreSQL, and once the leader key

@@ -469,7 +469,8 @@ def holder_0_7_0_bindir() -> str:
     return subprocess.check_output([pgc, "--bindir"], text=True).strip()
 
 
-@pytest.mark.parametrize("roles", ["superuser", "per_server"])
+@pytest.mark.parametrize("roles", [pytest.param("superuser", marks=pytest.mark.slow),
+                                   "per_server"])
 def test_a_0_7_0_holder_leases_from_this_registry(make_cluster, roles):
     """A rolling upgrade (issue 42): a server of 0.7.0 (its lease worker
     sends no token) leases from a registry of this build, renews its block

@@ -27,8 +27,8 @@
 //!   ([`Invariant::MarkRisesWhileHeld`]); a new holder's floor is the mark
 //!   it found.
 //! - A release records the newest ID time the holder issued there, never
-//!   below the floor it leased the block with
-//!   ([`Invariant::ReleaseNotBelowFloor`]).
+//!   below the floor it leased the block with, nor the floor of the last
+//!   fence ([`Invariant::ReleaseNotBelowFloor`]).
 //! - During a fence a holder that knew an older incarnation re-asserts its
 //!   blocks: each one free or its own is its again, with the greater mark.
 //!
@@ -495,11 +495,16 @@ pub fn release(req: &ReleaseRequest, ctx: &Context, rows: &mut [BlockRow]) -> Do
         r.holder_node = None;
         r.released_at_ms = Some(ctx.server.now_ms);
         r.expires_at_ms = None;
-        // Invariant::ReleaseNotBelowFloor.
+        // Invariant::ReleaseNotBelowFloor: nor below the fence's floor,
+        // which a fence raised the mark of a block held then to (the
+        // lease's own floor is older: a block leased from a registry
+        // restored in place before a holder's evidence fenced it, then
+        // released with a mark of 0, went to a new server below IDs its
+        // forgotten holder had made, in the simulation, seed 41 KeptAny).
         r.high_water_ms = if super::mutation::active(super::mutation::Mutation::ReleaseBelowFloor) {
             req.high_ms
         } else {
-            r.floor_ms.max(req.high_ms)
+            r.floor_ms.max(req.high_ms).max(ctx.row.fence_floor_ms)
         };
         done.released = true;
         done.changed.push(block);

@@ -1858,3 +1858,67 @@ fn a_copy_put_back_under_the_registrys_own_oid_fences() {
         .unwrap();
     assert_eq!(again.head.incarnation, b.head.incarnation, "{again:?}");
 }
+
+#[test]
+fn a_release_after_a_fence_keeps_the_mark_the_fence_raised() {
+    // The simulation (seed 41 KeptAny): a registry restored in place; the
+    // lease role's first call leases a block its forgotten holder still
+    // used, with the restored mark as floor; a holder's evidence then
+    // fences, raising every mark; the lease role releases the block with
+    // a mark of 0, which took it back to its lease's floor, and a new
+    // server leased it below IDs the forgotten holder had made.
+    let mut s = store_with(&["a", "rogue"]);
+    let r = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    let block = r.blocks[0].block;
+    let snapshot = s.tables.clone();
+    let mut head = r.head;
+    for i in 1..10 {
+        let t = T0 + 500 * i;
+        head = s
+            .lease(100, &renew("a", &[block], seen_of(&head), t), t)
+            .unwrap()
+            .head;
+    }
+    // Restored in place (a restart), after a's lease and grace ran out by
+    // the restored row's clock.
+    let now = T0 + 30_000;
+    s.tables = snapshot;
+    s.sessions.clear();
+    s.postmaster_start_ms = now;
+    s.connect_as(101, now, "rogue");
+    assert_eq!(s.hello(101, "rogue"), Ok(true));
+    let Call::Acquire(mut want_a) = acquire("rogue", 1, Seen::default(), now) else {
+        unreachable!()
+    };
+    want_a.allowed = vec![i64::from(block)];
+    let got = s.lease(101, &Call::Acquire(want_a), now).unwrap();
+    assert_eq!(got.blocks.len(), 1, "{got:?}");
+    s.connect_as(102, now + 10, "snowflake_lease");
+    assert_eq!(s.hello(102, "a"), Ok(true));
+    let fenced = s
+        .lease(
+            102,
+            &renew("a", &[block], seen_of(&head), now + 10),
+            now + 10,
+        )
+        .unwrap();
+    assert!(fenced.head.fenced_until_ms.is_some(), "{fenced:?}");
+    let fence_floor = s.tables.rows.registry.as_ref().unwrap().fence_floor_ms;
+    let released = s
+        .release(101, &release("rogue", block, 0, Seen::default()), now + 20)
+        .unwrap();
+    assert!(released.released, "{released:?}");
+    let row = s
+        .tables
+        .rows
+        .blocks
+        .iter()
+        .find(|b| b.block == block)
+        .unwrap();
+    assert!(
+        row.high_water_ms >= fence_floor,
+        "{row:?} below {fence_floor}"
+    );
+}
