@@ -29,7 +29,7 @@
 -- too (snowflake_lease_hello_decide), and a node's lock is bound to the
 -- login role: another role's session on its key is no copy of the server. Each block records the login role
 -- of the session that leased or renewed it (holder_role: a 0.7.0 row gets
--- it at its next renewal), and max_blocks_per_role (NULL, no bound, unless
+-- its connected holder's here, or it at its next renewal), and max_blocks_per_role (NULL, no bound, unless
 -- the DBA sets it) bounds what the sessions of one role hold: with a login
 -- role per server, a leaked credential takes one server's share.
 -- The functions whose rules moved are dropped; the others are replaced. The
@@ -47,6 +47,14 @@ ALTER TABLE snowflake_lease_limits ADD COLUMN layout text,
     ADD COLUMN reserve_blocks int NOT NULL DEFAULT 8,
     ADD COLUMN max_blocks_per_role int;
 ALTER TABLE snowflake_lease_blocks ADD COLUMN holder_role text;
+-- The role of each block's holder whose session is connected now: a
+-- block passes to a session naming the previous one only under the role
+-- it records (another role named a holder's live session and took its
+-- block before its first renewal here); a block whose holder is away
+-- records none until it renews in its own session.
+UPDATE snowflake_lease_blocks b SET holder_role = s.usename
+  FROM pg_catalog.pg_stat_activity s
+ WHERE b.holder_session = s.pid || ':' || (extract(epoch FROM s.backend_start) * 1000000)::int8;
 -- Holders of 0.7.0 send no token: what they say they saw keeps counting
 -- (from nodes that hold blocks) until the DBA clears unsigned_evidence,
 -- once every holder runs 0.8.0.
@@ -422,6 +430,13 @@ BEGIN
     END IF;
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
+    -- Whether the session the request names as its previous is still
+    -- connected: a block row from 0.7.0, which records no role, passes to
+    -- a session naming its holder's only once that is gone.
+    facts := jsonb_set(facts, '{server,previous_alive}', to_jsonb(EXISTS (
+        SELECT 1 FROM pg_catalog.pg_stat_activity s
+         WHERE s.pid || ':' || (extract(epoch FROM s.backend_start) * 1000000)::int8
+               = req->>'previous_session')));
     decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
     PERFORM snowflake_id_internal.snowflake_lease_apply(decided->'writes');
     RETURN snowflake_id_internal.snowflake_lease_reply(
@@ -735,10 +750,34 @@ LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, 
 DECLARE
     keys bigint[];
     slot int;
+    squatter int;
+    squatter_role name;
 BEGIN
     PERFORM snowflake_id_internal.snowflake_lease_autocommit();
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     keys := snowflake_id_internal.snowflake_lease_node_keys(node, session_user);
+    -- Sessions of other roles holding or waiting for these keys took them
+    -- with pg_advisory_lock (no lease function does): ended, so that none
+    -- can gather a node's keys while its server reconnects. Where the
+    -- owner may not end them, the decision below passes them over.
+    FOR squatter, squatter_role IN
+        SELECT DISTINCT l.pid, s.usename FROM pg_catalog.pg_locks l
+          JOIN pg_catalog.pg_stat_activity s ON s.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.objsubid = 1
+           AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                              WHERE d.datname = pg_catalog.current_database())
+           AND ((l.classid::int8 << 32) | l.objid::int8) = ANY (keys)
+           AND s.usename IS DISTINCT FROM session_user
+    LOOP
+        BEGIN
+            IF pg_catalog.pg_terminate_backend(squatter, 2000) THEN
+                RAISE LOG 'snowflake_id registry: ended session % of role %, which held or waited for a lock of node % of role % (pg_advisory_lock)',
+                    squatter, squatter_role, node, session_user;
+            END IF;
+        EXCEPTION WHEN insufficient_privilege THEN
+            NULL;
+        END;
+    END LOOP;
     slot := snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
         'node', node,
         'other_node_locked', EXISTS (
@@ -765,7 +804,7 @@ BEGIN
     -- pg_advisory_lock since the look above can hold it now.
     IF NOT pg_catalog.pg_try_advisory_lock(keys[slot + 1]) THEN
         RAISE EXCEPTION 'node % cannot take its lock: a session took the key just now', node
-            USING ERRCODE = 'lock_not_available',
+            USING ERRCODE = '55P03',
                   HINT = 'The lease worker tries again; a session that takes advisory locks in the registry''s database is not a lease worker''s.';
     END IF;
     RETURN true;

@@ -695,6 +695,7 @@ impl World {
                 }
             }
         }
+        let registry_wall = self.primary().map(|p| self.regs[p].clock.wall(t));
         let n = &mut self.nodes[i];
         let usage: Vec<Usage> = {
             let mut left = n.demand;
@@ -755,10 +756,14 @@ impl World {
         match (wants && !has, n.wanted_since) {
             (true, None) => n.wanted_since = Some(t),
             (false, Some(since)) => {
+                // A floor is used once it is within max_drift of the
+                // holder's own clock: one behind the registry's waits that
+                // much longer (docs/operations/fleet.md, the fleet's limits).
+                let lag = registry_wall.map_or(0, |w| (w - n.clock.wall(t)).max(0));
                 let waited = if n.beyond_bound || n.shares_role {
                     0
                 } else {
-                    t - since.max(self.calm_since)
+                    (t - since.max(self.calm_since) - lag).max(0)
                 };
                 self.longest_wait_ms = self.longest_wait_ms.max(waited);
                 self.nodes[i].wanted_since = None;

@@ -101,7 +101,7 @@ fn faults_outside_the_assumptions_show_duplicates() {
 /// Reverted fixes the simulation cannot reach, and why: each is checked
 /// to stay uncaught, so that this list is revisited when the simulation
 /// learns more.
-const UNREACHED: [(Mutation, &str); 6] = [
+const UNREACHED: [(Mutation, &str); 7] = [
     (
         Mutation::ValidUntilBack,
         "a valid_until moving back matters only when a durability check's now() lags the clock by more than the drop margin less the skew bound (10 s), which no simulated call does: calls here are atomic",
@@ -123,6 +123,10 @@ const UNREACHED: [(Mutation, &str); 6] = [
         "a row made anew goes on from the grant count before it (0.8.0), so the holders' signed counts are past a copy's from before and fence first (GrantsBack, the copy's OID having signed none): the database a row and a token name is the second defence. Covered by the core tests of a database copied and of the original put back; seed 6 KeptFirst caught it before",
     ),
     (
+        Mutation::NoKeptCandidates,
+        "the seed that caught it (214 KeptAny) duplicated through the lease role releasing a block below the floor a fence had raised, which a release no longer does (0.8.0); 320 seeds of every kept scenario find no other way. Covered by the core test a_row_made_anew_names_the_members_of_the_last_row_this_server_wrote and tests/fleet/test_adversarial_s17.py (its cut-off candidates, SNOWFLAKE_SLOW=1)",
+    ),
+    (
         Mutation::NodeLockUnbound,
         "a fix of liveness, not of duplicates: a holder that takes a new node id makes no ID twice, and no simulated role takes another's advisory lock. Covered by the core test another_roles_session_on_a_nodes_lock_makes_no_copy_of_it and tests/fleet/test_adversarial_s23.py",
     ),
@@ -142,8 +146,7 @@ const HINTS: &[(Mutation, u64, Scenario)] = &[
     (Mutation::NoRoleLimit, 0, Scenario::KeptFirst),
     (Mutation::StarCountsStreamingOnly, 28, Scenario::KeptAnyStar),
     (Mutation::AsyncGrantCommitUncounted, 12, Scenario::KeptAsync),
-    (Mutation::NoRowBack, 24, Scenario::KeptAsync),
-    (Mutation::NoKeptCandidates, 214, Scenario::KeptAny),
+    (Mutation::NoRowBack, 27, Scenario::KeptAnyStar),
 ];
 
 /// Whether seed `seed` of `scenario` fails with `m` switched on and passes

@@ -209,7 +209,15 @@ RETURNS bigint[] VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_node_keys_wrapper';
 "#)]
 fn snowflake_lease_node_keys(node: &str, role: &str) -> Vec<i64> {
-    let key = crate::durability::registry_key::read().unwrap_or_default();
+    let key = crate::durability::registry_key::read().unwrap_or_else(|| {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            pgrx::warning!(
+                "snowflake_id registry: the data directory's key file snowflake_id.key is missing or unreadable: the lock keys of the fleet's nodes rest on public values, and a role that computes another server's can hold them until that server's next introduction ends its session; restore the file (the postgres user's, mode 0600) from a backup of this data directory"
+            );
+        }
+        String::new()
+    });
     // SAFETY: set by the postmaster before any backend starts, never
     // written again.
     let start = unsafe { pg_sys::PgStartTime };

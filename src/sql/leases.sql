@@ -544,7 +544,8 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_key_holder(bigint) IS
 -- (snowflake_lease_node_keys): any role may take any advisory lock, so a
 -- key held by a session of another role is passed over, never taken for a
 -- copy (core/src/registry/hello.rs, decided by
--- snowflake_lease_hello_decide). One node per session: a session holding
+-- snowflake_lease_hello_decide), and a session of another role holding
+-- or waiting for one is ended first. One node per session: a session holding
 -- another node's lock, or blocks leased under another node (its lock
 -- released with pg_advisory_unlock, which any role may call), is refused
 -- (54000), so that max_blocks_per_node bounds what one session can lease.
@@ -557,10 +558,34 @@ LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, 
 DECLARE
     keys bigint[];
     slot int;
+    squatter int;
+    squatter_role name;
 BEGIN
     PERFORM snowflake_id_internal.snowflake_lease_autocommit();
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     keys := snowflake_id_internal.snowflake_lease_node_keys(node, session_user);
+    -- Sessions of other roles holding or waiting for these keys took them
+    -- with pg_advisory_lock (no lease function does): ended, so that none
+    -- can gather a node's keys while its server reconnects. Where the
+    -- owner may not end them, the decision below passes them over.
+    FOR squatter, squatter_role IN
+        SELECT DISTINCT l.pid, s.usename FROM pg_catalog.pg_locks l
+          JOIN pg_catalog.pg_stat_activity s ON s.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.objsubid = 1
+           AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                              WHERE d.datname = pg_catalog.current_database())
+           AND ((l.classid::int8 << 32) | l.objid::int8) = ANY (keys)
+           AND s.usename IS DISTINCT FROM session_user
+    LOOP
+        BEGIN
+            IF pg_catalog.pg_terminate_backend(squatter, 2000) THEN
+                RAISE LOG 'snowflake_id registry: ended session % of role %, which held or waited for a lock of node % of role % (pg_advisory_lock)',
+                    squatter, squatter_role, node, session_user;
+            END IF;
+        EXCEPTION WHEN insufficient_privilege THEN
+            NULL;
+        END;
+    END LOOP;
     slot := snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
         'node', node,
         'other_node_locked', EXISTS (
@@ -867,6 +892,13 @@ BEGIN
     END IF;
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
+    -- Whether the session the request names as its previous is still
+    -- connected: a block row from 0.7.0, which records no role, passes to
+    -- a session naming its holder's only once that is gone.
+    facts := jsonb_set(facts, '{server,previous_alive}', to_jsonb(EXISTS (
+        SELECT 1 FROM pg_catalog.pg_stat_activity s
+         WHERE s.pid || ':' || (extract(epoch FROM s.backend_start) * 1000000)::int8
+               = req->>'previous_session')));
     decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
     PERFORM snowflake_id_internal.snowflake_lease_apply(decided->'writes');
     RETURN snowflake_id_internal.snowflake_lease_reply(

@@ -101,11 +101,22 @@ impl BlockRow {
     }
 
     /// Leased to `node` in `session`, or in the one it names as its
-    /// previous by a session of the same login role `role` (any role may
-    /// introduce any node, and read a session's pid and start), or before
-    /// 0.7.0, when rows recorded no session.
-    fn owned_by(&self, node: &str, session: &str, previous: &str, role: &str) -> bool {
-        let same_role = self.holder_role.as_deref().is_none_or(|r| r == role);
+    /// previous by a session of the login role the row records, `role`
+    /// (any role may introduce any node, and read a session's pid and
+    /// start: a row from 0.7.0, which records none, passes so only once
+    /// that session is gone, `previous_alive` false), or before 0.7.0,
+    /// when rows recorded no session.
+    fn owned_by(
+        &self,
+        node: &str,
+        session: &str,
+        previous: &str,
+        (role, previous_alive): (&str, bool),
+    ) -> bool {
+        let same_role = match self.holder_role.as_deref() {
+            Some(r) => r == role,
+            None => !previous_alive,
+        };
         self.holder_node.as_deref() == Some(node)
             && (super::mutation::active(super::mutation::Mutation::BlocksToAnySession)
                 || match self.holder_session.as_deref() {
@@ -418,7 +429,7 @@ pub fn renew(req: &RenewRequest, ctx: &Context, rows: &mut Vec<BlockRow>) -> Don
         let Some(r) = rows.iter_mut().find(|r| r.block == block) else {
             continue;
         };
-        let mine = r.owned_by(&req.node, me, previous, role);
+        let mine = r.owned_by(&req.node, me, previous, (role, ctx.server.previous_alive));
         let taken_now = taken.contains(&block) && r.free(now);
         if !(mine || taken_now) {
             continue;
@@ -489,7 +500,7 @@ pub fn release(req: &ReleaseRequest, ctx: &Context, rows: &mut [BlockRow]) -> Do
                 &req.node,
                 &ctx.server.session,
                 &req.previous_session,
-                &ctx.server.role,
+                (&ctx.server.role, ctx.server.previous_alive),
             )
     }) {
         r.holder_node = None;

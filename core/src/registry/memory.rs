@@ -334,6 +334,25 @@ impl Store {
             return Ok(false);
         };
         let role = me.role.clone();
+        // Sessions of other roles on the node's keys for this role took
+        // them with pg_advisory_lock: ended first (as the SQL does).
+        let squatters: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                s.role != role
+                    && s.node_locks
+                        .iter()
+                        .any(|k| k.node == node && k.role == role)
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        for p in squatters {
+            self.sessions.remove(&p);
+        }
+        let Some(me) = self.sessions.get(&pid) else {
+            return Ok(false);
+        };
         let slots = (0..NODE_SLOTS)
             .map(|slot| {
                 let key = NodeKey {
@@ -409,6 +428,7 @@ impl Store {
             database_oid: self.database_oid,
             signed_grants: self.signed_here(),
             row_grants_seen: 0,
+            previous_alive: false,
             fsync_off: self.fsync_off,
             synchronous_commit_off: false,
             node_locked: session.holds(node),
@@ -459,6 +479,12 @@ impl Store {
         // The highest count a committed call left in the row (as the glue
         // keeps it).
         server.row_grants_seen = self.counts_here().1;
+        let previous = match call {
+            Call::Renew(r) => r.previous_session.as_str(),
+            Call::Release(r) => r.previous_session.as_str(),
+            Call::Acquire(_) => "",
+        };
+        server.previous_alive = self.sessions.values().any(|s| s.id == previous);
         self.seen_before_last = server.row_grants_seen;
         let out = super::decide(call, &server, &self.tables.rows)?;
         let w = out.writes;

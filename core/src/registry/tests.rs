@@ -1794,20 +1794,23 @@ fn another_roles_session_on_a_nodes_lock_makes_no_copy_of_it() {
     s.connect_as(5, T0 + 2, "server_x");
     assert_eq!(s.hello(5, "a"), Ok(true));
     assert_eq!(s.hello(4, "a"), Ok(false));
-    // Every key of A's role squatted: refused (55P03), not renamed.
+    // Every key of A's role squatted while A reconnects: the squatter's
+    // session is ended (tests/fleet/test_adversarial_s25.py: X gathered
+    // all four over A's broken connections, and A was refused for good).
     s.disconnect(3);
+    s.disconnect(4);
+    s.connect_as(7, T0 + 3, "server_x");
     for slot in 0..super::hello::NODE_SLOTS {
         let key = NodeKey {
             node: "a".into(),
             role: "server_a".into(),
             slot,
         };
-        assert!(s.squat(2, &key));
+        assert!(s.squat(7, &key));
     }
-    assert_eq!(
-        s.hello(4, "a").map_err(|r| r.code),
-        Err(super::SqlState::LockNotAvailable)
-    );
+    s.connect_as(6, T0 + 3, "server_a");
+    assert_eq!(s.hello(6, "a"), Ok(true));
+    assert!(!s.sessions.contains_key(&7), "the squatter's session ended");
 }
 
 #[test]
@@ -1921,4 +1924,41 @@ fn a_release_after_a_fence_keeps_the_mark_the_fence_raised() {
         row.high_water_ms >= fence_floor,
         "{row:?} below {fence_floor}"
     );
+}
+
+#[test]
+fn a_row_from_0_7_0_passes_to_a_session_naming_its_holders_only_once_that_is_gone() {
+    // tests/fleet/test_adversarial_s25.py: right after the update from
+    // 0.7.0 (its block rows record no role), another role introduced the
+    // holder's node and renewed its block naming the holder's live session
+    // as its previous: it took the block, and the holder made no ID.
+    let mut s = store_with(&["a"]);
+    let got = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    let block = got.blocks[0].block;
+    for b in s.tables.rows.blocks.iter_mut() {
+        b.holder_role = None;
+    }
+    let holder = s.sessions[&100].id.clone();
+    let naming = |node: &str, t: i64| {
+        let Call::Renew(mut r) = renew(node, &[block], Seen::default(), t) else {
+            unreachable!()
+        };
+        r.previous_session = holder.clone();
+        Call::Renew(r)
+    };
+    s.connect_as(101, T0 + 10, "server_x");
+    assert_eq!(s.hello(101, "a"), Ok(true));
+    let stolen = s.lease(101, &naming("a", T0 + 20), T0 + 20).unwrap();
+    assert!(stolen.blocks.iter().all(|f| f.block != block), "{stolen:?}");
+    let row = s.tables.rows.blocks.iter().find(|b| b.block == block).unwrap();
+    assert_eq!(row.holder_session.as_deref(), Some(holder.as_str()), "{row:?}");
+    // The holder reconnected, its old session gone: its block.
+    s.disconnect(101);
+    s.disconnect(100);
+    s.connect(102, T0 + 30);
+    assert_eq!(s.hello(102, "a"), Ok(true));
+    let back = s.lease(102, &naming("a", T0 + 40), T0 + 40).unwrap();
+    assert!(back.blocks.iter().any(|f| f.block == block), "{back:?}");
 }
