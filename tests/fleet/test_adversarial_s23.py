@@ -41,6 +41,7 @@ import pytest
 
 from harness import run_pg, wait_until
 from helpers import apart_problems, Maker, ms_of, old_release, worker_of
+from fleet_helpers import renew_req, seen_of, stacked_ghost
 from fleet_helpers import (a_holds_b_waits, acquired_once, CONTESTED, duplicates, grant_lease_role,
                            grant_server_roles, holder, Intruder, lease_limits, lease_schema,
                            lease_worker, named_standby, now_ms, registry_server, registry_state,
@@ -53,46 +54,6 @@ def row_of(r, dbname: str = "postgres") -> tuple:
                  " to_jsonb(g)->'grants', to_jsonb(g)->'database_oid'"
                  " FROM snowflake_lease_registry g", dbname=dbname)
     return rows[0] if rows else (None, False, None, 0, None)
-
-
-def seen_of(reply: dict) -> dict:
-    return {k: reply[k] for k in ("incarnation", "lsn", "grants", "token")}
-
-
-def renew_req(x: Intruder, block: int, **seen) -> dict:
-    return {"node": x.node, "incarnation": "", "lsn": "0/0", "layout": x.layout,
-            "block_size": 16, "max_worker_id": 1023,
-            "blocks": [{"block": block, "high_ms": now_ms()}], "lease_ms": 6000,
-            "grace_ms": 1200, "high_ms": now_ms() + 66_000, **seen}
-
-
-def stacked_ghost(x: Intruder, block: int, seconds: float = 1.5) -> dict:
-    """The lease role's node `x` renews its block again and again in one DO
-    block for `seconds` (under lease_lock::HOLD_MS), shows the last reply by
-    a NOTICE and raises: the reply's signed count is the committed one
-    plus every renewal of the block, none of which commits."""
-    got: list[str] = []
-
-    def notice(d):
-        if (d.message_primary or "").startswith("reply "):
-            got.append(d.message_primary[len("reply "):])
-    x.conn.add_notice_handler(notice)
-    req = json.dumps(renew_req(x, block))
-    try:
-        with pytest.raises(psycopg.errors.RaiseException):
-            x.conn.execute(f"""DO $do$ DECLARE rep jsonb; t0 timestamptz := clock_timestamp();
-                BEGIN
-                LOOP
-                    rep := {x.schema}.snowflake_lease_renew($j${req}$j$::jsonb);
-                    EXIT WHEN clock_timestamp() > t0 + interval '{seconds} s';
-                END LOOP;
-                RAISE NOTICE 'reply %', rep;
-                RAISE EXCEPTION 'undo';
-                END $do$""")
-    finally:
-        x.conn.remove_notice_handler(notice)
-    assert got, "no reply shown"
-    return json.loads(got[0])
 
 
 # Before 4b45386 (a GrantsBack fence counts the grants it answered), measured on PostgreSQL 15.20:

@@ -1952,8 +1952,18 @@ fn a_row_from_0_7_0_passes_to_a_session_naming_its_holders_only_once_that_is_gon
     assert_eq!(s.hello(101, "a"), Ok(true));
     let stolen = s.lease(101, &naming("a", T0 + 20), T0 + 20).unwrap();
     assert!(stolen.blocks.iter().all(|f| f.block != block), "{stolen:?}");
-    let row = s.tables.rows.blocks.iter().find(|b| b.block == block).unwrap();
-    assert_eq!(row.holder_session.as_deref(), Some(holder.as_str()), "{row:?}");
+    let row = s
+        .tables
+        .rows
+        .blocks
+        .iter()
+        .find(|b| b.block == block)
+        .unwrap();
+    assert_eq!(
+        row.holder_session.as_deref(),
+        Some(holder.as_str()),
+        "{row:?}"
+    );
     // The holder reconnected, its old session gone: its block.
     s.disconnect(101);
     s.disconnect(100);
