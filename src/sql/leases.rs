@@ -209,7 +209,11 @@ RETURNS bigint[] VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_node_keys_wrapper';
 "#)]
 fn snowflake_lease_node_keys(node: &str, role: &str) -> Vec<i64> {
-    let key = crate::durability::registry_key::read().unwrap_or_else(|| {
+    // Read once per backend: a session's keys stay those it took at its
+    // hello while the file is overwritten (tests/fleet/test_adversarial_s18.py:
+    // renewals go on over a garbage key file).
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| crate::durability::registry_key::read().unwrap_or_else(|| {
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
             pgrx::warning!(
@@ -217,11 +221,11 @@ fn snowflake_lease_node_keys(node: &str, role: &str) -> Vec<i64> {
             );
         }
         String::new()
-    });
+    }));
     // SAFETY: set by the postmaster before any backend starts, never
     // written again.
     let start = unsafe { pg_sys::PgStartTime };
-    hello::node_keys(&key, start, node, role).to_vec()
+    hello::node_keys(key, start, node, role).to_vec()
 }
 
 /// One look at the standbys while `snowflake_lease_durable` waits:

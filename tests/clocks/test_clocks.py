@@ -274,7 +274,10 @@ def test_clock_jumps_while_generating(make_cluster):
         assert ok2, f"client {n}: never recovered from the 2 s jump by itself"
         recovered_after = ok2[0] - marks["back2s"][1]
         assert 0.7 <= recovered_after <= 1.8, recovered_after
-        again = [e for e in errs2 if e[0] >= ok2[0]]
+        # The newest ID is the server's: the other backends, borrowing up to
+        # max_drift, move it on, so a backend right at the bound may be
+        # refused again for a moment (50 ms seen on a loaded machine).
+        again = [e for e in errs2 if e[0] >= ok2[0] + 0.3]
         assert not again, (f"client {n}: errors again after recovering at"
                            f" {ok2[0] - marks['back2s'][1]:.3f} s: "
                            f"{[(round(e[0] - marks['back2s'][1], 3), e[1], e[2]) for e in again[:3]]}")
