@@ -768,6 +768,9 @@ BEGIN
                               WHERE d.datname = pg_catalog.current_database())
            AND ((l.classid::int8 << 32) | l.objid::int8) = ANY (keys)
            AND s.usename IS DISTINCT FROM session_user
+           -- As pg_terminate_backend would refuse the caller.
+           AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                              WHERE r.rolname = s.usename), true)
     LOOP
         BEGIN
             IF pg_catalog.pg_terminate_backend(squatter, 2000) THEN

@@ -102,10 +102,10 @@ impl BlockRow {
 
     /// Leased to `node` in `session`, or in the one it names as its
     /// previous by a session of the login role the row records, `role`
-    /// (any role may introduce any node, and read a session's pid and
-    /// start: a row from 0.7.0, which records none, passes so only once
-    /// that session is gone, `previous_alive` false), or before 0.7.0,
-    /// when rows recorded no session.
+    /// (any role may introduce any node, and see a session's pid; its
+    /// start only for its own role's: a row from 0.7.0, which records none,
+    /// passes so only once that session is gone, `previous_alive` false),
+    /// or before 0.7.0, when rows recorded no session.
     fn owned_by(
         &self,
         node: &str,

@@ -129,7 +129,7 @@ pub fn introduce(f: &HelloFacts) -> Result<Introduce, Refusal> {
         format!("node {node} cannot take its lock: sessions of other roles hold all {NODE_SLOTS} of its keys"),
     )
     .detail("Any role may take any advisory lock; these sessions are not this server's (a copy of it would connect as its role).")
-    .hint("End the sessions of other roles that hold advisory locks in the registry's database (pg_locks, pg_terminate_backend), and give every server a login role of its own.")
+    .hint("End the sessions of other roles that hold advisory locks in the registry's database (pg_locks, pg_terminate_backend) and roll back prepared transactions that hold them (pg_prepared_xacts, ROLLBACK PREPARED); give every server a login role of its own.")
     .log(format!("node {node}: every lock key held by sessions of other roles")))
 }
 
