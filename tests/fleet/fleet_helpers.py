@@ -504,3 +504,21 @@ def stacked_ghost(x: Intruder, block: int, seconds: float = 1.5) -> dict:
         x.conn.remove_notice_handler(notice)
     assert got, "no reply shown"
     return json.loads(got[0])
+
+
+def server_roles_0_7_0(r, dbname: str, servers: list[str]) -> dict[str, str]:
+    """grant_server_roles on a 0.7.0 registry (no
+    max_blocks_per_role there): the group role and a login role per
+    server."""
+    schema = "snowflake_id_internal"
+    r.sql("CREATE ROLE snowflake_lease NOLOGIN")
+    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease", dbname=dbname)
+    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
+              "durable(jsonb)"):
+        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO snowflake_lease",
+              dbname=dbname)
+    roles = {}
+    for server in servers:
+        roles[server] = f"snowflake_lease_{server}"
+        r.sql(f"CREATE ROLE {roles[server]} LOGIN CONNECTION LIMIT 3 IN ROLE snowflake_lease")
+    return roles

@@ -40,6 +40,7 @@ import pytest
 
 from harness import wait_until
 from helpers import Maker, old_release
+from fleet_helpers import server_roles_0_7_0
 from fleet_helpers import (CONTESTED, duplicates, GRACE_S, grant_server_roles, holder, Intruder,
                            LEASE_S, LIMITS, lease_limits, lease_worker, now_ms, registry_server, Repeat,
                            resume)
@@ -332,24 +333,6 @@ def test_another_role_cannot_squat_every_key_of_a_node(make_cluster, key_file):
 
 
 # ----------------------------------- 3. a 0.7.0 block row, no role recorded
-def server_roles_0_7_0(r, dbname: str, servers: list[str]) -> dict[str, str]:
-    """fleet_helpers.grant_server_roles on a 0.7.0 registry (no
-    max_blocks_per_role there): the group role and a login role per
-    server."""
-    schema = "snowflake_id_internal"
-    r.sql("CREATE ROLE snowflake_lease NOLOGIN")
-    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease", dbname=dbname)
-    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
-              "durable(jsonb)"):
-        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO snowflake_lease",
-              dbname=dbname)
-    roles = {}
-    for server in servers:
-        roles[server] = f"snowflake_lease_{server}"
-        r.sql(f"CREATE ROLE {roles[server]} LOGIN CONNECTION LIMIT 3 IN ROLE snowflake_lease")
-    return roles
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("steal", [False, True])
 def test_another_role_naming_a_holders_session_after_the_update_takes_nothing(make_cluster,

@@ -32,6 +32,7 @@ import pytest
 
 from harness import wait_until
 from helpers import Maker, old_release
+from fleet_helpers import server_roles_0_7_0
 from fleet_helpers import (CONTESTED, GRACE_S, grant_server_roles, holder, Intruder, LEASE_S,
                            lease_limits, lease_worker, now_ms, registry_server, Repeat, resume)
 
@@ -209,21 +210,6 @@ def test_a_role_ends_only_sessions_on_its_own_keys(make_cluster, who):
 
 
 # ----------------------------------- 2. a 0.7.0 row whose holder is away at the update
-def server_roles_0_7_0(r, dbname: str, servers: list[str]) -> dict[str, str]:
-    schema = "snowflake_id_internal"
-    r.sql("CREATE ROLE snowflake_lease NOLOGIN")
-    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease", dbname=dbname)
-    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)",
-              "durable(jsonb)"):
-        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO snowflake_lease",
-              dbname=dbname)
-    roles = {}
-    for server in servers:
-        roles[server] = f"snowflake_lease_{server}"
-        r.sql(f"CREATE ROLE {roles[server]} LOGIN CONNECTION LIMIT 3 IN ROLE snowflake_lease")
-    return roles
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("steal", [
     False,
