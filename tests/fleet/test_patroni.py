@@ -950,9 +950,13 @@ def test_synchronous_standby_stalled_then_leader_killed(registry, make_cluster, 
         fleet.writers["B2"] = joiner
         # B2 asks for a block: the leader commits the grant locally and
         # waits for the standby; B2 gives up on the call (or its grant is
-        # committed but not durable) and makes no ID.
+        # committed but not durable) and makes no ID. If A's renewal is
+        # already waiting there, it holds the registry's lock (locks are
+        # kept through the synchronous wait) and B2's call ends at the
+        # lease session's lock_timeout instead.
         problem = b2.wait_for_log(
-            r"WARNING:  snowflake_id lease: (.*(?:did not answer|not on its synchronous standbys).*)",
+            r"WARNING:  snowflake_id lease: (.*(?:did not answer|not on its synchronous standbys"
+            r"|due to lock timeout).*)",
             timeout=STATEMENT_TIMEOUT_S + 30).group(1)
         wait_until(lambda: time.monotonic() - stall_at > STATEMENT_TIMEOUT_S + 3, timeout=30,
                    what="the stall outlasting the lease session's timeouts")
