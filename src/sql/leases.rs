@@ -175,25 +175,30 @@ fn snowflake_lease_limits_decide(new: JsonB, server: JsonB, rows: JsonB) -> Json
     to_jsonb(&json!({ "row": row, "kept": kept }))
 }
 
-/// Whether a registry session may be the node it introduces, and which of
-/// the node's keys for its role it takes
+/// Whether a registry session may be the node it introduces, which of the
+/// node's keys for its role it takes and which sessions it ends first
 /// (`snowflake_core::registry::hello::introduce`): `facts` are what the
-/// SQL gathered (`node`, `other_node_locked`, this session's `blocks`,
-/// who holds each key in `slots`, and `role` and `client` for the log).
-/// Returns the slot to lock, or -1 when another session of its role is
-/// the node (a copied data directory); a refusal is raised, its log line
-/// logged first.
+/// SQL gathered (`node`, the session's `pid` and `role`, how many `keys`,
+/// `other_node_locked`, this session's `blocks`, the `locks` on the keys,
+/// and `client` for the log). Returns `{"slot": n, "end": [{pid, role}]}`,
+/// `slot` null when another session of its role is the node (a copied
+/// data directory); a refusal is raised, its log line logged first.
 #[pg_extern(sql = r#"
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(facts jsonb)
-RETURNS integer VOLATILE STRICT PARALLEL UNSAFE
+RETURNS jsonb VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_hello_decide_wrapper';
 "#)]
-fn snowflake_lease_hello_decide(facts: JsonB) -> i32 {
+fn snowflake_lease_hello_decide(facts: JsonB) -> JsonB {
     let caller = caller(&facts.0);
     let hello: hello::HelloFacts = self::facts(facts.0, "hello facts");
     match hello::introduce(&hello) {
-        Ok(hello::Introduce::Take(slot)) => i32::try_from(slot).unwrap_or(-1),
-        Ok(hello::Introduce::InUse) => -1,
+        Ok(i) => {
+            let slot = match i.outcome {
+                hello::Introduce::Take(slot) => Some(slot),
+                hello::Introduce::InUse => None,
+            };
+            to_jsonb(&json!({ "slot": slot, "end": i.end }))
+        }
         Err(refusal) => refuse(refusal, &caller),
     }
 }
@@ -203,6 +208,8 @@ fn snowflake_lease_hello_decide(facts: JsonB) -> i32 {
 /// directory's key and this postmaster's start: a role cannot compute
 /// another's, nor keep one past a restart. (Without the key file, made
 /// with the registry's row, only the start: a restart still changes them.)
+/// One more than `max_prepared_transactions` can hold
+/// (`hello::key_count`).
 #[pg_extern(sql = r#"
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_node_keys(node text, role text)
 RETURNS bigint[] VOLATILE STRICT PARALLEL UNSAFE
@@ -225,7 +232,10 @@ fn snowflake_lease_node_keys(node: &str, role: &str) -> Vec<i64> {
     // SAFETY: set by the postmaster before any backend starts, never
     // written again.
     let start = unsafe { pg_sys::PgStartTime };
-    hello::node_keys(key, start, node, role).to_vec()
+    // SAFETY: a postmaster setting, fixed from its start.
+    let prepared = unsafe { pg_sys::max_prepared_xacts };
+    let count = hello::key_count(u32::try_from(prepared).unwrap_or(0));
+    hello::node_keys(key, start, node, role, count).collect()
 }
 
 /// One look at the standbys while `snowflake_lease_durable` waits:

@@ -518,79 +518,38 @@ $fn$;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_session() IS
   'Used by the lease functions: this registry session as pid:start, the session a node''s blocks belong to.';
 
--- Who holds advisory lock `key` (one bigint, session level) in this
--- database, as snowflake_lease_hello_decide takes it: free, this session,
--- a session of this login role, or of another.
-CREATE FUNCTION snowflake_id_internal.snowflake_lease_key_holder(key bigint) RETURNS text
-LANGUAGE sql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT coalesce((SELECT CASE WHEN l.pid = pg_catalog.pg_backend_pid() THEN 'this_session'
-                                 WHEN s.usename = session_user THEN 'same_role'
-                                 ELSE 'other_role' END
-                       FROM pg_catalog.pg_locks l
-                       LEFT JOIN pg_catalog.pg_stat_activity s ON s.pid = l.pid
-                      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                        AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                           WHERE d.datname = pg_catalog.current_database())
-                        AND ((l.classid::int8 << 32) | l.objid::int8) = key
-                      ORDER BY l.pid = pg_catalog.pg_backend_pid() DESC LIMIT 1), 'free')
-$fn$;
-COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_key_holder(bigint) IS
-  'Used by snowflake_lease_hello: who holds a node''s lock key (free, this_session, same_role, other_role).';
-
 -- A holder introduces itself: takes a session lock of its node id.
 -- false: another live session of its login role holds one (a copy of a
 -- data directory whose original is running): the caller must take a new
 -- id. A node's lock keys are bound to the role and to this postmaster
--- (snowflake_lease_node_keys): any role may take any advisory lock, so a
--- key held by a session of another role is passed over, never taken for a
--- copy (core/src/registry/hello.rs, decided by
--- snowflake_lease_hello_decide), and a session of another role holding
--- or waiting for one is ended first. One node per session: a session holding
--- another node's lock, or blocks leased under another node (its lock
--- released with pg_advisory_unlock, which any role may call), is refused
--- (54000), so that max_blocks_per_node bounds what one session can lease.
--- Under the registry's lock, so that two sessions of one role never take
--- two keys of a node; refused in a transaction block, which would keep
--- that lock. SECURITY DEFINER: it reads the blocks' sessions and the
--- keys' holders, which the lease role may not.
+-- (snowflake_lease_node_keys): any role may take any advisory lock, so
+-- sessions of another role holding or waiting for one are ended and keys
+-- they or prepared transactions hold passed over, never taken for a copy.
+-- One node per session: a session holding another node's lock, or blocks
+-- leased under another node (its lock released with pg_advisory_unlock,
+-- which any role may call), is refused (54000), so that
+-- max_blocks_per_node bounds what one session can lease. Decided by
+-- snowflake_lease_hello_decide (core/src/registry/hello.rs); this gathers
+-- the facts and applies the answer. Under the registry's lock, so that
+-- two sessions of one role never take two keys of a node; refused in a
+-- transaction block, which would keep that lock. SECURITY DEFINER: it
+-- reads the blocks' sessions and the keys' holders, which the lease role
+-- may not.
 CREATE FUNCTION snowflake_id_internal.snowflake_lease_hello(node text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     keys bigint[];
-    slot int;
-    squatter int;
-    squatter_role name;
+    answer jsonb;
+    squatter jsonb;
 BEGIN
     PERFORM snowflake_id_internal.snowflake_lease_autocommit();
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     keys := snowflake_id_internal.snowflake_lease_node_keys(node, session_user);
-    -- Sessions of other roles holding or waiting for these keys took them
-    -- with pg_advisory_lock (no lease function does): ended, so that none
-    -- can gather a node's keys while its server reconnects. Where the
-    -- owner may not end them, the decision below passes them over.
-    FOR squatter, squatter_role IN
-        SELECT DISTINCT l.pid, s.usename FROM pg_catalog.pg_locks l
-          JOIN pg_catalog.pg_stat_activity s ON s.pid = l.pid
-         WHERE l.locktype = 'advisory' AND l.objsubid = 1
-           AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                              WHERE d.datname = pg_catalog.current_database())
-           AND ((l.classid::int8 << 32) | l.objid::int8) = ANY (keys)
-           AND s.usename IS DISTINCT FROM session_user
-           -- As pg_terminate_backend would refuse the caller.
-           AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                              WHERE r.rolname = s.usename), true)
-    LOOP
-        BEGIN
-            IF pg_catalog.pg_terminate_backend(squatter, 2000) THEN
-                RAISE LOG 'snowflake_id registry: ended session % of role %, which held or waited for a lock of node % of role % (pg_advisory_lock)',
-                    squatter, squatter_role, node, session_user;
-            END IF;
-        EXCEPTION WHEN insufficient_privilege THEN
-            NULL;
-        END;
-    END LOOP;
-    slot := snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
+    answer := snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
         'node', node,
+        'pid', pg_catalog.pg_backend_pid(),
+        'role', session_user,
+        'keys', cardinality(keys),
         'other_node_locked', EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
              WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -603,17 +562,47 @@ BEGIN
                                              ORDER BY b.block), '[]')
                      FROM @extschema@.snowflake_lease_blocks b
                     WHERE b.holder_session = snowflake_id_internal.snowflake_lease_session()),
-        'slots', (SELECT jsonb_agg(h.holder ORDER BY k.n) FROM unnest(keys) WITH ORDINALITY k(key, n),
-                         LATERAL snowflake_id_internal.snowflake_lease_key_holder(k.key) h(holder)),
-        'legacy', snowflake_id_internal.snowflake_lease_key_holder(hashtextextended('snowflake_id node ' || node, 0)),
-        'role', session_user,
+        -- Held or awaited, by a session (its role; endable as
+        -- pg_terminate_backend would let this function's owner, and not a
+        -- superuser's) or a prepared transaction (no pid); slot null: the
+        -- node's key before 0.8.0.
+        'locks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                             'slot', k.n - 1, 'pid', l.pid, 'role', s.usename,
+                             'endable', NOT coalesce(r.rolsuper, true)
+                                 AND (pg_catalog.pg_has_role(current_user, r.oid, 'USAGE')
+                                      OR pg_catalog.pg_has_role(current_user, 'pg_signal_backend', 'USAGE')),
+                             'granted', l.granted)), '[]')
+                    FROM pg_catalog.pg_locks l
+                    JOIN (SELECT u.key, u.n FROM unnest(keys) WITH ORDINALITY u(key, n)
+                          UNION ALL
+                          SELECT hashtextextended('snowflake_id node ' || node, 0), NULL) k
+                      ON k.key = ((l.classid::int8 << 32) | l.objid::int8)
+                    LEFT JOIN pg_catalog.pg_stat_activity s ON s.pid = l.pid
+                    LEFT JOIN pg_catalog.pg_roles r ON r.rolname = s.usename
+                   WHERE l.locktype = 'advisory' AND l.objsubid = 1
+                     AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                        WHERE d.datname = pg_catalog.current_database())),
         'client', coalesce('client ' || inet_client_addr()::text, 'local connection')));
-    IF slot < 0 THEN
+    -- Sessions that took the keys with pg_advisory_lock (no lease
+    -- function does): ended, so that none can gather a node's keys while
+    -- its server reconnects.
+    FOR squatter IN SELECT * FROM jsonb_array_elements(answer->'end') LOOP
+        BEGIN
+            IF pg_catalog.pg_terminate_backend((squatter->>'pid')::int, 2000) THEN
+                RAISE LOG 'snowflake_id registry: ended session % of role %, which held or waited for a lock of node % of role % (pg_advisory_lock)',
+                    squatter->>'pid', squatter->>'role', node, session_user;
+            END IF;
+        EXCEPTION WHEN insufficient_privilege THEN
+            NULL;
+        END;
+    END LOOP;
+    IF answer->'slot' = 'null' THEN
         RETURN false;
     END IF;
     -- Under the registry's lock no hello takes a key; only a
-    -- pg_advisory_lock since the look above can hold it now.
-    IF NOT pg_catalog.pg_try_advisory_lock(keys[slot + 1]) THEN
+    -- pg_advisory_lock since the look above, or a squatter not ended, can
+    -- hold it now.
+    IF NOT pg_catalog.pg_try_advisory_lock(keys[(answer->>'slot')::int + 1]) THEN
         RAISE EXCEPTION 'node % cannot take its lock: a session took the key just now', node
             USING ERRCODE = '55P03',
                   HINT = 'The lease worker tries again; a session that takes advisory locks in the registry''s database is not a lease worker''s.';
@@ -895,13 +884,6 @@ BEGIN
     END IF;
     PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     facts := snowflake_id_internal.snowflake_lease_facts(coalesce(req->>'node', ''));
-    -- Whether the session the request names as its previous is still
-    -- connected: a block row from 0.7.0, which records no role, passes to
-    -- a session naming its holder's only once that is gone.
-    facts := jsonb_set(facts, '{server,previous_alive}', to_jsonb(EXISTS (
-        SELECT 1 FROM pg_catalog.pg_stat_activity s
-         WHERE s.pid || ':' || (extract(epoch FROM s.backend_start) * 1000000)::int8
-               = req->>'previous_session')));
     decided := snowflake_id_internal.snowflake_lease_decide(call, req::text, facts->'server', facts->'rows');
     PERFORM snowflake_id_internal.snowflake_lease_apply(decided->'writes');
     RETURN snowflake_id_internal.snowflake_lease_reply(
@@ -1105,7 +1087,6 @@ REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_autocommit() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_node_keys(text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION snowflake_id_internal.snowflake_lease_key_holder(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_data_key() IS
   'Used when the registry''s row is made: the data directory''s token key (snowflake_id.key), made when missing.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_kept() IS
@@ -1115,7 +1096,7 @@ COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_keep(jsonb)
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_candidates_anew(integer, bigint) IS
   'Used when the failover candidates'' row is made: the members of the last one this data directory wrote, or every standby that may be synchronous (*).';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_hello_decide(jsonb) IS
-  'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000; the slot of the node''s keys to take, -1 when a session of its role holds one.';
+  'Used by snowflake_lease_hello: one node per session (core/src/registry/hello.rs), refused with 54000; the slot of the node''s keys to take (null when a session of its role holds one) and the sessions of other roles to end.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_node_keys(text, text) IS
   'Used by the lease functions: a node''s advisory-lock keys for a login role, under the data directory''s key and this postmaster''s start.';
 COMMENT ON FUNCTION snowflake_id_internal.snowflake_lease_decide(text, text, jsonb, jsonb) IS

@@ -178,7 +178,7 @@ INTERNAL_FUNCTIONS = sorted([
     "snowflake_lease_durable", "snowflake_lease_durable_decide",
     "snowflake_lease_durable_progress", "snowflake_lease_facts", "snowflake_lease_forget",
     "snowflake_lease_forget_decide", "snowflake_lease_hello",
-    "snowflake_lease_hello_decide", "snowflake_lease_history", "snowflake_lease_key_holder",
+    "snowflake_lease_hello_decide", "snowflake_lease_history",
     "snowflake_lease_limits_changed", "snowflake_lease_limits_decide",
     "snowflake_lease_limits_in_force", "snowflake_lease_lock_registry",
     "snowflake_lease_ms", "snowflake_lease_node_keys", "snowflake_lease_release", "snowflake_lease_renew",

@@ -102,21 +102,13 @@ impl BlockRow {
 
     /// Leased to `node` in `session`, or in the one it names as its
     /// previous by a session of the login role the row records, `role`
-    /// (any role may introduce any node, and see a session's pid; its
-    /// start only for its own role's: a row from 0.7.0, which records none,
-    /// passes so only once that session is gone, `previous_alive` false),
-    /// or before 0.7.0, when rows recorded no session.
-    fn owned_by(
-        &self,
-        node: &str,
-        session: &str,
-        previous: &str,
-        (role, previous_alive): (&str, bool),
-    ) -> bool {
-        let same_role = match self.holder_role.as_deref() {
-            Some(r) => r == role,
-            None => !previous_alive,
-        };
+    /// (any role may introduce any node, and see a session's pid, and
+    /// guess its start: a row from 0.7.0 whose holder was away at the
+    /// update records none, and passes only once its lease and grace ran
+    /// out, as after a restart), or before 0.7.0, when rows recorded no
+    /// session.
+    fn owned_by(&self, node: &str, session: &str, previous: &str, role: &str) -> bool {
+        let same_role = self.holder_role.as_deref() == Some(role);
         self.holder_node.as_deref() == Some(node)
             && (super::mutation::active(super::mutation::Mutation::BlocksToAnySession)
                 || match self.holder_session.as_deref() {
@@ -429,7 +421,7 @@ pub fn renew(req: &RenewRequest, ctx: &Context, rows: &mut Vec<BlockRow>) -> Don
         let Some(r) = rows.iter_mut().find(|r| r.block == block) else {
             continue;
         };
-        let mine = r.owned_by(&req.node, me, previous, (role, ctx.server.previous_alive));
+        let mine = r.owned_by(&req.node, me, previous, role);
         let taken_now = taken.contains(&block) && r.free(now);
         if !(mine || taken_now) {
             continue;
@@ -500,7 +492,7 @@ pub fn release(req: &ReleaseRequest, ctx: &Context, rows: &mut [BlockRow]) -> Do
                 &req.node,
                 &ctx.server.session,
                 &req.previous_session,
-                (&ctx.server.role, ctx.server.previous_alive),
+                &ctx.server.role,
             )
     }) {
         r.holder_node = None;

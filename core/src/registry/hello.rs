@@ -9,32 +9,50 @@
 //! directory whose original runs), before it leased anything.
 //!
 //! A node's lock is bound to the login role that introduces it: the node
-//! has [`NODE_SLOTS`] advisory-lock keys per role ([`node_keys`]), hashed
+//! has [`key_count`] advisory-lock keys per role ([`node_keys`]), hashed
 //! under the registry data directory's key and its postmaster's start, so
 //! that another role can neither compute them nor keep one it saw held
 //! past a restart. Any role may take any advisory lock, so a key held by
 //! a session of another role is a squatter, never a copy of this server (a
-//! copy connects as its role): the session takes the next key
+//! copy connects as its role): the session ends it or takes the next key
 //! ([`introduce`]). Only a session of the same role holding one shows the
-//! node in use. Whether the key is free is PostgreSQL's to say
-//! (`pg_try_advisory_lock`, under the registry's lock), after this
-//! decision.
+//! node in use. A squatter that cannot be ended is a superuser's session
+//! or a prepared transaction (no session): there are at most
+//! `max_prepared_transactions` of those, so the node has that many keys
+//! more than [`NODE_SLOTS`] and one is always left. Whether the key is
+//! free is PostgreSQL's to say (`pg_try_advisory_lock`, under the
+//! registry's lock), after this decision.
 
 use super::{mutation, token, Refusal, SqlState};
 use serde::{Deserialize, Serialize};
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
 
-/// A node's lock keys per login role.
+/// A node's lock keys per login role, besides one per prepared
+/// transaction the registry allows.
 pub const NODE_SLOTS: usize = 4;
 
-/// The advisory-lock keys of `node` for sessions of `role`: SipHash under
-/// the registry's data-directory key `secret` (32 hex digits) of the
-/// postmaster's start, the node and the role.
-pub fn node_keys(secret: &str, postmaster_start: i64, node: &str, role: &str) -> [i64; NODE_SLOTS] {
+/// How many keys a node has per role on a registry that allows
+/// `max_prepared_transactions` prepared transactions: more than they can
+/// hold.
+pub fn key_count(max_prepared_transactions: u32) -> usize {
+    NODE_SLOTS.saturating_add(usize::try_from(max_prepared_transactions).unwrap_or(usize::MAX))
+}
+
+/// The advisory-lock keys of `node` for sessions of `role`, `count` of
+/// them ([`key_count`]): SipHash under the registry's data-directory key
+/// `secret` (32 hex digits) of the postmaster's start, the node, the role
+/// and the slot.
+pub fn node_keys(
+    secret: &str,
+    postmaster_start: i64,
+    node: &str,
+    role: &str,
+    count: usize,
+) -> impl Iterator<Item = i64> + use<> {
     let key = token::key_of(secret).unwrap_or_default();
-    let mut keys = [0i64; NODE_SLOTS];
-    for (slot, k) in keys.iter_mut().enumerate() {
+    let (node, role) = (node.to_owned(), role.to_owned());
+    (0..count).map(move |slot| {
         let mut h = SipHasher13::new_with_key(&key);
         h.write_i64(postmaster_start);
         h.write(node.as_bytes());
@@ -42,24 +60,47 @@ pub fn node_keys(secret: &str, postmaster_start: i64, node: &str, role: &str) ->
         h.write(role.as_bytes());
         h.write_u8(0xff);
         h.write_usize(slot);
-        *k = i64::from_ne_bytes(h.finish128().h1.to_ne_bytes());
-    }
-    keys
+        i64::from_ne_bytes(h.finish128().h1.to_ne_bytes())
+    })
 }
 
-/// Who holds one of the node's lock keys ([`node_keys`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SlotHolder {
-    #[default]
+/// One lock, held or awaited, on one of the node's keys for the caller's
+/// role (`pg_locks`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyLock {
+    /// The key's slot ([`node_keys`]); `None` for the node's key before
+    /// 0.8.0 (one for every role, from the node alone).
+    #[serde(default)]
+    pub slot: Option<usize>,
+    /// The session's pid; `None` for a prepared transaction's lock.
+    #[serde(default)]
+    pub pid: Option<i32>,
+    /// The session's login role.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// The registry may end the session: not a superuser's, and the
+    /// extension's owner may signal it (`pg_terminate_backend`).
+    #[serde(default)]
+    pub endable: bool,
+    /// Held, not awaited.
+    #[serde(default)]
+    pub granted: bool,
+}
+
+/// Who holds one of the node's keys, as [`introduce`] sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
     Free,
     /// The calling session.
     ThisSession,
     /// Another session of the caller's login role: the node's server, or
     /// a copy of its data directory.
     SameRole,
-    /// A session of another role (`pg_advisory_lock` on a key it saw).
-    OtherRole,
+    /// Sessions of other roles only, each to be ended.
+    Squatted,
+    /// A session of another role the registry may not end (a
+    /// superuser's), or a prepared transaction: kept.
+    Kept,
 }
 
 /// What a session introducing a node does.
@@ -70,6 +111,24 @@ pub enum Introduce {
     /// Another session of its role is this node: a copied data directory
     /// whose original runs; the caller takes a new node id.
     InUse,
+}
+
+/// A session to end before the key is taken: one of another role holding
+/// or awaiting one of the node's keys, which no lease function takes
+/// (`pg_advisory_lock`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Squatter {
+    pub pid: i32,
+    pub role: String,
+}
+
+/// [`introduce`]'s answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Introduction {
+    pub outcome: Introduce,
+    /// Ended first, whatever the outcome: so that none can gather a
+    /// node's keys while its server reconnects.
+    pub end: Vec<Squatter>,
 }
 
 /// A block row that names the calling session as its holder's.
@@ -86,6 +145,11 @@ pub struct SessionBlock {
 pub struct HelloFacts {
     /// The node the session asks to be.
     pub node: String,
+    /// The calling session's pid and login role (`session_user`).
+    pub pid: i32,
+    pub role: String,
+    /// How many keys the node has for that role ([`key_count`]).
+    pub keys: usize,
     /// The session holds a node lock other than `node`'s (any
     /// session-level advisory lock of one bigint key in this database:
     /// node locks are those).
@@ -94,43 +158,101 @@ pub struct HelloFacts {
     /// The block rows whose `holder_session` is this session.
     #[serde(default)]
     pub blocks: Vec<SessionBlock>,
-    /// Who holds each of the node's keys for the caller's role, in slot
-    /// order.
+    /// Every lock held or awaited on the node's keys for that role, and
+    /// on its key before 0.8.0.
     #[serde(default)]
-    pub slots: Vec<SlotHolder>,
-    /// Who holds the node's key before 0.8.0 (one for every role, from
-    /// the node alone): a session introduced before the registry's update.
-    #[serde(default)]
-    pub legacy: SlotHolder,
+    pub locks: Vec<KeyLock>,
 }
 
-/// Whether the session may be `node` ([`hello`]), and then which of its
-/// keys it takes; refused (`55P03`) when sessions of other roles hold
+impl HelloFacts {
+    /// Who holds `slot` (`None`: the key before 0.8.0), were the
+    /// squatters ended.
+    fn slot(&self, slot: Option<usize>) -> Slot {
+        let unbound = mutation::active(mutation::Mutation::NodeLockUnbound);
+        let mut held = Slot::Free;
+        for l in self.locks.iter().filter(|l| l.slot == slot && l.granted) {
+            let this = match l.pid {
+                Some(p) if p == self.pid => Slot::ThisSession,
+                Some(_) if unbound || l.role.as_deref() == Some(self.role.as_str()) => {
+                    Slot::SameRole
+                }
+                Some(_) if l.endable && l.role.is_some() => Slot::Squatted,
+                _ => Slot::Kept,
+            };
+            held = held.max_by_rank(this);
+        }
+        held
+    }
+
+    fn squatters(&self) -> Vec<Squatter> {
+        if mutation::active(mutation::Mutation::NodeLockUnbound) {
+            return Vec::new();
+        }
+        let mut end: Vec<Squatter> = Vec::new();
+        for l in self.locks.iter().filter(|l| l.slot.is_some() && l.endable) {
+            if let (Some(pid), Some(role)) = (l.pid, l.role.as_deref()) {
+                if pid != self.pid && role != self.role && !end.iter().any(|s| s.pid == pid) {
+                    end.push(Squatter {
+                        pid,
+                        role: role.to_owned(),
+                    });
+                }
+            }
+        }
+        end
+    }
+}
+
+impl Slot {
+    /// The one that decides for a key several sessions show (one holds
+    /// it; the others' locks are shared or stale views).
+    fn max_by_rank(self, other: Slot) -> Slot {
+        fn rank(s: Slot) -> u8 {
+            match s {
+                Slot::Free => 0,
+                Slot::Squatted => 1,
+                Slot::Kept => 2,
+                Slot::SameRole => 3,
+                Slot::ThisSession => 4,
+            }
+        }
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// Whether the session may be `node` ([`hello`]), which of its keys it
+/// takes, and which sessions are ended first; refused (`55P03`) when
+/// sessions of other roles it may not end or prepared transactions hold
 /// every key.
-pub fn introduce(f: &HelloFacts) -> Result<Introduce, Refusal> {
+pub fn introduce(f: &HelloFacts) -> Result<Introduction, Refusal> {
     hello(f)?;
-    let unbound = mutation::active(mutation::Mutation::NodeLockUnbound);
-    if let Some(slot) = f.slots.iter().position(|s| *s == SlotHolder::ThisSession) {
-        return Ok(Introduce::Take(slot));
-    }
-    if f.slots
+    let slots: Vec<Slot> = (0..f.keys).map(|i| f.slot(Some(i))).collect();
+    let end = f.squatters();
+    let outcome = if let Some(i) = slots.iter().position(|s| *s == Slot::ThisSession) {
+        Introduce::Take(i)
+    } else if slots.iter().any(|s| *s == Slot::SameRole) || f.slot(None) == Slot::SameRole {
+        Introduce::InUse
+    } else if let Some(i) = slots
         .iter()
-        .chain(std::iter::once(&f.legacy))
-        .any(|s| *s == SlotHolder::SameRole || (unbound && *s == SlotHolder::OtherRole))
+        .position(|s| *s == Slot::Free)
+        .or_else(|| slots.iter().position(|s| *s == Slot::Squatted))
     {
-        return Ok(Introduce::InUse);
-    }
-    if let Some(slot) = f.slots.iter().position(|s| *s == SlotHolder::Free) {
-        return Ok(Introduce::Take(slot));
-    }
-    let node = &f.node;
-    Err(Refusal::new(
-        SqlState::LockNotAvailable,
-        format!("node {node} cannot take its lock: sessions of other roles hold all {NODE_SLOTS} of its keys"),
-    )
-    .detail("Any role may take any advisory lock; these sessions are not this server's (a copy of it would connect as its role).")
-    .hint("End the sessions of other roles that hold advisory locks in the registry's database (pg_locks, pg_terminate_backend) and roll back prepared transactions that hold them (pg_prepared_xacts, ROLLBACK PREPARED); give every server a login role of its own.")
-    .log(format!("node {node}: every lock key held by sessions of other roles")))
+        Introduce::Take(i)
+    } else {
+        let (node, n) = (&f.node, f.keys);
+        return Err(Refusal::new(
+            SqlState::LockNotAvailable,
+            format!("node {node} cannot take its lock: sessions of other roles or prepared transactions hold all {n} of its keys"),
+        )
+        .detail("Any role may take any advisory lock; these are not this server's (a copy of it would connect as its role), and the registry cannot end them.")
+        .hint("Roll back the prepared transactions that hold advisory locks in the registry's database (pg_prepared_xacts, pg_locks, ROLLBACK PREPARED) and end the sessions of other roles that hold them (pg_terminate_backend; the extension's owner ends them itself when it may signal them); give every server a login role of its own.")
+        .log(format!("node {node}: every lock key held by sessions of other roles or prepared transactions")));
+    };
+    Ok(Introduction { outcome, end })
 }
 
 /// Whether the session may take `node`'s lock: refused (`54000`) when it
@@ -164,11 +286,14 @@ pub fn hello(f: &HelloFacts) -> Result<(), Refusal> {
 mod tests {
     use super::*;
 
+    const ME: i32 = 10;
+
     fn facts(other_lock: bool, blocks: &[(u32, Option<&str>)]) -> HelloFacts {
         HelloFacts {
             node: "b".into(),
-            slots: vec![SlotHolder::Free; NODE_SLOTS],
-            legacy: SlotHolder::Free,
+            pid: ME,
+            role: "server_b".into(),
+            keys: NODE_SLOTS,
             other_node_locked: other_lock,
             blocks: blocks
                 .iter()
@@ -177,6 +302,7 @@ mod tests {
                     holder_node: n.map(str::to_string),
                 })
                 .collect(),
+            locks: Vec::new(),
         }
     }
 
@@ -204,57 +330,146 @@ mod tests {
         }
     }
 
-    fn slots(held: &[SlotHolder]) -> HelloFacts {
+    /// Who holds a key, as pg_locks and pg_stat_activity show it.
+    #[derive(Clone, Copy)]
+    enum By {
+        Me,
+        MyRole(i32),
+        Other(i32),
+        OtherWaiting(i32),
+        Superuser(i32),
+        Prepared,
+    }
+
+    fn lock(slot: Option<usize>, by: By) -> KeyLock {
+        let (pid, role, endable, granted) = match by {
+            By::Me => (Some(ME), Some("server_b"), true, true),
+            By::MyRole(p) => (Some(p), Some("server_b"), true, true),
+            By::Other(p) => (Some(p), Some("server_x"), true, true),
+            By::OtherWaiting(p) => (Some(p), Some("server_x"), true, false),
+            By::Superuser(p) => (Some(p), Some("postgres"), false, true),
+            By::Prepared => (None, None, false, true),
+        };
+        KeyLock {
+            slot,
+            pid,
+            role: role.map(str::to_string),
+            endable,
+            granted,
+        }
+    }
+
+    fn held(keys: usize, locks: &[(Option<usize>, By)]) -> HelloFacts {
         HelloFacts {
-            slots: held.to_vec(),
+            keys,
+            locks: locks.iter().map(|&(s, by)| lock(s, by)).collect(),
             ..facts(false, &[])
         }
     }
 
+    fn outcome(f: &HelloFacts) -> (Introduce, Vec<i32>) {
+        let i = introduce(f).unwrap();
+        (i.outcome, i.end.iter().map(|s| s.pid).collect())
+    }
+
     #[test]
     fn a_node_lock_held_by_another_role_is_a_squatter_not_a_copy() {
-        use SlotHolder::*;
+        use By::*;
+        let n = NODE_SLOTS;
         // Free: the first key.
-        assert_eq!(
-            introduce(&slots(&[Free; NODE_SLOTS])),
-            Ok(Introduce::Take(0))
-        );
+        assert_eq!(outcome(&held(n, &[])), (Introduce::Take(0), vec![]));
         // Held by this session already (a second hello): that key.
         assert_eq!(
-            introduce(&slots(&[OtherRole, ThisSession, Free, Free])),
-            Ok(Introduce::Take(1))
+            outcome(&held(n, &[(Some(0), Superuser(3)), (Some(1), Me)])),
+            (Introduce::Take(1), vec![])
         );
-        // Squatted by another role: the next free key, not a new node id.
+        // Squatted by another role: its sessions ended, holding or
+        // waiting, and the first free key taken (tests/fleet/
+        // test_adversarial_s25.py: X gathered all four keys over A's broken
+        // connections, and A was refused for good).
         assert_eq!(
-            introduce(&slots(&[OtherRole, Free, OtherRole, Free])),
-            Ok(Introduce::Take(1))
+            outcome(&held(
+                n,
+                &[
+                    (Some(0), Other(7)),
+                    (Some(1), OtherWaiting(8)),
+                    (Some(2), Other(9))
+                ]
+            )),
+            (Introduce::Take(1), vec![7, 8, 9])
+        );
+        // Every key squatted: the first, once its holder is ended.
+        let all: Vec<_> = (0..n).map(|i| (Some(i), Other(20 + i as i32))).collect();
+        assert_eq!(
+            outcome(&held(n, &all)),
+            (Introduce::Take(0), (20..20 + n as i32).collect())
         );
         // A session of the same role on any key: a copy of this server.
-        for held in [
-            [SameRole, Free, Free, Free],
-            [OtherRole, OtherRole, SameRole, Free],
+        // Squatters are still ended.
+        for locks in [
+            vec![(Some(0), MyRole(5))],
+            vec![
+                (Some(0), Prepared),
+                (Some(1), Other(7)),
+                (Some(2), MyRole(5)),
+            ],
         ] {
-            assert_eq!(introduce(&slots(&held)), Ok(Introduce::InUse));
+            assert_eq!(outcome(&held(n, &locks)).0, Introduce::InUse);
         }
+        assert_eq!(
+            outcome(&held(n, &[(Some(1), Other(7)), (Some(2), MyRole(5))])).1,
+            vec![7]
+        );
         // A session of its role introduced before the registry's update.
-        let before = HelloFacts {
-            legacy: SameRole,
-            ..slots(&[Free; NODE_SLOTS])
-        };
-        assert_eq!(introduce(&before), Ok(Introduce::InUse));
-        let squatted = HelloFacts {
-            legacy: OtherRole,
-            ..slots(&[Free; NODE_SLOTS])
-        };
-        assert_eq!(introduce(&squatted), Ok(Introduce::Take(0)));
-        // Every key squatted: refused with what to do, no rename.
-        let r = introduce(&slots(&[OtherRole; NODE_SLOTS])).unwrap_err();
+        assert_eq!(outcome(&held(n, &[(None, MyRole(5))])).0, Introduce::InUse);
+        // The key before 0.8.0 held by another role: not this server's,
+        // and not ended (any 0.7.0 lease session of that role holds one).
+        assert_eq!(
+            outcome(&held(n, &[(None, Other(7))])),
+            (Introduce::Take(0), vec![])
+        );
+        // A superuser's session is not ended: passed over.
+        assert_eq!(
+            outcome(&held(n, &[(Some(0), Superuser(3))])),
+            (Introduce::Take(1), vec![])
+        );
+    }
+
+    #[test]
+    fn prepared_transactions_never_hold_every_key() {
+        use By::*;
+        // tests/fleet/test_adversarial_s26.py: X's role took each key A's
+        // registry session gave up with pg_advisory_xact_lock and PREPAREd
+        // it (no session to end): with four keys, A was refused for good.
+        // A registry allowing p prepared transactions gives a node
+        // key_count(p) keys: p of them held, one is left.
+        for p in [0u32, 1, 10, 200] {
+            let keys = key_count(p);
+            let mut locks: Vec<_> = (0..p as usize).map(|i| (Some(i), Prepared)).collect();
+            locks.push((Some(p as usize), Other(7)));
+            let (out, end) = outcome(&held(keys, &locks));
+            assert_eq!(out, Introduce::Take(p as usize + 1));
+            assert_eq!(end, vec![7]);
+        }
+        // A prepared transaction of the server's own role is no copy of it.
+        assert_eq!(
+            outcome(&held(NODE_SLOTS, &[(Some(0), Prepared)])).0,
+            Introduce::Take(1)
+        );
+        // Every key kept (superusers' sessions, prepared transactions):
+        // refused with what to do, no rename.
+        let kept: Vec<_> = (0..NODE_SLOTS)
+            .map(|i| (Some(i), if i % 2 == 0 { Prepared } else { Superuser(3) }))
+            .collect();
+        let r = introduce(&held(NODE_SLOTS, &kept)).unwrap_err();
         assert_eq!(r.code, SqlState::LockNotAvailable);
-        assert!(r.hint.is_some() && r.detail.is_some() && r.log.is_some());
+        assert!(r.message.contains("all 4 of its keys"), "{}", r.message);
+        assert!(r.hint.is_some_and(|h| h.contains("ROLLBACK PREPARED")));
+        assert!(r.detail.is_some() && r.log.is_some());
         // One node per session still comes first.
         let other = HelloFacts {
-            slots: vec![Free; NODE_SLOTS],
-            ..facts(true, &[])
+            other_node_locked: true,
+            ..held(NODE_SLOTS, &[])
         };
         assert_eq!(
             introduce(&other).unwrap_err().code,
@@ -263,18 +478,34 @@ mod tests {
     }
 
     #[test]
+    fn key_count_leaves_a_key_past_the_prepared_transactions() {
+        assert_eq!(key_count(0), NODE_SLOTS);
+        assert_eq!(key_count(200), NODE_SLOTS + 200);
+        assert_eq!(key_count(u32::MAX), NODE_SLOTS + u32::MAX as usize);
+    }
+
+    #[test]
     fn node_keys_differ_by_role_start_secret_and_slot() {
         const KEY: &str = "000102030405060708090a0b0c0d0e0f";
-        let k = node_keys(KEY, 1, "n", "a");
-        assert_eq!(k, node_keys(KEY, 1, "n", "a"));
-        let mut all: Vec<i64> = k.to_vec();
-        all.extend(node_keys(KEY, 1, "n", "b"));
-        all.extend(node_keys(KEY, 2, "n", "a"));
-        all.extend(node_keys(KEY, 1, "m", "a"));
-        all.extend(node_keys("ff0102030405060708090a0b0c0d0e0f", 1, "n", "a"));
+        let keys = |start, node, role, n| node_keys(KEY, start, node, role, n).collect::<Vec<_>>();
+        let k = keys(1, "n", "a", NODE_SLOTS);
+        assert_eq!(k, keys(1, "n", "a", NODE_SLOTS));
+        // More keys extend the same ones.
+        assert_eq!(keys(1, "n", "a", 9)[..NODE_SLOTS], k[..]);
+        let mut all: Vec<i64> = keys(1, "n", "a", 9);
+        all.extend(keys(1, "n", "b", NODE_SLOTS));
+        all.extend(keys(2, "n", "a", NODE_SLOTS));
+        all.extend(keys(1, "m", "a", NODE_SLOTS));
+        all.extend(node_keys(
+            "ff0102030405060708090a0b0c0d0e0f",
+            1,
+            "n",
+            "a",
+            NODE_SLOTS,
+        ));
         // No separator games: ("n", "ab") is not ("na", "b").
-        all.extend(node_keys(KEY, 1, "na", "b").iter().take(1));
-        all.extend(node_keys(KEY, 1, "n", "ab").iter().take(1));
+        all.extend(keys(1, "na", "b", 1));
+        all.extend(keys(1, "n", "ab", 1));
         let n = all.len();
         all.sort_unstable();
         all.dedup();

@@ -74,6 +74,10 @@ pub struct Store {
     /// Its `snowflake_id.backfill_worker_ids` (empty: none).
     pub backfill_ids: String,
     pub sessions: BTreeMap<u64, Session>,
+    /// Node-lock keys held by prepared transactions (no session), at most
+    /// `max_prepared_transactions` of them.
+    pub prepared: Vec<NodeKey>,
+    pub max_prepared_transactions: u32,
     /// The highest grant count signed in each database and the highest a
     /// call found in its row, and the postmaster start they are of
     /// (`Server::signed_grants`, `Server::row_grants_seen`: none after a
@@ -109,6 +113,8 @@ impl Store {
             layout: Some("classic".into()),
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
+            prepared: Vec::new(),
+            max_prepared_transactions: 0,
             signed: (0, BTreeMap::new()),
             seen_before_last: 0,
             data_key: None,
@@ -298,15 +304,20 @@ impl Store {
         }
     }
 
+    /// Whether a session or a prepared transaction holds `key`.
+    fn key_held(&self, key: &NodeKey, but: u64) -> bool {
+        self.prepared.contains(key)
+            || self
+                .sessions
+                .iter()
+                .any(|(p, s)| *p != but && s.node_locks.contains(key))
+    }
+
     /// `pg_advisory_lock` by session `pid` of a key it saw held, `key`
     /// (any role may take any advisory lock): false while another session
-    /// holds it.
+    /// or a prepared transaction holds it.
     pub fn squat(&mut self, pid: u64, key: &NodeKey) -> bool {
-        if self
-            .sessions
-            .iter()
-            .any(|(p, s)| *p != pid && s.node_locks.contains(key))
-        {
+        if self.key_held(key, pid) {
             return false;
         }
         match self.sessions.get_mut(&pid) {
@@ -320,60 +331,70 @@ impl Store {
         }
     }
 
+    /// `pg_advisory_xact_lock` of `key` in a transaction then `PREPARE
+    /// TRANSACTION`: the lock kept with no session to end; false while
+    /// it is held, or with `max_prepared_transactions` prepared already.
+    pub fn squat_prepared(&mut self, key: &NodeKey) -> bool {
+        let room =
+            u32::try_from(self.prepared.len()).is_ok_and(|n| n < self.max_prepared_transactions);
+        if !room || self.key_held(key, 0) {
+            return false;
+        }
+        self.prepared.push(key.clone());
+        true
+    }
+
     /// A session ends: its advisory locks go.
     pub fn disconnect(&mut self, pid: u64) {
         self.sessions.remove(&pid);
     }
 
-    /// `snowflake_lease_hello`: one node per session, and which of the
-    /// node's keys for its role it takes ([`super::hello::introduce`]);
-    /// false when another session of its role holds one.
+    /// `snowflake_lease_hello`: gathers the locks on the node's keys for
+    /// the caller's role, as the SQL does from `pg_locks`, and applies
+    /// [`super::hello::introduce`]: ends the squatters it names, takes
+    /// the key; false when another session of its role holds one.
     pub fn hello(&mut self, pid: u64, node: &str) -> Result<bool, Refusal> {
-        use super::hello::{Introduce, SlotHolder, NODE_SLOTS};
+        use super::hello::{key_count, HelloFacts, Introduce, KeyLock, SessionBlock};
         let Some(me) = self.sessions.get(&pid) else {
             return Ok(false);
         };
         let role = me.role.clone();
-        // Sessions of other roles on the node's keys for this role took
-        // them with pg_advisory_lock: ended first (as the SQL does).
-        let squatters: Vec<u64> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| {
-                s.role != role
-                    && s.node_locks
-                        .iter()
-                        .any(|k| k.node == node && k.role == role)
-            })
-            .map(|(p, _)| *p)
-            .collect();
-        for p in squatters {
-            self.sessions.remove(&p);
-        }
-        let Some(me) = self.sessions.get(&pid) else {
-            return Ok(false);
-        };
-        let slots = (0..NODE_SLOTS)
-            .map(|slot| {
-                let key = NodeKey {
-                    node: node.to_string(),
-                    role: role.clone(),
-                    slot,
-                };
-                match self
-                    .sessions
-                    .iter()
-                    .find(|(_, s)| s.node_locks.contains(&key))
-                {
-                    None => SlotHolder::Free,
-                    Some((p, _)) if *p == pid => SlotHolder::ThisSession,
-                    Some((_, s)) if s.role == role => SlotHolder::SameRole,
-                    Some(_) => SlotHolder::OtherRole,
-                }
-            })
-            .collect();
-        let facts = super::hello::HelloFacts {
+        let keys = key_count(self.max_prepared_transactions);
+        let key = |slot| NodeKey {
             node: node.to_string(),
+            role: role.clone(),
+            slot,
+        };
+        let as_pid = |p: u64| i32::try_from(p).unwrap_or(i32::MAX);
+        let mut locks: Vec<KeyLock> = Vec::new();
+        for slot in 0..keys {
+            let k = key(slot);
+            for (p, s) in self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.node_locks.contains(&k))
+            {
+                locks.push(KeyLock {
+                    slot: Some(slot),
+                    pid: Some(as_pid(*p)),
+                    role: Some(s.role.clone()),
+                    endable: true,
+                    granted: true,
+                });
+            }
+            if self.prepared.contains(&k) {
+                locks.push(KeyLock {
+                    slot: Some(slot),
+                    granted: true,
+                    ..KeyLock::default()
+                });
+            }
+        }
+        let facts = HelloFacts {
+            node: node.to_string(),
+            pid: as_pid(pid),
+            role: role.clone(),
+            keys,
             other_node_locked: me
                 .node_locks
                 .iter()
@@ -384,24 +405,21 @@ impl Store {
                 .blocks
                 .iter()
                 .filter(|b| b.holder_session.as_deref() == Some(me.id.as_str()))
-                .map(|b| super::hello::SessionBlock {
+                .map(|b| SessionBlock {
                     block: b.block,
                     holder_node: b.holder_node.clone(),
                 })
                 .collect(),
-            slots,
-            legacy: SlotHolder::Free,
+            locks,
         };
-        match super::hello::introduce(&facts)? {
+        let introduction = super::hello::introduce(&facts)?;
+        for squatter in &introduction.end {
+            self.sessions
+                .remove(&u64::try_from(squatter.pid).unwrap_or(u64::MAX));
+        }
+        match introduction.outcome {
             Introduce::InUse => Ok(false),
-            Introduce::Take(slot) => {
-                let key = NodeKey {
-                    node: node.to_string(),
-                    role,
-                    slot,
-                };
-                Ok(self.squat(pid, &key))
-            }
+            Introduce::Take(slot) => Ok(self.squat(pid, &key(slot))),
         }
     }
 
@@ -428,7 +446,6 @@ impl Store {
             database_oid: self.database_oid,
             signed_grants: self.signed_here(),
             row_grants_seen: 0,
-            previous_alive: false,
             fsync_off: self.fsync_off,
             synchronous_commit_off: false,
             node_locked: session.holds(node),
@@ -479,12 +496,6 @@ impl Store {
         // The highest count a committed call left in the row (as the glue
         // keeps it).
         server.row_grants_seen = self.counts_here().1;
-        let previous = match call {
-            Call::Renew(r) => r.previous_session.as_str(),
-            Call::Release(r) => r.previous_session.as_str(),
-            Call::Acquire(_) => "",
-        };
-        server.previous_alive = self.sessions.values().any(|s| s.id == previous);
         self.seen_before_last = server.row_grants_seen;
         let out = super::decide(call, &server, &self.tables.rows)?;
         let w = out.writes;
@@ -607,6 +618,8 @@ impl Store {
             layout: Some("classic".into()),
             backfill_ids: String::new(),
             sessions: BTreeMap::new(),
+            prepared: Vec::new(),
+            max_prepared_transactions: 0,
             signed: (0, BTreeMap::new()),
             seen_before_last: 0,
             data_key: None,

@@ -158,9 +158,6 @@ pub struct Server {
     /// the registry's place under its OID ([`begin`]).
     #[serde(default)]
     pub row_grants_seen: i64,
-    /// The session the request names as its previous is still connected.
-    #[serde(default)]
-    pub previous_alive: bool,
     /// `fsync = off` on this server.
     #[serde(default)]
     pub fsync_off: bool,

@@ -1814,6 +1814,47 @@ fn another_roles_session_on_a_nodes_lock_makes_no_copy_of_it() {
 }
 
 #[test]
+fn prepared_transactions_cannot_hold_every_key_of_a_node() {
+    // tests/fleet/test_adversarial_s26.py: with max_prepared_transactions
+    // = 10, X's role took each key A's registry session gave up
+    // (pg_advisory_xact_lock, then PREPARE TRANSACTION: no session to end)
+    // and after four broken connections A was refused 55P03 for good. A
+    // node has a key more than the prepared transactions allowed.
+    use super::memory::NodeKey;
+    let mut s = Store::created(T0, 7);
+    s.max_prepared_transactions = 10;
+    let mut pid = 100;
+    let mut held = 0;
+    loop {
+        pid += 1;
+        s.connect_as(pid, T0, "server_a");
+        assert_eq!(
+            s.hello(pid, "a"),
+            Ok(true),
+            "A introduced after {held} keys kept"
+        );
+        let key: NodeKey = s.sessions[&pid].node_locks[0].clone();
+        s.disconnect(pid);
+        if !s.squat_prepared(&key) {
+            break;
+        }
+        held += 1;
+    }
+    assert_eq!(
+        held, 10,
+        "every prepared transaction allowed holds a key of A's"
+    );
+    assert_eq!(s.prepared.len(), 10);
+    // With four keys, as before, A would have been refused.
+    s.max_prepared_transactions = 0;
+    s.connect_as(pid + 1, T0, "server_a");
+    assert_eq!(
+        s.hello(pid + 1, "a").map_err(|r| r.code),
+        Err(SqlState::LockNotAvailable)
+    );
+}
+
+#[test]
 fn a_copy_put_back_under_the_registrys_own_oid_fences() {
     // tests/fleet/test_adversarial_s24.py: CREATE DATABASE fleet TEMPLATE
     // snap OID <the original's> after the original was dropped. Its row
@@ -1927,7 +1968,7 @@ fn a_release_after_a_fence_keeps_the_mark_the_fence_raised() {
 }
 
 #[test]
-fn a_row_from_0_7_0_passes_to_a_session_naming_its_holders_only_once_that_is_gone() {
+fn a_row_from_0_7_0_with_no_role_passes_only_once_it_lapsed() {
     // tests/fleet/test_adversarial_s25.py: right after the update from
     // 0.7.0 (its block rows record no role), another role introduced the
     // holder's node and renewed its block naming the holder's live session
@@ -1964,11 +2005,27 @@ fn a_row_from_0_7_0_passes_to_a_session_naming_its_holders_only_once_that_is_gon
         Some(holder.as_str()),
         "{row:?}"
     );
-    // The holder reconnected, its old session gone: its block.
-    s.disconnect(101);
+    // The holder's session gone (away at the update): X guessing its start
+    // gets nothing (tests/fleet/test_adversarial_s26.py: it took the block,
+    // and the holder made no ID while X renewed), nor does the holder's next
+    // session, which cannot show its role was the row's.
     s.disconnect(100);
+    let stolen = s.lease(101, &naming("a", T0 + 30), T0 + 30).unwrap();
+    assert!(stolen.blocks.iter().all(|f| f.block != block), "{stolen:?}");
+    s.disconnect(101);
     s.connect(102, T0 + 30);
     assert_eq!(s.hello(102, "a"), Ok(true));
-    let back = s.lease(102, &naming("a", T0 + 40), T0 + 40).unwrap();
+    let refused = s.lease(102, &naming("a", T0 + 40), T0 + 40).unwrap();
+    assert!(
+        refused.blocks.iter().all(|f| f.block != block),
+        "{refused:?}"
+    );
+    // Once its lease and grace ran out, a new lease, its mark the floor.
+    let lapsed = T0 + 60_000 + 60_000;
+    let Call::Acquire(mut only) = acquire("a", 1, Seen::default(), lapsed) else {
+        unreachable!()
+    };
+    only.allowed = vec![i64::from(block)];
+    let back = s.lease(102, &Call::Acquire(only), lapsed).unwrap();
     assert!(back.blocks.iter().any(|f| f.block == block), "{back:?}");
 }
