@@ -234,7 +234,7 @@ pub fn introduce(f: &HelloFacts) -> Result<Introduction, Refusal> {
     let end = f.squatters();
     let outcome = if let Some(i) = slots.iter().position(|s| *s == Slot::ThisSession) {
         Introduce::Take(i)
-    } else if slots.iter().any(|s| *s == Slot::SameRole) || f.slot(None) == Slot::SameRole {
+    } else if slots.contains(&Slot::SameRole) || f.slot(None) == Slot::SameRole {
         Introduce::InUse
     } else if let Some(i) = slots
         .iter()
