@@ -22,7 +22,9 @@ are open bugs, their reasons the numbers measured on PostgreSQL 15."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 
@@ -30,9 +32,9 @@ import psycopg
 import pytest
 
 from harness import wait_until
-from helpers import Maker
-from fleet_helpers import (CONTESTED, GRACE_S, grant_server_roles, holder, LEASE_S,
-                           lease_limits, registry_server)
+from helpers import Maker, old_release
+from fleet_helpers import (CONTESTED, GRACE_S, grant_server_roles, holder, Intruder, LEASE_S,
+                           lease_limits, lease_worker, registry_server, Repeat, resume)
 
 
 def log_problems(r, since: int = 0) -> list[str]:
@@ -173,3 +175,76 @@ def test_a_waiter_behind_an_ended_squatter_takes_the_key_hello_picks(make_cluste
     assert again is not None, (
         f"A made no ID for {LEASE_S + GRACE_S + 30:.0f} s: {log.count(JUST_NOW)} hellos refused"
         f" 55P03 'a session took the key just now' ({chain.grabs} keys taken by X's waiters)")
+
+
+# ------------------------------- 3. a 0.6.0 row, which records no session
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "measured on PostgreSQL 15: after the update block 0's row had no session and no role;"
+    " X's renewal got block 0 and X held it from then on; A made no ID from 0.03 s to"
+    " 27 s after the update"))
+def test_a_row_from_0_6_0_passes_to_no_other_role(make_cluster):
+    """A registry on 0.6.0 (rows record no holder session) with a login
+    role per server; holder A (role a) may use block 0 only and holds it,
+    connected. The DBA updates to 0.8.0 in one ALTER EXTENSION UPDATE (the
+    0.7.0 step adds holder_session, empty; the 0.8.0 step records the role
+    of the session each row names: none). Before A's next renewal (its
+    lease worker stopped for a moment), X's role introduces A's node id
+    and renews block 0, then every 2 s. Wanted: X never holds block 0 (a
+    row without a session passes to any session naming its node,
+    BlockRow::owned_by; 70cc42d closed this for 0.7.0 rows without a
+    role), and A keeps making IDs."""
+    r = make_cluster(settings={"fsync": True})
+    r.create_db("fleet")
+    with old_release("0.6.0"):
+        r.sql("CREATE EXTENSION snowflake_id VERSION '0.6.0'", dbname="fleet")
+    schema = "snowflake_id_internal"
+    r.sql("CREATE ROLE snowflake_lease NOLOGIN")
+    r.sql(f"GRANT USAGE ON SCHEMA {schema} TO snowflake_lease", dbname="fleet")
+    for f in ("hello(text)", "acquire(jsonb)", "renew(jsonb)", "release(jsonb)"):
+        r.sql(f"GRANT EXECUTE ON FUNCTION {schema}.snowflake_lease_{f} TO snowflake_lease",
+              dbname="fleet")
+    roles = {s: f"snowflake_lease_{s}" for s in ("a", "x")}
+    for role in roles.values():
+        r.sql(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 3 IN ROLE snowflake_lease")
+    a = holder(make_cluster, r, **{**CONTESTED, "snowflake_id.registry":
+                                   r.conninfo(dbname="fleet", user=roles["a"])})
+    maker_a = Maker(a, statement_timeout="30s")
+    wait_until(lambda: maker_a.made, timeout=60, what="A's first IDs")
+    time.sleep(2)
+    node = r.sql("SELECT holder_node FROM snowflake_lease_blocks WHERE block = 0",
+                 dbname="fleet")[0][0]
+    worker = lease_worker(a)
+    os.kill(worker, signal.SIGSTOP)
+    x = None
+    reply = None
+    try:
+        r.sql("ALTER EXTENSION snowflake_id UPDATE", dbname="fleet")
+        after = r.sql("SELECT holder_session, holder_role FROM snowflake_lease_blocks"
+                      " WHERE block = 0", dbname="fleet")[0]
+        x = Intruder(r, node=node, user=roles["x"], dbname="fleet")
+        x.conn.autocommit = True
+        reply = x.renew([0])
+    finally:
+        resume([worker])
+    rep = Repeat(lambda: x.renew([0]), every=2)
+    roles_seen: set = set()
+    t0 = time.monotonic()
+    made = len(maker_a.made)
+    try:
+        while time.monotonic() - t0 < LEASE_S + GRACE_S + 20:
+            roles_seen.add(r.scalar("SELECT holder_role FROM snowflake_lease_blocks"
+                                    " WHERE block = 0", dbname="fleet"))
+            time.sleep(0.5)
+    finally:
+        rep.stop()
+        x.close()
+    late = len(maker_a.made) - made
+    last = maker_a.last_at - t0 if maker_a.last_at else None
+    maker_a.stop()
+    print(f"\n[0.6.0 row] after the update {after}; X's first renewal"
+          f" {str(reply)[:200]}; block 0's roles {roles_seen}; A's IDs since {late},"
+          f" last batch {last} s after the update")
+    assert not log_problems(r)
+    assert roles["x"] not in roles_seen, roles_seen
+    assert not reply or not reply.get("blocks"), reply
