@@ -55,7 +55,8 @@ import pytest
 from harness import wait_until
 from helpers import Maker, old_release
 from fleet_helpers import (CONTESTED, GRACE_S, grant_server_roles, holder, Intruder, LEASE_S,
-                           lease_limits, lease_worker, registry_server, Repeat, resume)
+                           lease_limits, lease_worker, registry_server, Repeat, resume,
+                           TimedMaker)
 
 
 def log_problems(r, since: int = 0) -> list[str]:
@@ -474,3 +475,75 @@ def test_squatters_of_odd_role_names_ended_and_superusers_kept(make_cluster, nam
     assert got is True and in_use is False
     assert pids["x"] not in alive and pids["su"] in alive
     assert held and held != [k0]
+
+
+# ------------------------------------- 6. a huge node name under the registry's lock
+@pytest.mark.slow
+@pytest.mark.parametrize("prepared", [
+    0,
+    pytest.param(200, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+        "measured on PostgreSQL 15 with max_prepared_transactions = 200: X's hellos of a"
+        " 64 MB node took 9.7-23.6 s, the registry's lock waited for up to 15.1 s, A made no"
+        " ID for 21.2 s (16 refusals); with 0: hellos 2.7-6.0 s, lock waits up to 1.6 s")))])
+def test_a_huge_node_name_holds_the_registry_lock_briefly(make_cluster, prepared):
+    """snowflake_lease_hello(node) takes the registry's lock, then hashes
+    the node name once per key (4 + max_prepared_transactions) and
+    passes it through jsonb to the rules: no size limit (lease calls are
+    refused past 64 kB). X's role calls it with a 64 MB name from its 3
+    sessions (CONNECTION LIMIT 3) in a loop while A makes IDs; the DBA's
+    session times how long the registry's lock takes it. Wanted: A never
+    goes a lease time (6 s) without making IDs."""
+    r = registry_server(make_cluster, max_prepared_transactions=prepared)
+    lease_limits(r)
+    roles = grant_server_roles(r, ["a", "x"])
+    a = holder(make_cluster, r, **{**CONTESTED,
+                                   "snowflake_id.registry": r.conninfo(user=roles["a"])})
+    maker_a = TimedMaker(a)
+    wait_until(lambda: maker_a.batches, timeout=60, what="A's first IDs")
+    mark = r.log_mark()
+    big = "n" * (64 << 20)
+    stop = threading.Event()
+    times: list[float] = []
+    waits: list[float] = []
+    errors: list[str] = []
+
+    def flood() -> None:
+        while not stop.is_set():
+            try:
+                with r.connect(user=roles["x"]) as c:
+                    t = time.monotonic()
+                    c.execute("SELECT snowflake_id_internal.snowflake_lease_hello(%s)", (big,))
+                    times.append(time.monotonic() - t)
+            except psycopg.Error as e:
+                errors.append(f"{e.sqlstate}: {e}"[:120])
+                time.sleep(0.1)
+
+    def lock_waits() -> None:
+        with r.connect() as c:
+            while not stop.is_set():
+                t = time.monotonic()
+                with c.transaction():
+                    c.execute("LOCK TABLE snowflake_lease_registry IN SHARE UPDATE EXCLUSIVE MODE")
+                waits.append(time.monotonic() - t)
+                time.sleep(0.2)
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(3)]
+    threads.append(threading.Thread(target=lock_waits, daemon=True))
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    time.sleep(30)
+    t1 = time.time()
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    maker_a.stop()
+    ends = [t0] + [end for _, end, _ in maker_a.batches if t0 <= end <= t1] + [t1]
+    gap = max(b - a for a, b in zip(ends, ends[1:]))
+    print(f"\n[huge node, {prepared} prepared] X's hellos {len(times)} in 30 s, each"
+          f" {min(times, default=0):.1f}-{max(times, default=0):.1f} s; errors {errors[:2]};"
+          f" the DBA's waits for the registry's lock up to {max(waits, default=0):.1f} s;"
+          f" A's longest time without IDs {gap:.1f} s, refusals {len(maker_a.refusals)}")
+    assert not log_problems(r, mark)
+    assert gap < LEASE_S, (f"A made no ID for {gap:.1f} s: X's hellos took up to"
+                           f" {max(times, default=0):.1f} s, the registry's lock waited for"
+                           f" up to {max(waits, default=0):.1f} s")
