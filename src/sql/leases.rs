@@ -216,6 +216,10 @@ RETURNS bigint[] VOLATILE STRICT PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'snowflake_lease_node_keys_wrapper';
 "#)]
 fn snowflake_lease_node_keys(node: &str, role: &str) -> Vec<i64> {
+    if let Err(refusal) = hello::check_node(node) {
+        let client = "the caller of snowflake_lease_node_keys".to_string();
+        refuse(refusal, &(role.to_string(), client));
+    }
     // Read once per backend: a session's keys stay those it took at its
     // hello while the file is overwritten (tests/fleet/test_adversarial_s18.py:
     // renewals go on over a garbage key file).

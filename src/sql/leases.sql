@@ -541,10 +541,13 @@ DECLARE
     keys bigint[];
     answer jsonb;
     squatter jsonb;
+    took boolean := false;
 BEGIN
     PERFORM snowflake_id_internal.snowflake_lease_autocommit();
-    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
+    -- Before the registry's lock: refused (54000) for a node id past
+    -- hello::MAX_NODE_BYTES, which would hold it while hashed.
     keys := snowflake_id_internal.snowflake_lease_node_keys(node, session_user);
+    PERFORM snowflake_id_internal.snowflake_lease_lock_registry();
     answer := snowflake_id_internal.snowflake_lease_hello_decide(jsonb_build_object(
         'node', node,
         'pid', pg_catalog.pg_backend_pid(),
@@ -583,6 +586,12 @@ BEGIN
                      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                                         WHERE d.datname = pg_catalog.current_database())),
         'client', coalesce('client ' || inet_client_addr()::text, 'local connection')));
+    -- A key free when looked at is taken before any squatter is ended: a
+    -- session waiting behind an ended one (on a lock of its own, which
+    -- is no node key) would take it while pg_terminate_backend waits.
+    IF answer->'slot' <> 'null' THEN
+        took := pg_catalog.pg_try_advisory_lock(keys[(answer->>'slot')::int + 1]);
+    END IF;
     -- Sessions that took the keys with pg_advisory_lock (no lease
     -- function does): ended, so that none can gather a node's keys while
     -- its server reconnects.
@@ -602,7 +611,7 @@ BEGIN
     -- Under the registry's lock no hello takes a key; only a
     -- pg_advisory_lock since the look above, or a squatter not ended, can
     -- hold it now.
-    IF NOT pg_catalog.pg_try_advisory_lock(keys[(answer->>'slot')::int + 1]) THEN
+    IF NOT took AND NOT pg_catalog.pg_try_advisory_lock(keys[(answer->>'slot')::int + 1]) THEN
         RAISE EXCEPTION 'node % cannot take its lock: a session took the key just now', node
             USING ERRCODE = '55P03',
                   HINT = 'The lease worker tries again; a session that takes advisory locks in the registry''s database is not a lease worker''s.';

@@ -105,16 +105,16 @@ impl BlockRow {
     /// (any role may introduce any node, and see a session's pid, and
     /// guess its start: a row from 0.7.0 whose holder was away at the
     /// update records none, and passes only once its lease and grace ran
-    /// out, as after a restart), or before 0.7.0, when rows recorded no
-    /// session.
+    /// out, as after a restart). A row from before 0.7.0 records no
+    /// session: the update records the one holding its block's lock; with
+    /// none, it too passes only once it ran out.
     fn owned_by(&self, node: &str, session: &str, previous: &str, role: &str) -> bool {
         let same_role = self.holder_role.as_deref() == Some(role);
         self.holder_node.as_deref() == Some(node)
             && (super::mutation::active(super::mutation::Mutation::BlocksToAnySession)
-                || match self.holder_session.as_deref() {
-                    None => true,
-                    Some(s) => s == session || (!previous.is_empty() && s == previous && same_role),
-                })
+                || self.holder_session.as_deref().is_some_and(|s| {
+                    s == session || (!previous.is_empty() && s == previous && same_role)
+                }))
     }
 }
 

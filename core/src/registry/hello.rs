@@ -32,6 +32,26 @@ use std::hash::Hasher;
 /// transaction the registry allows.
 pub const NODE_SLOTS: usize = 4;
 
+/// The longest node id a registry session may introduce, in bytes. A
+/// lease worker's is 32 hex digits; the keys are hashed from it under the
+/// registry's lock, once per key.
+pub const MAX_NODE_BYTES: usize = 256;
+
+/// A node id's length, checked before anything is hashed from it:
+/// refused (`54000`) past [`MAX_NODE_BYTES`].
+pub fn check_node(node: &str) -> Result<(), Refusal> {
+    if node.len() <= MAX_NODE_BYTES {
+        return Ok(());
+    }
+    let n = node.len();
+    Err(Refusal::new(
+        SqlState::ProgramLimitExceeded,
+        format!("node id of {n} bytes refused: the limit is {MAX_NODE_BYTES}"),
+    )
+    .hint("A snowflake_id lease worker's node id is 32 hex digits: who called the lease functions by hand?")
+    .log(format!("refused a node id of {n} bytes")))
+}
+
 /// How many keys a node has per role on a registry that allows
 /// `max_prepared_transactions` prepared transactions: more than they can
 /// hold.
@@ -475,6 +495,17 @@ mod tests {
             introduce(&other).unwrap_err().code,
             SqlState::ProgramLimitExceeded
         );
+    }
+
+    #[test]
+    fn a_node_id_past_the_limit_is_refused() {
+        // tests/fleet/test_adversarial_s27.py: a 64 MB node id hashed once
+        // per key under the registry's lock held it for seconds.
+        assert_eq!(check_node(&"a".repeat(MAX_NODE_BYTES)), Ok(()));
+        let r = check_node(&"a".repeat(MAX_NODE_BYTES + 1)).unwrap_err();
+        assert_eq!(r.code, SqlState::ProgramLimitExceeded);
+        assert_eq!(r.message, "node id of 257 bytes refused: the limit is 256");
+        assert!(r.hint.is_some() && r.log.is_some());
     }
 
     #[test]

@@ -413,13 +413,19 @@ impl Store {
             locks,
         };
         let introduction = super::hello::introduce(&facts)?;
+        // A free key is taken before the squatters are ended, as the SQL
+        // does; a squatted one after.
+        let took = match introduction.outcome {
+            Introduce::Take(slot) => self.squat(pid, &key(slot)),
+            Introduce::InUse => false,
+        };
         for squatter in &introduction.end {
             self.sessions
                 .remove(&u64::try_from(squatter.pid).unwrap_or(u64::MAX));
         }
         match introduction.outcome {
             Introduce::InUse => Ok(false),
-            Introduce::Take(slot) => Ok(self.squat(pid, &key(slot))),
+            Introduce::Take(slot) => Ok(took || self.squat(pid, &key(slot))),
         }
     }
 

@@ -1968,6 +1968,32 @@ fn a_release_after_a_fence_keeps_the_mark_the_fence_raised() {
 }
 
 #[test]
+fn a_row_from_0_6_0_with_no_session_passes_to_no_session_naming_its_node() {
+    // tests/fleet/test_adversarial_s27.py: after the update from 0.6.0,
+    // block rows record no session; another role introduced the holder's
+    // node, renewed the block and held it from then on.
+    let mut s = store_with(&["a"]);
+    let got = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    let block = got.blocks[0].block;
+    for b in s.tables.rows.blocks.iter_mut() {
+        b.holder_session = None;
+        b.holder_role = None;
+    }
+    s.connect_as(101, T0 + 10, "server_x");
+    assert_eq!(s.hello(101, "a"), Ok(true));
+    let stolen = s
+        .lease(
+            101,
+            &renew("a", &[block], Seen::default(), T0 + 20),
+            T0 + 20,
+        )
+        .unwrap();
+    assert!(stolen.blocks.iter().all(|f| f.block != block), "{stolen:?}");
+}
+
+#[test]
 fn a_row_from_0_7_0_with_no_role_passes_only_once_it_lapsed() {
     // tests/fleet/test_adversarial_s25.py: right after the update from
     // 0.7.0 (its block rows record no role), another role introduced the
