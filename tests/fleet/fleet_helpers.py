@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -522,3 +523,27 @@ def server_roles_0_7_0(r, dbname: str, servers: list[str]) -> dict[str, str]:
         roles[server] = f"snowflake_lease_{server}"
         r.sql(f"CREATE ROLE {roles[server]} LOGIN CONNECTION LIMIT 3 IN ROLE snowflake_lease")
     return roles
+
+
+def log_problems(r, since: int = 0) -> list[str]:
+    """A panic or a crash, an internal error, or the data directory's
+    token key in the registry's log."""
+    text = r.log(since)
+    problems = [line for line in text.splitlines()
+                if re.search(r"PANIC|panicked|internal error|terminated by signal|XX000", line)]
+    key_file = os.path.join(r.datadir, "snowflake_id.key")
+    try:
+        key = open(key_file).read().strip()
+    except OSError:
+        key = ""
+    if key and key in text:
+        problems.append("the token key is in the log")
+    return problems
+
+
+# The advisory locks a login role's sessions hold on node keys (pid, key).
+HELD_BY = ("SELECT l.pid, (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l"
+           " JOIN pg_stat_activity s ON s.pid = l.pid WHERE l.locktype = 'advisory'"
+           " AND l.objsubid = 1 AND l.granted AND s.usename = %s")
+# The registry's log line for a squatter's session ended by hello.
+ENDED = "snowflake_id registry: ended session"

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -41,25 +40,11 @@ import pytest
 from harness import wait_until
 from helpers import Maker, old_release
 from fleet_helpers import server_roles_0_7_0
+from fleet_helpers import HELD_BY, log_problems
 from fleet_helpers import (CONTESTED, duplicates, GRACE_S, grant_server_roles, holder, Intruder,
                            LEASE_S, LIMITS, lease_limits, lease_worker, now_ms, registry_server, Repeat,
                            resume)
 
-
-def log_problems(r, since: int = 0) -> list[str]:
-    """A panic or a crash, an internal error, or the data directory's
-    token key in the registry's log."""
-    text = r.log(since)
-    problems = [line for line in text.splitlines()
-                if re.search(r"PANIC|panicked|internal error|terminated by signal|XX000", line)]
-    key_file = os.path.join(r.datadir, "snowflake_id.key")
-    try:
-        key = open(key_file).read().strip()
-    except OSError:
-        key = ""
-    if key and key in text:
-        problems.append("the token key is in the log")
-    return problems
 
 
 def row_of(r, dbname: str = "postgres") -> tuple:
@@ -200,9 +185,6 @@ def keys_without_key_file(start_us: int, node: str, role: str) -> list[int]:
 
 START_US = ("SELECT (extract(epoch FROM pg_postmaster_start_time()"
             " - timestamptz '2000-01-01 00:00:00+00') * 1000000)::int8")
-HELD_BY = ("SELECT l.pid, (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l"
-           " JOIN pg_stat_activity s ON s.pid = l.pid WHERE l.locktype = 'advisory'"
-           " AND l.objsubid = 1 AND l.granted AND s.usename = %s")
 ALL_SQUATTED = "every lock key held by sessions of other roles"
 
 

@@ -56,7 +56,6 @@ reasons are the numbers measured on PostgreSQL 15."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 import time
@@ -66,22 +65,14 @@ import pytest
 
 from harness import wait_until
 from helpers import Maker, old_release
+from fleet_helpers import ENDED, HELD_BY, log_problems
 from fleet_helpers import (CONTESTED, GRACE_S, grant_server_roles, holder, Intruder, LEASE_S,
                            lease_limits, lease_worker, registry_server, Repeat, resume,
                            TimedMaker)
 
 
-def log_problems(r, since: int = 0) -> list[str]:
-    text = r.log(since)
-    return [line for line in text.splitlines()
-            if re.search(r"PANIC|panicked|internal error|terminated by signal|XX000", line)]
 
-
-HELD_BY = ("SELECT l.pid, (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l"
-           " JOIN pg_stat_activity s ON s.pid = l.pid WHERE l.locktype = 'advisory'"
-           " AND l.objsubid = 1 AND l.granted AND s.usename = %s")
 JUST_NOW = "a session took the key just now"
-ENDED = "snowflake_id registry: ended session"
 # X's own lock, no node's key: held by the session on one of A's keys,
 # awaited by the one that takes the next.
 D = 271828
