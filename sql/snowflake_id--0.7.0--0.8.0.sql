@@ -55,17 +55,21 @@ ALTER TABLE snowflake_lease_blocks ADD COLUMN holder_role text;
 UPDATE snowflake_lease_blocks b SET holder_role = s.usename
   FROM pg_catalog.pg_stat_activity s
  WHERE b.holder_session = s.pid || ':' || (extract(epoch FROM s.backend_start) * 1000000)::int8;
--- A row from 0.6.0 records no session: the session holding its block's
--- lock now is its holder's (a row with none passes to no session naming
--- its node, only once its lease and grace ran out).
+-- A row from 0.6.0 records no session: the session holding its node's
+-- lock (0.6.0's hello took it, and leased only in a session holding it)
+-- is its holder's. Not the one holding the block's lock: 0.6.0 leased on
+-- when that was taken, and any role may take it (another role's session
+-- holding it was recorded, and took the block). A row with none passes
+-- to no session naming its node, only once its lease and grace ran out.
 UPDATE snowflake_lease_blocks b
    SET holder_session = s.pid || ':' || (extract(epoch FROM s.backend_start) * 1000000)::int8,
        holder_role = s.usename
   FROM pg_catalog.pg_locks l
   JOIN pg_catalog.pg_stat_activity s ON s.pid = l.pid
  WHERE b.holder_session IS NULL AND b.holder_node IS NOT NULL
-   AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-   AND l.classid = 1936613751::oid AND l.objid = b.block::oid
+   AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+   AND ((l.classid::int8 << 32) | l.objid::int8)
+       = hashtextextended('snowflake_id node ' || b.holder_node, 0)
    AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                       WHERE d.datname = pg_catalog.current_database());
 -- Holders of 0.7.0 send no token: what they say they saw keeps counting

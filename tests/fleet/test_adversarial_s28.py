@@ -15,14 +15,13 @@ servers.
    (Tried too: X releasing it to a waiting holder B: B gets it only past
    the update's floor, 14 min ahead here; no duplicate ID.)
 
-The registry's log is checked: no panic, no crash. Lease times of 6 s
-(fleet_helpers.LEASE). Strict xfails are open bugs; their reasons are the
-numbers measured on PostgreSQL 15.
+Fixed since: the update records the session holding the node's 0.6.0
+lock (hashtextextended('snowflake_id node ' || holder_node, 0), objsubid
+1), which 0.6.0's hello took and every lease call of the node needed, not
+the one holding the block's lock.
 
-Suggested fix: record a 0.6.0 row's session only when that session also
-holds the node's 0.6.0 lock (hashtextextended('snowflake_id node ' ||
-holder_node, 0), objsubid 1), which every 0.6.0 lease call of the node
-needed; otherwise leave it empty (passes after lease and grace)."""
+The registry's log is checked: no panic, no crash. Lease times of 6 s
+(fleet_helpers.LEASE)."""
 
 from __future__ import annotations
 
@@ -75,11 +74,6 @@ def intruder_on(conn, r, node: str) -> Intruder:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "measured on PostgreSQL 15: X's session held block 0's lock (A's 0.6.0 try-lock failed,"
-    " ignored); the update recorded X's session and role snowflake_lease_x on A's block; X's"
-    " hello of A's node and renewal kept block 0 (floor 14 min ahead), every 2 s after; A's"
-    " last IDs 0.2 s after the update, none in the 27 s since"))
 def test_the_update_records_no_other_roles_session_on_a_0_6_0_row(make_cluster):
     """Registry on 0.6.0, login roles a and x. X's session locks
     (1936613751, 0) (pg_advisory_lock, open to PUBLIC). Holder A (role a,
