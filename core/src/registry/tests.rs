@@ -1967,20 +1967,35 @@ fn a_release_after_a_fence_keeps_the_mark_the_fence_raised() {
     );
 }
 
+/// What a registry updated to 0.8.0 knows of a block leased before.
+enum Update {
+    /// No session, no role.
+    From060,
+    /// No role.
+    From070,
+}
+
+/// Node a (session 100) leased one block; its row as `update` leaves it.
+fn leased_before(update: Update) -> (Store, u32) {
+    let mut s = store_with(&["a"]);
+    let got = s
+        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
+        .unwrap();
+    for b in s.tables.rows.blocks.iter_mut() {
+        b.holder_role = None;
+        if matches!(update, Update::From060) {
+            b.holder_session = None;
+        }
+    }
+    (s, got.blocks[0].block)
+}
+
 #[test]
 fn a_row_from_0_6_0_with_no_session_passes_to_no_session_naming_its_node() {
     // tests/fleet/test_adversarial_s27.py: after the update from 0.6.0,
     // block rows record no session; another role introduced the holder's
     // node, renewed the block and held it from then on.
-    let mut s = store_with(&["a"]);
-    let got = s
-        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
-        .unwrap();
-    let block = got.blocks[0].block;
-    for b in s.tables.rows.blocks.iter_mut() {
-        b.holder_session = None;
-        b.holder_role = None;
-    }
+    let (mut s, block) = leased_before(Update::From060);
     s.connect_as(101, T0 + 10, "server_x");
     assert_eq!(s.hello(101, "a"), Ok(true));
     let stolen = s
@@ -1999,14 +2014,7 @@ fn a_row_from_0_7_0_with_no_role_passes_only_once_it_lapsed() {
     // 0.7.0 (its block rows record no role), another role introduced the
     // holder's node and renewed its block naming the holder's live session
     // as its previous: it took the block, and the holder made no ID.
-    let mut s = store_with(&["a"]);
-    let got = s
-        .lease(100, &acquire("a", 1, Seen::default(), T0), T0)
-        .unwrap();
-    let block = got.blocks[0].block;
-    for b in s.tables.rows.blocks.iter_mut() {
-        b.holder_role = None;
-    }
+    let (mut s, block) = leased_before(Update::From070);
     let holder = s.sessions[&100].id.clone();
     let naming = |node: &str, t: i64| {
         let Call::Renew(mut r) = renew(node, &[block], Seen::default(), t) else {
